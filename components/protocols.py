@@ -1,0 +1,275 @@
+"""The interfaces Rein's bricks meet at, and the small frozen records they exchange.
+
+Each Protocol's docstring is its contract: any implementation (embedded engine or SGLang, bubblewrap or E2B,
+white-box or black-box harness, GRPO or another algorithm) must honour it, and each has one contract test
+suite under ``tests/`` that every implementation passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from components.config import require, require_non_negative, require_positive
+
+if TYPE_CHECKING:  # torch is heavy; only the type checker needs it here
+    import numpy as np
+    import torch
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Inference
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How to sample one completion."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    seed: int | None = None
+    return_routed_experts: bool = False
+
+    def __post_init__(self) -> None:
+        require_positive(self.max_tokens, "max_tokens")
+        require_non_negative(self.temperature, "temperature")
+        require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p!r}")
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # an EOS / stop token id / stop string ended the completion
+    LENGTH = "length"  # max_tokens (or the context window) was reached
+    ABORT = "abort"  # the request was aborted (engine shut down, explicit abort)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationResult:
+    """One completion: exactly the ids the engine sampled, each with the logprob it had under the
+    distribution it was sampled from and the weight version that produced it."""
+
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    weight_versions: tuple[int, ...]
+    finish_reason: FinishReason
+    num_prompt_tokens: int
+    # Per sampled token, per MoE layer, the expert ids routed to (R3 routing replay); None when not asked.
+    routed_experts: tuple[tuple[tuple[int, ...], ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.output_ids)
+        require(len(self.logprobs) == n, "logprobs", f"has {len(self.logprobs)} entries for {n} output ids")
+        require(
+            len(self.weight_versions) == n,
+            "weight_versions",
+            f"has {len(self.weight_versions)} entries for {n} output ids",
+        )
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """Token-in, token-out generation.
+
+    Contract: ``generate`` takes prompt token ids (never text) and returns the sampled ids with the logprob of
+    each under the distribution it was sampled from (after temperature / top-p), and the weight version that
+    produced each token. A prompt at or over ``context_window`` raises ``ContextOverflowError`` and generates
+    nothing; otherwise ``max_tokens`` is clamped to the room left. ``update_weights`` is atomic with respect
+    to in-flight requests: every token is produced entirely by one version, and tokens sampled after the call
+    returns carry the new version. Many ``generate`` calls may be in flight at once.
+    """
+
+    @property
+    def context_window(self) -> int: ...
+
+    @property
+    def weight_version(self) -> int: ...
+
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult: ...
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sandboxes
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecResult:
+    """The outcome of one command in a sandbox."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxLimits:
+    """Resource limits of one sandbox."""
+
+    command_timeout_s: float = 60.0  # default wall-clock limit per exec
+    cpu_time_s: int = 600  # RLIMIT_CPU per command
+    memory_mb: int = 1024  # address-space / cgroup memory limit per command
+    max_processes: int = 128  # processes inside the sandbox
+    workspace_mb: int = 256  # size of the writable workspace (and /tmp)
+
+    def __post_init__(self) -> None:
+        for name in ("command_timeout_s", "cpu_time_s", "memory_mb", "max_processes", "workspace_mb"):
+            require_positive(getattr(self, name), name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxSpec:
+    """What a sandbox is made of."""
+
+    # Directory or .tar.gz copied into the workspace (the sandbox's cwd, ``/workspace``) at creation.
+    workspace_source: Path | None = None
+    # Host paths made visible read-only at the same path inside (tool directories, a venv).
+    read_only_paths: tuple[str, ...] = ()
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    # When set (``http://127.0.0.1:PORT``), that proxy address - and nothing else - is reachable from inside,
+    # at the same URL. None: no network at all.
+    proxy_url: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """An isolated place to run an agent's commands.
+
+    Contract: every method is async and never hangs past its timeout; a command that overruns ``timeout_s``
+    is killed with its whole process tree and reported with ``timed_out=True``. Paths are relative to the
+    workspace unless absolute. A sandbox that died raises ``SandboxError`` (carrying ``sandbox_id``) from
+    every later call. ``close`` is idempotent and leaves no process or temporary directory behind.
+    """
+
+    sandbox_id: str
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def write_file(self, path: str, data: bytes | str) -> None: ...
+
+    async def upload_dir(self, local_dir: Path, remote_dir: str) -> None: ...
+
+    async def download(self, remote_path: str, local_path: Path) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tasks, rewards, harnesses
+# ----------------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Task(Protocol):
+    """Something an agent is asked to do.
+
+    Contract: ``sandbox_spec`` describes the agent's starting workspace, which must not contain anything the
+    grader keeps hidden (hidden tests, the reference fix, history that reveals it).
+    """
+
+    task_id: str
+    problem_statement: str
+
+    def sandbox_spec(self) -> SandboxSpec: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardResult:
+    """A verdict. ``reward`` is None exactly when grading itself failed (then ``error`` says why)."""
+
+    reward: float | None
+    log: str = ""
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        require((self.reward is None) == bool(self.error), "error", "must be set exactly when reward is None")
+
+
+@runtime_checkable
+class Reward(Protocol):
+    """Grades what the agent left in its sandbox.
+
+    Contract: nothing the agent can do inside its sandbox changes the grade except a correct solution;
+    grading failures return ``RewardResult(reward=None, error=...)`` rather than a reward of 0.
+    """
+
+    async def score(self, task: Task, agent_sandbox: Sandbox) -> RewardResult: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class HarnessOutcome:
+    """How an agent run ended. ``status`` is a ``TrajectoryStatus`` value."""
+
+    status: str
+    failure_reason: str = ""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    log: str = ""
+
+
+@runtime_checkable
+class Harness(Protocol):
+    """The agent program being trained.
+
+    Contract: the harness talks to the policy only through ``base_url`` (an OpenAI / Anthropic compatible
+    proxy session URL) and acts only inside ``sandbox``; it returns within its own turn and time bounds and
+    reports crashes as an outcome, never by raising.
+    """
+
+    name: str
+
+    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str) -> HarnessOutcome: ...
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Training and monitoring
+# ----------------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """A policy-gradient algorithm as three swappable pieces.
+
+    Contract: ``advantages`` maps per-trajectory rewards (grouped by ``group_ids``) to per-trajectory
+    advantages; ``loss`` is a pure function of per-token tensors and returns a scalar to minimise plus float
+    metrics. Tokens with ``loss_mask == 0`` contribute nothing.
+    """
+
+    def advantages(self, rewards: np.ndarray, group_ids: Sequence[str]) -> np.ndarray: ...
+
+    def loss(
+        self,
+        *,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        weights: torch.Tensor,
+        ref_logprobs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+@runtime_checkable
+class MetricsLogger(Protocol):
+    """Where metrics go. Contract: ``log`` never raises on a backend hiccup; ``close`` flushes."""
+
+    def log(self, metrics: Mapping[str, Any], *, step: int) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,247 @@
+"""The trajectory data model and the one Arrow schema that defines it on disk.
+
+A trajectory is one agent run on one task. Its tokens are a list of *segments*: each segment is one
+append-only token sequence as the policy saw it (prompt tokens + sampled tokens + appended tool/user turns);
+a new segment starts whenever a request no longer extends the previous one (``Segment.reason`` says why).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+
+class TrajectoryStatus(StrEnum):
+    """How a rollout ended. Trainable statuses are policy outcomes; the others are infrastructure failures."""
+
+    OK = "ok"
+    TIMEOUT = "timeout"  # the agent ran past its wall-clock bound (policy behaviour: trainable)
+    TURN_LIMIT = "turn_limit"  # the agent ran past its turn bound (trainable)
+    CONTEXT_OVERFLOW = "context_overflow"  # the conversation outgrew the context window (trainable)
+    AGENT_ERROR = "agent_error"  # the agent program crashed or broke protocol
+    SANDBOX_ERROR = "sandbox_error"  # the sandbox died or could not be created
+    ENGINE_ERROR = "engine_error"  # inference failed
+    GRADING_ERROR = "grading_error"  # the grader could not reach a verdict
+    DISCARDED = "discarded"  # the harness discarded the session
+
+
+TRAINABLE_STATUSES = frozenset(
+    {TrajectoryStatus.OK, TrajectoryStatus.TIMEOUT, TrajectoryStatus.TURN_LIMIT, TrajectoryStatus.CONTEXT_OVERFLOW}
+)
+
+
+class SegmentReason(StrEnum):
+    """Why a segment started."""
+
+    START = "start"  # first request of the session
+    HISTORY_REWRITTEN = "history_rewritten"  # earlier turns changed (compaction, summary, edits)
+    TOOLS_CHANGED = "tools_changed"  # the tool list changed
+    SYSTEM_CHANGED = "system_changed"  # the system prompt changed
+    PREFIX_MISMATCH = "prefix_mismatch"  # the template's render of the held turns no longer matches the held ids
+    RENDER_FAILED = "render_failed"  # incremental rendering failed; the full conversation was rendered anew
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Segment:
+    """One append-only token sequence. ``loss_mask`` is 1 exactly on tokens the policy sampled; ``logprobs``
+    holds their sampling logprobs and 0 elsewhere; ``weight_versions`` the policy version per token (-1 for
+    tokens the policy did not sample)."""
+
+    token_ids: np.ndarray
+    loss_mask: np.ndarray
+    logprobs: np.ndarray
+    weight_versions: np.ndarray
+    reason: SegmentReason = SegmentReason.START
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", np.asarray(self.token_ids, dtype=np.int32))
+        object.__setattr__(self, "loss_mask", np.asarray(self.loss_mask, dtype=np.int8))
+        object.__setattr__(self, "logprobs", np.asarray(self.logprobs, dtype=np.float32))
+        object.__setattr__(self, "weight_versions", np.asarray(self.weight_versions, dtype=np.int32))
+        try:
+            object.__setattr__(self, "reason", SegmentReason(self.reason))
+        except ValueError:
+            raise ValueError(
+                f"segment.reason: unknown reason {self.reason!r}; allowed: {[r.value for r in SegmentReason]}"
+            ) from None
+        n = len(self.token_ids)
+        for name in ("loss_mask", "logprobs", "weight_versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"segment.{name}: has {len(getattr(self, name))} entries for {n} token_ids")
+        if self.token_ids.ndim != 1:
+            raise ValueError("segment.token_ids: must be one-dimensional")
+        if not np.isin(self.loss_mask, (0, 1)).all():
+            raise ValueError("segment.loss_mask: entries must be 0 or 1")
+        if not np.isfinite(self.logprobs).all():
+            raise ValueError("segment.logprobs: entries must be finite")
+        if (self.logprobs[self.loss_mask == 0] != 0).any():
+            raise ValueError("segment.logprobs: must be 0 where loss_mask is 0")
+        if (self.logprobs[self.loss_mask == 1] > 0).any():
+            raise ValueError("segment.logprobs: sampled-token logprobs must be <= 0")
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Segment):
+            return NotImplemented
+        return (
+            self.reason == other.reason
+            and np.array_equal(self.token_ids, other.token_ids)
+            and np.array_equal(self.loss_mask, other.loss_mask)
+            and np.array_equal(self.logprobs, other.logprobs)
+            and np.array_equal(self.weight_versions, other.weight_versions)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trajectory:
+    """One agent run on one task, with its reward and the tokens training needs."""
+
+    trajectory_id: str
+    group_id: str  # the GRPO group: trajectories sampled for the same prompt
+    task_id: str
+    harness: str
+    status: TrajectoryStatus
+    failure_reason: str = ""  # empty exactly when status is ok
+    reward: float | None = None
+    step: int = 0  # the rollout step (policy version asked for) this trajectory was collected in
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    segments: tuple[Segment, ...] = ()
+    messages_json: str = "[]"  # the final conversation as the proxy saw it (for the viewer)
+    log: str = ""  # harness and grading log (for the viewer)
+
+    def __post_init__(self) -> None:
+        for name in ("trajectory_id", "group_id", "task_id", "harness"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"trajectory.{name}: must be a non-empty string")
+        try:
+            object.__setattr__(self, "status", TrajectoryStatus(self.status))
+        except ValueError:
+            raise ValueError(
+                f"trajectory.status: unknown status {self.status!r}; "
+                f"allowed: {[s.value for s in TrajectoryStatus]}"
+            ) from None
+        if self.status == TrajectoryStatus.OK and self.failure_reason:
+            raise ValueError("trajectory.failure_reason: must be empty when status is ok")
+        if self.status != TrajectoryStatus.OK and not self.failure_reason:
+            raise ValueError(f"trajectory.failure_reason: must say why the status is {self.status.value}")
+        if self.reward is not None and not np.isfinite(self.reward):
+            raise ValueError(f"trajectory.reward: must be finite or None, got {self.reward!r}")
+        object.__setattr__(self, "segments", tuple(self.segments))
+        for segment in self.segments:
+            if not isinstance(segment, Segment):
+                raise ValueError(f"trajectory.segments: expected Segment, got {type(segment).__name__}")
+        metrics = {str(k): float(v) for k, v in dict(self.metrics).items()}
+        object.__setattr__(self, "metrics", metrics)
+
+    @property
+    def trainable(self) -> bool:
+        """Whether this trajectory may enter a training batch."""
+        return self.status in TRAINABLE_STATUSES and self.reward is not None
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return json.loads(self.messages_json)
+
+
+SEGMENT_TYPE = pa.struct(
+    [
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),
+        pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
+        pa.field("weight_versions", pa.list_(pa.int32()), nullable=False),
+    ]
+)
+
+TRAJECTORY_SCHEMA = pa.schema(
+    [
+        pa.field("trajectory_id", pa.string(), nullable=False),
+        pa.field("group_id", pa.string(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("harness", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("failure_reason", pa.string(), nullable=False),
+        pa.field("reward", pa.float64(), nullable=True),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("metrics", pa.map_(pa.string(), pa.float64()), nullable=False),
+        pa.field("segments", pa.list_(SEGMENT_TYPE), nullable=False),
+        pa.field("messages_json", pa.string(), nullable=False),
+        pa.field("log", pa.string(), nullable=False),
+    ],
+    metadata={"rein.schema": "trajectory/1"},
+)
+
+
+def _segment_to_row(segment: Segment) -> dict[str, Any]:
+    return {
+        "reason": segment.reason.value,
+        "token_ids": segment.token_ids,
+        "loss_mask": segment.loss_mask,
+        "logprobs": segment.logprobs,
+        "weight_versions": segment.weight_versions,
+    }
+
+
+def trajectories_to_table(trajectories: Sequence[Trajectory]) -> pa.Table:
+    """Trajectories → an Arrow table with ``TRAJECTORY_SCHEMA``."""
+    rows = {name: [] for name in TRAJECTORY_SCHEMA.names}
+    for t in trajectories:
+        if not isinstance(t, Trajectory):
+            raise ValueError(f"expected Trajectory, got {type(t).__name__}")
+        rows["trajectory_id"].append(t.trajectory_id)
+        rows["group_id"].append(t.group_id)
+        rows["task_id"].append(t.task_id)
+        rows["harness"].append(t.harness)
+        rows["status"].append(t.status.value)
+        rows["failure_reason"].append(t.failure_reason)
+        rows["reward"].append(t.reward)
+        rows["step"].append(t.step)
+        rows["metrics"].append(list(t.metrics.items()))
+        rows["segments"].append([_segment_to_row(s) for s in t.segments])
+        rows["messages_json"].append(t.messages_json)
+        rows["log"].append(t.log)
+    return pa.Table.from_pydict(rows, schema=TRAJECTORY_SCHEMA)
+
+
+def _segment_from_row(row: Mapping[str, Any]) -> Segment:
+    return Segment(
+        token_ids=np.asarray(row["token_ids"], dtype=np.int32),
+        loss_mask=np.asarray(row["loss_mask"], dtype=np.int8),
+        logprobs=np.asarray(row["logprobs"], dtype=np.float32),
+        weight_versions=np.asarray(row["weight_versions"], dtype=np.int32),
+        reason=SegmentReason(row["reason"]),
+    )
+
+
+def trajectories_from_table(table: pa.Table) -> list[Trajectory]:
+    """An Arrow table with ``TRAJECTORY_SCHEMA`` → trajectories (validated again)."""
+    out = []
+    for row in table.to_pylist():
+        out.append(
+            Trajectory(
+                trajectory_id=row["trajectory_id"],
+                group_id=row["group_id"],
+                task_id=row["task_id"],
+                harness=row["harness"],
+                status=TrajectoryStatus(row["status"]),
+                failure_reason=row["failure_reason"],
+                reward=row["reward"],
+                step=row["step"],
+                metrics=dict(row["metrics"]),
+                segments=tuple(_segment_from_row(s) for s in row["segments"]),
+                messages_json=row["messages_json"],
+                log=row["log"],
+            )
+        )
+    return out
