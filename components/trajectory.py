@@ -32,7 +32,12 @@ class TrajectoryStatus(StrEnum):
 
 
 TRAINABLE_STATUSES = frozenset(
-    {TrajectoryStatus.OK, TrajectoryStatus.TIMEOUT, TrajectoryStatus.TURN_LIMIT, TrajectoryStatus.CONTEXT_OVERFLOW}
+    {
+        TrajectoryStatus.OK,
+        TrajectoryStatus.TIMEOUT,
+        TrajectoryStatus.TURN_LIMIT,
+        TrajectoryStatus.CONTEXT_OVERFLOW,
+    }
 )
 
 
@@ -43,7 +48,9 @@ class SegmentReason(StrEnum):
     HISTORY_REWRITTEN = "history_rewritten"  # earlier turns changed (compaction, summary, edits)
     TOOLS_CHANGED = "tools_changed"  # the tool list changed
     SYSTEM_CHANGED = "system_changed"  # the system prompt changed
-    PREFIX_MISMATCH = "prefix_mismatch"  # the template's render of the held turns no longer matches the held ids
+    PREFIX_MISMATCH = (
+        "prefix_mismatch"  # the template's render of the held turns no longer matches the held ids
+    )
     RENDER_FAILED = "render_failed"  # incremental rendering failed; the full conversation was rendered anew
 
 

@@ -93,7 +93,9 @@ class TrajectoryStore:
 
     def shard_paths(self) -> list[Path]:
         """Completed shards, oldest first."""
-        return sorted(p for p in self.directory.glob(f"*{SHARD_SUFFIX}") if not p.name.startswith(TEMP_PREFIX))
+        return sorted(
+            p for p in self.directory.glob(f"*{SHARD_SUFFIX}") if not p.name.startswith(TEMP_PREFIX)
+        )
 
     @staticmethod
     def read_shard(path: Path) -> list[Trajectory]:

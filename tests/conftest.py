@@ -54,7 +54,9 @@ def tiny_moe_model_dir(tmp_path_factory, default_model_dir) -> Path:
     """A tiny random Mixtral-style MoE with the SmolLM2 tokenizer."""
     from components.models.tiny import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-moe", tokenizer_dir=default_model_dir, moe=True)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny-moe", tokenizer_dir=default_model_dir, moe=True
+    )
 
 
 @pytest.fixture(scope="session")

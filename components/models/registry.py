@@ -33,5 +33,7 @@ def resolve_model(name_or_path: str | Path | None = None) -> Path:
         return path
     path = Path(name_or_path)
     if not (path / "config.json").exists():
-        raise ValueError(f"model: {path} is not an HF model folder (no config.json); pass 'default', 'tiny' or a folder")
+        raise ValueError(
+            f"model: {path} is not an HF model folder (no config.json); pass 'default', 'tiny' or a folder"
+        )
     return path

@@ -55,7 +55,9 @@ def convert(out_dir: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path(".models/smollm2-135m-instruct"))
     args = parser.parse_args()
     print(f"default model written to {convert(args.out)}")

@@ -42,7 +42,9 @@ def build_tiny_model(
         tie_word_embeddings=True,
         rope_theta=100000.0,
     )
-    config = MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **common) if moe else LlamaConfig(**common)
+    config = (
+        MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **common) if moe else LlamaConfig(**common)
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     out_dir = Path(out_dir)
