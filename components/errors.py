@@ -3,6 +3,8 @@ that a rollout records as ``failure_reason`` instead of crashing the run."""
 
 from __future__ import annotations
 
+import functools
+
 
 class ReinError(Exception):
     """Base class of Rein's own runtime failures."""
@@ -17,6 +19,16 @@ class ContextOverflowError(ReinError):
         super().__init__(
             f"prompt has {num_prompt_tokens} tokens but the context window is {context_window}; "
             "shorten the conversation or raise the model's context window"
+        )
+
+    def __reduce__(self):  # keyword-only __init__: pickle (Ray, multiprocessing) needs the fields explicitly
+        return (
+            functools.partial(
+                ContextOverflowError,
+                num_prompt_tokens=self.num_prompt_tokens,
+                context_window=self.context_window,
+            ),
+            (),
         )
 
 

@@ -248,11 +248,21 @@ class Algorithm(Protocol):
     """A policy-gradient algorithm as three swappable pieces.
 
     Contract: ``advantages`` maps per-trajectory rewards (grouped by ``group_ids``) to per-trajectory
-    advantages; ``loss`` is a pure function of per-token tensors and returns a scalar to minimise plus float
-    metrics. Tokens with ``loss_mask == 0`` contribute nothing.
+    advantages; ``sample_weights`` gives, for every training segment of one step (its number of sampled
+    tokens and the index of its trajectory), the weight of each of its sampled tokens, normalised over the
+    whole step so that a trajectory's total weight does not grow with the number of segments it was split
+    into; ``loss`` is a pure function of 1-D per-token tensors and returns the weighted *sum* to minimise
+    (micro-batch and rank losses add up to the step loss) plus float statistics (``*_sum`` keys are summed
+    over tokens, ``num_tokens`` counts them). Tokens with ``loss_mask == 0`` contribute nothing.
+    ``needs_reference_logprobs`` asks the trainer for a frozen reference policy's logprobs.
     """
 
+    @property
+    def needs_reference_logprobs(self) -> bool: ...
+
     def advantages(self, rewards: np.ndarray, group_ids: Sequence[str]) -> np.ndarray: ...
+
+    def sample_weights(self, num_sampled_tokens: np.ndarray, trajectory_index: np.ndarray) -> np.ndarray: ...
 
     def loss(
         self,
@@ -263,6 +273,8 @@ class Algorithm(Protocol):
         loss_mask: torch.Tensor,
         weights: torch.Tensor,
         ref_logprobs: torch.Tensor | None = None,
+        proximal_logprobs: torch.Tensor | None = None,
+        sequence_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 

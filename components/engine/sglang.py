@@ -1,0 +1,516 @@
+"""``InferenceEngine`` over SGLang's native HTTP API (GPU clusters).
+
+Request and response shapes follow SGLang's own ``sglang/srt/managers/io_struct.py`` (``GenerateReqInput``,
+``UpdateWeightFromDiskReqInput``, ``UpdateWeightsFromTensorReqInput``, ``PauseGenerationReqInput``,
+``AbortReq``, ``UpdateWeightVersionReqInput``) and ``sglang/srt/entrypoints/http_server.py``:
+
+- ``POST /generate`` with ``input_ids``, ``sampling_params`` (``max_new_tokens``, ``temperature``, ``top_p``,
+  ``stop``, ``stop_token_ids``, ``sampling_seed``), ``return_logprob: true``, ``logprob_start_len: -1``, ``rid``
+  and optionally ``return_routed_experts``. The reply carries ``output_ids`` and ``meta_info`` with
+  ``output_token_logprobs`` (``[logprob, token_id, text|null]`` per output token), ``finish_reason``
+  (``{"type": "stop"|"length"|"abort", ...}``), ``prompt_tokens``, ``weight_version`` and, on newer servers,
+  ``weight_versions`` (spans ``{"version", "start", "end"}`` over the output tokens), and ``routed_experts``
+  (base64 of little-endian int32 ``[prompt + output - 1, num_moe_layers, top_k]``).
+- Weight sync: ``/pause_generation`` (``mode``), ``/update_weights_from_disk`` (``model_path``,
+  ``weight_version``, ``flush_cache``, ``abort_all_requests`` → ``{success, message, num_paused_requests}``),
+  ``/update_weights_from_tensor``, ``/continue_generation``, ``/flush_cache``, ``/update_weight_version``.
+- ``/abort_request`` (``rid`` or ``abort_all``), ``/health``, ``/v1/models`` (``max_model_len``),
+  ``/model_info`` (or the older ``/get_model_info``).
+
+SGLang needs a GPU and cannot be installed beside the CPU stack, so the tests run this client over real HTTP
+against ``tests/components/engine/fake_sglang.py``, a local server that follows the same shapes.
+
+Per-token weight versions: taken from ``meta_info.weight_versions`` spans when the server sends them; an older
+server sends one ``weight_version`` per request, which is then stamped on every token. ``update_weights``
+therefore pauses generation in ``retract`` mode (running requests go back to the queue and their KV cache is
+recomputed with the new weights), loads the new weights, flushes the prefix cache and continues.
+Versions are integers on Rein's side and strings on SGLang's; a server still on its initial version
+(``"default"``) maps to ``initial_weight_version``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from components.config import require, require_non_negative, require_one_of, require_positive
+from components.errors import ContextOverflowError, EngineError, MissingLogprobsError
+from components.protocols import FinishReason, GenerationResult, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+_PAUSE_MODES = ("retract", "in_place", "abort")
+_TRANSIENT_STATUS = (502, 503, 504)
+
+
+@dataclass(kw_only=True, frozen=True)
+class SGLangEngineConfig:
+    """How to reach and drive one SGLang server."""
+
+    base_url: str  # e.g. "http://10.0.0.5:30000"
+    context_window: int | None = None  # None: the server's max_model_len (GET /v1/models)
+    request_timeout_s: float = 600.0  # one /generate call, prefill + decode
+    connect_timeout_s: float = 10.0
+    max_retries: int = 3  # extra attempts after a transient connection error or 502/503/504
+    retry_backoff_s: float = 0.5  # first wait; doubles per attempt
+    api_key: str | None = None  # sent as a bearer token (SGLang's --api-key)
+    # update_weights writes safetensors here (a path the server can read, e.g. a shared filesystem) and asks
+    # the server to load them with /update_weights_from_disk. None: update_weights is refused.
+    weight_sync_dir: str | Path | None = None
+    # config.json / tokenizer files copied next to the synced weights (the server loads a full HF folder).
+    base_model_path: str | Path | None = None
+    keep_synced_versions: int = 2  # older synced weight folders are deleted
+    pause_mode: str = "retract"  # how running requests wait during a weight update
+    routed_experts_top_k: int | None = None  # experts per token, needed to decode routed_experts
+    initial_weight_version: int = 0
+
+    def __post_init__(self) -> None:
+        require(
+            self.base_url.startswith(("http://", "https://")),
+            "base_url",
+            f"must start with http:// or https://, got {self.base_url!r}",
+        )
+        if self.context_window is not None:
+            require_positive(self.context_window, "context_window")
+        require_positive(self.request_timeout_s, "request_timeout_s")
+        require_positive(self.connect_timeout_s, "connect_timeout_s")
+        require_non_negative(self.max_retries, "max_retries")
+        require_non_negative(self.retry_backoff_s, "retry_backoff_s")
+        require_positive(self.keep_synced_versions, "keep_synced_versions")
+        require_one_of(self.pause_mode, "pause_mode", _PAUSE_MODES)
+        if self.routed_experts_top_k is not None:
+            require_positive(self.routed_experts_top_k, "routed_experts_top_k")
+
+
+def _is_transient(error: BaseException) -> bool:
+    if isinstance(error, httpx.TransportError) and not isinstance(error, httpx.ReadTimeout):
+        return True
+    return isinstance(error, httpx.HTTPStatusError) and error.response.status_code in _TRANSIENT_STATUS
+
+
+class SGLangEngine:
+    """``InferenceEngine`` client of one SGLang server. Create with ``await SGLangEngine.connect(config)``."""
+
+    def __init__(self, config: SGLangEngineConfig, *, client: httpx.AsyncClient | None = None) -> None:
+        self.config = config
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self._client = client or httpx.AsyncClient(
+            base_url=config.base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s),
+        )
+        self._context_window = config.context_window
+        self._weight_version = config.initial_weight_version
+        self._update_lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, config: SGLangEngineConfig) -> SGLangEngine:
+        """A client whose context window and weight version were read from the server."""
+        engine = cls(config)
+        try:
+            await engine.refresh()
+        except BaseException:
+            await engine.aclose()
+            raise
+        return engine
+
+    async def refresh(self) -> None:
+        """Read the context window (unless configured) and the current weight version from the server."""
+        if self.config.context_window is None:
+            models = await self._request("GET", "/v1/models")
+            lengths = [m.get("max_model_len") for m in models.get("data", []) if m.get("max_model_len")]
+            if not lengths:
+                raise EngineError(
+                    "SGLang /v1/models reported no max_model_len; set context_window in the config"
+                )
+            self._context_window = int(lengths[0])
+        info = await self._model_info()
+        self._weight_version = self._parse_version(info.get("weight_version"))
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections."""
+        await self._client.aclose()
+
+    # --- InferenceEngine ---------------------------------------------------------------------------------
+
+    @property
+    def context_window(self) -> int:
+        if self._context_window is None:
+            raise EngineError(
+                "the context window is unknown: create the client with `await SGLangEngine.connect()`"
+            )
+        return self._context_window
+
+    @property
+    def weight_version(self) -> int:
+        return self._weight_version
+
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
+        """One ``/generate`` call; the reply must carry a logprob for every output token."""
+        prompt = [int(token) for token in input_ids]
+        require(len(prompt) > 0, "input_ids", "must not be empty")
+        if len(prompt) >= self.context_window:
+            raise ContextOverflowError(num_prompt_tokens=len(prompt), context_window=self.context_window)
+        rid = uuid.uuid4().hex
+        payload = self.generate_payload(prompt, params, rid=rid)
+        try:
+            reply = await self._request("POST", "/generate", json=payload)
+        except asyncio.CancelledError:
+            asyncio.get_running_loop().create_task(self._abort_quietly(rid))  # free the server's slot
+            raise
+        return self.parse_generate_reply(reply, prompt, params)
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Write ``state_dict`` under ``weight_sync_dir`` and load it: pause, load from disk, continue."""
+        if self.config.weight_sync_dir is None:
+            raise ValueError(
+                "weight_sync_dir: SGLangEngine.update_weights needs a directory the server can read "
+                "(or call update_weights_from_tensor with SGLang's serialized tensors)"
+            )
+        folder = await asyncio.to_thread(self._write_weights, state_dict, int(version))
+        await self.update_weights_from_disk(folder, version)
+
+    # --- SGLang's control endpoints ----------------------------------------------------------------------
+
+    async def update_weights_from_disk(self, model_path: str | Path, version: int) -> dict[str, Any]:
+        """Pause (``pause_mode``), ``/update_weights_from_disk`` with the new version, continue."""
+        body = {
+            "model_path": str(model_path),
+            "weight_version": str(int(version)),
+            "flush_cache": True,
+            "abort_all_requests": False,
+        }
+        return await self._paused_update("/update_weights_from_disk", body, version)
+
+    async def update_weights_from_tensor(
+        self, serialized_named_tensors: list[str], version: int, *, load_format: str | None = None
+    ) -> dict[str, Any]:
+        """``/update_weights_from_tensor`` with SGLang's serialized named tensors (one entry per TP rank)."""
+        body: dict[str, Any] = {
+            "serialized_named_tensors": serialized_named_tensors,
+            "flush_cache": True,
+            "abort_all_requests": False,
+            "weight_version": str(int(version)),
+        }
+        if load_format is not None:
+            body["load_format"] = load_format
+        return await self._paused_update("/update_weights_from_tensor", body, version)
+
+    async def pause_generation(self, mode: str | None = None) -> None:
+        """``/pause_generation`` (``retract``: requests re-queued and recomputed; ``in_place``; ``abort``)."""
+        mode = mode or self.config.pause_mode
+        require_one_of(mode, "mode", _PAUSE_MODES)
+        await self._request("POST", "/pause_generation", json={"mode": mode})
+
+    async def continue_generation(self) -> None:
+        """``/continue_generation``."""
+        await self._request("POST", "/continue_generation", json={})
+
+    async def flush_cache(self) -> None:
+        """``/flush_cache`` (the server refuses while requests are running)."""
+        await self._request("POST", "/flush_cache")
+
+    async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        """``/abort_request`` for one request id, or every request."""
+        require(rid is not None or abort_all, "rid", "give a request id or abort_all=True")
+        await self._request("POST", "/abort_request", json={"rid": rid or "", "abort_all": abort_all})
+
+    async def update_weight_version(self, version: int, *, abort_all_requests: bool = False) -> None:
+        """``/update_weight_version`` without touching the weights."""
+        body = {"new_version": str(int(version)), "abort_all_requests": abort_all_requests}
+        await self._checked_success(await self._request("POST", "/update_weight_version", json=body))
+        self._weight_version = int(version)
+
+    async def health(self) -> bool:
+        """``GET /health``: True when the server answers 200."""
+        try:
+            response = await self._client.get("/health")
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    # --- request / reply shapes (public so that the tests and the proxy can check them) -------------------
+
+    def generate_payload(self, prompt: list[int], params: SamplingParams, *, rid: str) -> dict[str, Any]:
+        """The ``/generate`` body for one request; ``max_new_tokens`` is clamped to the room left."""
+        sampling: dict[str, Any] = {
+            "max_new_tokens": min(params.max_tokens, self.context_window - len(prompt)),
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+        }
+        if params.stop_strings:
+            sampling["stop"] = list(params.stop_strings)
+        if params.stop_token_ids:
+            sampling["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            sampling["sampling_seed"] = params.seed
+        payload: dict[str, Any] = {
+            "rid": rid,
+            "input_ids": prompt,
+            "sampling_params": sampling,
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "stream": False,
+        }
+        if params.return_routed_experts:
+            payload["return_routed_experts"] = True
+        return payload
+
+    def parse_generate_reply(
+        self, reply: Mapping[str, Any], prompt: list[int], params: SamplingParams
+    ) -> GenerationResult:
+        """A ``GenerationResult`` from a ``/generate`` reply, refusing anything that breaks the contract."""
+        if isinstance(reply, list):
+            if len(reply) != 1:
+                raise EngineError(f"SGLang returned {len(reply)} results for one prompt")
+            reply = reply[0]
+        if "error" in reply and "output_ids" not in reply:
+            raise EngineError(f"SGLang /generate failed: {reply['error']}")
+        meta = reply.get("meta_info")
+        output_ids = reply.get("output_ids")
+        if not isinstance(meta, Mapping) or not isinstance(output_ids, list):
+            raise EngineError(f"SGLang /generate reply lacks output_ids/meta_info: keys {sorted(reply)}")
+        output_ids = [int(token) for token in output_ids]
+        finish_reason = self._parse_finish_reason(meta.get("finish_reason"))
+        logprobs = self._parse_logprobs(meta, output_ids)
+        versions = self._parse_versions(meta, len(output_ids))
+        routed = (
+            self._parse_routed_experts(meta, len(prompt) + len(output_ids) - 1)
+            if params.return_routed_experts
+            else None
+        )
+        prompt_tokens = int(meta.get("prompt_tokens", len(prompt)))
+        if prompt_tokens != len(prompt):
+            raise EngineError(
+                f"SGLang counted {prompt_tokens} prompt tokens for a {len(prompt)}-token prompt"
+            )
+        return GenerationResult(
+            output_ids=tuple(output_ids),
+            logprobs=logprobs,
+            weight_versions=versions,
+            finish_reason=finish_reason,
+            num_prompt_tokens=len(prompt),
+            routed_experts=routed,
+        )
+
+    @staticmethod
+    def _parse_finish_reason(value: Any) -> FinishReason:
+        kind = value.get("type") if isinstance(value, Mapping) else value
+        if kind == "stop":
+            return FinishReason.STOP
+        if kind == "length":
+            return FinishReason.LENGTH
+        if kind == "abort":
+            return FinishReason.ABORT
+        raise EngineError(f"SGLang reply has no usable meta_info.finish_reason: {value!r}")
+
+    @staticmethod
+    def _parse_logprobs(meta: Mapping[str, Any], output_ids: list[int]) -> tuple[float, ...]:
+        entries = meta.get("output_token_logprobs")
+        if entries is None:
+            if not output_ids:
+                return ()
+            raise MissingLogprobsError(
+                f"SGLang returned {len(output_ids)} output ids without meta_info.output_token_logprobs although "
+                "the request set return_logprob=true; the server (or a proxy in front of it) dropped them"
+            )
+        if len(entries) != len(output_ids):
+            raise MissingLogprobsError(
+                f"SGLang returned {len(entries)} output_token_logprobs for {len(output_ids)} output ids"
+            )
+        logprobs = []
+        for index, (entry, token) in enumerate(zip(entries, output_ids, strict=True)):
+            logprob, entry_token = entry[0], entry[1]
+            if logprob is None:
+                raise MissingLogprobsError(
+                    f"SGLang returned a null logprob for output token {index} (id {token})"
+                )
+            if int(entry_token) != token:
+                raise EngineError(
+                    f"output_token_logprobs[{index}] is for id {entry_token}, output_ids has {token}"
+                )
+            logprobs.append(float(logprob))
+        return tuple(logprobs)
+
+    def _parse_versions(self, meta: Mapping[str, Any], num_tokens: int) -> tuple[int, ...]:
+        spans = meta.get("weight_versions")
+        if spans:
+            versions: list[int] = []
+            for span in spans:
+                start, end = int(span["start"]), int(span["end"])
+                if start != len(versions) or end < start:
+                    raise EngineError(f"SGLang weight_versions spans are not contiguous: {spans!r}")
+                versions.extend([self._parse_version(span["version"])] * (end - start))
+            if len(versions) != num_tokens:
+                raise EngineError(
+                    f"SGLang weight_versions cover {len(versions)} of {num_tokens} output tokens"
+                )
+            return tuple(versions)
+        if "weight_version" not in meta:
+            raise EngineError(
+                "SGLang reply has no meta_info.weight_version: cannot stamp tokens with a version"
+            )
+        return (self._parse_version(meta["weight_version"]),) * num_tokens
+
+    def _parse_version(self, value: Any) -> int:
+        if value is None or value == "default":
+            return self.config.initial_weight_version
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise EngineError(
+                f"SGLang weight version {value!r} is not an integer (Rein sets integer versions)"
+            ) from None
+
+    def _parse_routed_experts(self, meta: Mapping[str, Any], num_positions: int) -> tuple:
+        import numpy as np
+
+        encoded = meta.get("routed_experts")
+        if encoded is None:
+            raise EngineError("return_routed_experts was requested but meta_info.routed_experts is missing")
+        top_k = self.config.routed_experts_top_k
+        if top_k is None:
+            raise ValueError("routed_experts_top_k: set it in SGLangEngineConfig to decode routed experts")
+        flat = np.frombuffer(base64.b64decode(encoded), dtype="<i4")
+        if num_positions <= 0 or flat.size % (num_positions * top_k):
+            raise EngineError(
+                f"routed_experts has {flat.size} ids, not a multiple of {num_positions} x {top_k}"
+            )
+        table = flat.reshape(num_positions, -1, top_k)
+        return tuple(tuple(tuple(int(e) for e in layer) for layer in position) for position in table)
+
+    # --- plumbing ----------------------------------------------------------------------------------------
+
+    async def _paused_update(self, path: str, body: dict[str, Any], version: int) -> dict[str, Any]:
+        async with self._update_lock:
+            await self.pause_generation()
+            try:
+                reply = await self._request("POST", path, json=body, accept_status=(400,))
+            finally:
+                await self.continue_generation()
+            await self._checked_success(reply)
+            self._weight_version = int(version)
+            return reply
+
+    @staticmethod
+    async def _checked_success(reply: Any) -> None:
+        if not isinstance(reply, Mapping) or not reply.get("success", False):
+            message = reply.get("message") if isinstance(reply, Mapping) else reply
+            raise EngineError(f"SGLang refused the update: {message}")
+
+    async def _model_info(self) -> dict[str, Any]:
+        try:
+            return await self._request("GET", "/model_info")
+        except EngineError:
+            return await self._request("GET", "/get_model_info")
+
+    async def _abort_quietly(self, rid: str) -> None:
+        try:
+            await self.abort_request(rid)
+        except (EngineError, httpx.HTTPError):
+            pass
+
+    async def _request(
+        self, method: str, path: str, *, json: Any = None, accept_status: tuple[int, ...] = ()
+    ) -> Any:
+        """One HTTP call with bounded retries on transient failures; JSON (or text) reply; ``EngineError``."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.config.max_retries + 1),
+            wait=wait_exponential(
+                multiplier=self.config.retry_backoff_s, max=10 * max(self.config.retry_backoff_s, 0.1)
+            ),
+            retry=retry_if_exception(_is_transient),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    response = await self._client.request(method, path, json=json)
+                    if response.status_code not in accept_status:
+                        response.raise_for_status()
+        except httpx.HTTPStatusError as error:
+            detail = error.response.text[:500]
+            if error.response.status_code == 400 and "context length" in detail.lower():
+                raise EngineError(f"SGLang refused the prompt as too long: {detail}") from error
+            raise EngineError(
+                f"SGLang {method} {path} -> HTTP {error.response.status_code}: {detail}"
+            ) from error
+        except httpx.HTTPError as error:
+            raise EngineError(f"SGLang {method} {path} failed: {error!r}") from error
+        if not response.content:
+            return {}
+        try:
+            return response.json()
+        except ValueError:
+            return {"text": response.text}
+
+    def _write_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Path:
+        """``weight_sync_dir/v<version>/`` = base model files + ``model.safetensors``, renamed into place."""
+        from safetensors.torch import save_file
+
+        root = Path(self.config.weight_sync_dir)  # type: ignore[arg-type]
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"v{version}"
+        staging = Path(tempfile.mkdtemp(dir=root, prefix=f".v{version}-"))
+        try:
+            if self.config.base_model_path is not None:
+                for source in Path(self.config.base_model_path).iterdir():
+                    if source.is_file() and not source.name.endswith((".safetensors", ".bin", ".index.json")):
+                        shutil.copy2(source, staging / source.name)
+            tensors = {name: t.detach().contiguous().cpu() for name, t in state_dict.items()}
+            save_file(_drop_shared(tensors), str(staging / "model.safetensors"))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        synced = sorted((p for p in root.glob("v*") if p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
+        for old in synced[: -self.config.keep_synced_versions]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+
+def _drop_shared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory: drop exact aliases (tied embeddings keep their first
+    name, as HF checkpoints do) and copy any other view that shares a storage."""
+    seen_alias: set[tuple] = set()
+    seen_storage: set[int] = set()
+    kept = {}
+    for name, tensor in tensors.items():
+        alias = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
+        if alias in seen_alias:
+            continue
+        seen_alias.add(alias)
+        storage = tensor.untyped_storage().data_ptr()
+        kept[name] = tensor.clone() if storage in seen_storage else tensor
+        seen_storage.add(storage)
+    return kept
+
+
+def serialize_named_tensors(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> str:
+    """SGLang's ``MultiprocessingSerializer.serialize(..., output_str=True)``: base64 of a ForkingPickler dump.
+    Tensors travel as shared-memory handles, so the server must run on the same machine (co-located)."""
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(list(named_tensors))
+    return base64.b64encode(buffer.getvalue()).decode("utf-8")

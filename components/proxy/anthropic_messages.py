@@ -1,0 +1,338 @@
+"""Anthropic Messages ⇄ canonical turns, as Claude Code uses it.
+
+Accepted: ``system`` (a string or text blocks), ``messages`` (roles user/assistant; content a string or blocks:
+``text``, ``image``/``document`` (→ a short placeholder), ``tool_use``, ``tool_result`` (content a string or
+blocks, ``is_error`` → the text is prefixed with ``Error: ``), ``thinking`` (→ the assistant turn's reasoning);
+``redacted_thinking``, server-tool blocks and unknown block types are skipped), ``tools`` (custom tools with
+``input_schema``; server tools such as ``web_search_20250305`` are skipped), ``max_tokens``, ``temperature``,
+``top_p``, ``stop_sequences``, ``stream``. Ignored: ``model``, ``thinking`` budgets, ``cache_control``,
+``metadata``, ``tool_choice``, ``top_k``, ``?beta=true`` and ``anthropic-beta`` headers.
+
+A ``system`` role inside ``messages`` (Claude Code sends mid-conversation notes that way) becomes a canonical
+system message at that position.
+
+Tool results inside a user message become canonical ``tool`` messages (in order) followed by one ``user``
+message with the remaining text, if any. Streaming replays the finished generation as ``message_start``, one
+``content_block_start``/``content_block_delta``/``content_block_stop`` triple per block (thinking, text,
+tool_use with one ``input_json_delta``), ``message_delta`` (stop_reason end_turn/tool_use/max_tokens and usage)
+and ``message_stop``; ``event: ping`` frames keep the connection alive while the engine works.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from components.proxy.errors import InvalidRequestError
+from components.proxy.json_fields import (
+    get_bool,
+    get_int,
+    get_list,
+    get_number,
+    get_stop,
+    get_str,
+    require_list,
+    require_object,
+)
+from components.proxy.sessions import TurnOutcome, TurnRequest
+from components.tito.messages import ChatMessage, ToolCall, ToolSpec
+
+PLACEHOLDERS = {"image": "[image]", "document": "[document]"}
+STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessagesRequest:
+    turn: TurnRequest
+    model: str
+    stream: bool
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    blocks = []
+    for index, block in enumerate(require_list(content, where)):
+        block = require_object(block, f"{where}[{index}]")
+        get_str(block, "type", f"{where}[{index}]")
+        blocks.append(block)
+    return blocks
+
+
+def _text_of(content: Any, where: str) -> str:
+    """Text of a string or of text blocks (tool_result content, system)."""
+    if content is None:
+        return ""
+    texts = []
+    for index, block in enumerate(_blocks(content, where)):
+        block_type = block["type"]
+        if block_type == "text":
+            texts.append(get_str(block, "text", f"{where}[{index}]"))
+        elif block_type in PLACEHOLDERS:
+            texts.append(PLACEHOLDERS[block_type])
+    return "\n".join(texts)
+
+
+def _user_messages(content: Any, where: str) -> list[ChatMessage]:
+    tool_messages = []
+    texts = []
+    for index, block in enumerate(_blocks(content, where)):
+        block_where = f"{where}[{index}]"
+        block_type = block["type"]
+        if block_type == "text":
+            texts.append(get_str(block, "text", block_where))
+        elif block_type in PLACEHOLDERS:
+            texts.append(PLACEHOLDERS[block_type])
+        elif block_type == "tool_result":
+            text = _text_of(block.get("content"), f"{block_where}.content")
+            if get_bool(block, "is_error", block_where):
+                text = f"Error: {text}"
+            tool_messages.append(
+                ChatMessage(
+                    role="tool", content=text, tool_call_id=get_str(block, "tool_use_id", block_where)
+                )
+            )
+        elif block_type in ("tool_use", "thinking"):
+            raise InvalidRequestError(
+                f"{block_where}.type: a {block_type!r} block belongs to an assistant message"
+            )
+    messages = tool_messages
+    if texts or not tool_messages:
+        messages.append(ChatMessage(role="user", content="\n".join(texts)))
+    return messages
+
+
+def _assistant_message(content: Any, where: str) -> ChatMessage:
+    texts = []
+    reasoning = []
+    calls = []
+    for index, block in enumerate(_blocks(content, where)):
+        block_where = f"{where}[{index}]"
+        block_type = block["type"]
+        if block_type == "text":
+            texts.append(get_str(block, "text", block_where))
+        elif block_type == "thinking":
+            reasoning.append(get_str(block, "thinking", block_where))
+        elif block_type == "tool_use":
+            tool_input = block.get("input", {})
+            if not isinstance(tool_input, dict):
+                raise InvalidRequestError(f"{block_where}.input: expected an object")
+            calls.append(
+                ToolCall(
+                    id=get_str(block, "id", block_where),
+                    name=get_str(block, "name", block_where),
+                    arguments=json.dumps(tool_input, ensure_ascii=False),
+                )
+            )
+        elif block_type == "tool_result":
+            raise InvalidRequestError(f"{block_where}.type: a 'tool_result' block belongs to a user message")
+    return ChatMessage(
+        role="assistant",
+        content="".join(texts),
+        tool_calls=tuple(calls),
+        reasoning="\n".join(reasoning) or None,
+    )
+
+
+def parse_conversation(body: dict[str, Any]) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...]]:
+    """``system`` + ``messages`` + ``tools`` → canonical messages and tool specs."""
+    messages: list[ChatMessage] = []
+    system = _text_of(body.get("system"), "body.system")
+    if system:
+        messages.append(ChatMessage(role="system", content=system))
+    raw_messages = get_list(body, "messages", "body")
+    if not raw_messages:
+        raise InvalidRequestError("body.messages: must contain at least one message")
+    for index, raw in enumerate(raw_messages):
+        where = f"messages[{index}]"
+        raw = require_object(raw, where)
+        role = get_str(raw, "role", where)
+        if "content" not in raw:
+            raise InvalidRequestError(f"{where}.content: missing")
+        if role == "user":
+            messages.extend(_user_messages(raw["content"], f"{where}.content"))
+        elif role == "assistant":
+            messages.append(_assistant_message(raw["content"], f"{where}.content"))
+        elif role == "system":  # Claude Code puts mid-conversation system notes into messages
+            messages.append(ChatMessage(role="system", content=_text_of(raw["content"], f"{where}.content")))
+        else:
+            raise InvalidRequestError(f"{where}.role: unknown role {role!r}; allowed: user, assistant, system")
+    return tuple(messages), parse_tools(body.get("tools"))
+
+
+def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
+    """Custom tools; server tools (``type`` other than ``custom``) are skipped."""
+    if value is None:
+        return ()
+    tools = []
+    for index, raw in enumerate(require_list(value, "body.tools")):
+        where = f"tools[{index}]"
+        raw = require_object(raw, where)
+        if raw.get("type", "custom") != "custom":
+            continue
+        schema = raw.get("input_schema")
+        tools.append(
+            ToolSpec(
+                name=get_str(raw, "name", where),
+                description=get_str(raw, "description", where, default=""),
+                parameters=require_object(schema, f"{where}.input_schema")
+                if schema is not None
+                else {"type": "object", "properties": {}},
+            )
+        )
+    return tuple(tools)
+
+
+def parse_request(body: dict[str, Any]) -> MessagesRequest:
+    """A Messages request body → a canonical turn plus the response options."""
+    messages, tools = parse_conversation(body)
+    turn = TurnRequest(
+        messages=messages,
+        tools=tools,
+        max_tokens=get_int(body, "max_tokens", "body", minimum=1),
+        temperature=get_number(body, "temperature", "body", default=1.0, minimum=0.0, maximum=1.0),
+        top_p=get_number(body, "top_p", "body", default=1.0, minimum=0.0, maximum=1.0, open_low=True),
+        stop=get_stop(body, "stop_sequences", "body"),
+    )
+    model = body.get("model")
+    return MessagesRequest(
+        turn=turn,
+        model=model if isinstance(model, str) and model else "rein-policy",
+        stream=get_bool(body, "stream", "body"),
+    )
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def _content_blocks(outcome: TurnOutcome, message_id: str) -> list[dict[str, Any]]:
+    reply = outcome.reply
+    blocks: list[dict[str, Any]] = []
+    if reply.reasoning:
+        blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
+    if reply.content or not reply.tool_calls:
+        blocks.append({"type": "text", "text": reply.content})
+    suffix = message_id.removeprefix("msg_")
+    for index, call in enumerate(reply.tool_calls):
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.id or f"toolu_{suffix}_{index}",
+                "name": call.name,
+                "input": _tool_input(call.arguments),
+            }
+        )
+    return blocks
+
+
+def _usage(outcome: TurnOutcome) -> dict[str, Any]:
+    return {
+        "input_tokens": outcome.num_prompt_tokens,
+        "output_tokens": outcome.num_completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+def render_response(
+    outcome: TurnOutcome, request: MessagesRequest, *, response_id: str, created: int
+) -> dict[str, Any]:
+    """The ``message`` object."""
+    return {
+        "id": response_id,
+        "type": "message",
+        "role": "assistant",
+        "model": request.model,
+        "content": _content_blocks(outcome, response_id),
+        "stop_reason": STOP_REASONS.get(outcome.reply.finish_reason, "end_turn"),
+        "stop_sequence": None,
+        "usage": _usage(outcome),
+    }
+
+
+def _event(event_type: str, payload: dict[str, Any]) -> bytes:
+    return (
+        f"event: {event_type}\ndata: ".encode() + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+    )
+
+
+def render_stream(
+    outcome: TurnOutcome, request: MessagesRequest, *, response_id: str, created: int
+) -> list[bytes]:
+    """The streaming events of the finished message."""
+    message = render_response(outcome, request, response_id=response_id, created=created)
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "usage": {**message["usage"], "output_tokens": 0},
+    }
+    frames = [_event("message_start", {"type": "message_start", "message": start})]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            empty, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+        elif block["type"] == "thinking":
+            empty = {"type": "thinking", "thinking": "", "signature": ""}
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+        else:
+            empty = {**block, "input": {}}
+            delta = {
+                "type": "input_json_delta",
+                "partial_json": json.dumps(block["input"], ensure_ascii=False),
+            }
+        frames.append(
+            _event(
+                "content_block_start", {"type": "content_block_start", "index": index, "content_block": empty}
+            )
+        )
+        frames.append(
+            _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        )
+        if block["type"] == "thinking":
+            frames.append(
+                _event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "signature_delta", "signature": ""},
+                    },
+                )
+            )
+        frames.append(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+    frames.append(
+        _event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": message["usage"],
+            },
+        )
+    )
+    frames.append(_event("message_stop", {"type": "message_stop"}))
+    return frames
+
+
+def parse_count_tokens(body: dict[str, Any]) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...]]:
+    """A ``count_tokens`` body → canonical messages and tools."""
+    return parse_conversation(body)
+
+
+KEEPALIVE_FRAME = _event("ping", {"type": "ping"})
+
+
+def error_body(status_code: int, error_type: str, message: str) -> dict[str, Any]:
+    """Anthropic's error shape (context overflow keeps the stable type ``context_overflow``)."""
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def stream_error_frame(error_type: str, message: str) -> bytes:
+    """An ``event: error`` inside an already-started stream."""
+    return _event("error", error_body(0, error_type, message))

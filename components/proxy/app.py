@@ -1,0 +1,356 @@
+"""The proxy's HTTP app: OpenAI Chat Completions, OpenAI Responses and Anthropic Messages on one server.
+
+Session URL: ``http://HOST:PORT[/ROUTE_PREFIX]/s/{session_id}``. Point an Anthropic client there
+(``ANTHROPIC_BASE_URL``) and an OpenAI client at ``…/s/{session_id}/v1``. The bare paths (``/v1/...``) serve
+the same protocols with the session in an ``X-Session-Id`` header.
+
+Routes (each under ``/s/{session_id}`` and bare):
+  POST /v1/chat/completions      OpenAI Chat Completions (also ``/chat/completions``)
+  POST /v1/responses             OpenAI Responses (also ``/responses``)
+  POST /v1/messages              Anthropic Messages (also ``/messages``; ``?beta=true`` ignored)
+  POST /v1/messages/count_tokens Anthropic token counting
+  GET  /v1/models                the served model
+Session control:
+  POST /sessions                 body (optional) {session_id, task_id, group_id, harness, step}
+                                 → {"session_id", "base_url"}
+  GET  /s/{id}/trajectory        the recorded segments so far
+  POST /s/{id}/finalize          body {reward, status, failure_reason, metrics, task_id, group_id, harness,
+                                 step, log} → the trajectory as JSON (written to RUN_DIR/trajectories)
+  POST /s/{id}/discard           drop the session
+  GET  /health
+
+Every protocol is parsed into the same ``TurnRequest`` and answered by the same ``SessionRegistry.run_turn``.
+Errors use the protocol's own shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``):
+bad input 400, unknown session 404, missing API key 401, context overflow 413 with type
+``context_overflow``; only engine failures (502) and genuine bugs (500) are 5xx.
+
+Streaming is replayed from the finished generation. The server waits up to ``keepalive_interval_s`` for the
+turn before committing to a status code, so errors found while preparing the prompt (overflow, bad history)
+keep their 4xx status; after that it sends keep-alive frames (``: keep-alive`` comments for OpenAI,
+``event: ping`` for Anthropic) every ``keepalive_interval_s`` until the engine answers, and a failure then is
+sent as an in-stream error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from components.proxy import anthropic_messages, openai_chat, openai_responses
+from components.proxy.config import ProxyConfig
+from components.proxy.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    SessionNotFoundError,
+    classify_error,
+)
+from components.proxy.json_fields import get_int, get_str, parse_json_object, require_object
+from components.proxy.sessions import SessionRegistry, TurnOutcome, trajectory_to_json, validate_session_id
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = "x-session-id"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Protocol:
+    name: str
+    id_prefix: str
+    parse: Callable[[dict[str, Any]], Any]
+    render_response: Callable[..., dict[str, Any]]
+    render_stream: Callable[..., list[bytes]]
+    error_body: Callable[[int, str, str], dict[str, Any]]
+    stream_error_frame: Callable[[str, str], bytes]
+    keepalive_frame: bytes
+
+
+CHAT = _Protocol(
+    name="openai_chat",
+    id_prefix="chatcmpl-",
+    parse=openai_chat.parse_request,
+    render_response=openai_chat.render_response,
+    render_stream=openai_chat.render_stream,
+    error_body=openai_chat.error_body,
+    stream_error_frame=openai_chat.stream_error_frame,
+    keepalive_frame=openai_chat.KEEPALIVE_FRAME,
+)
+RESPONSES = _Protocol(
+    name="openai_responses",
+    id_prefix="resp_",
+    parse=openai_responses.parse_request,
+    render_response=openai_responses.render_response,
+    render_stream=openai_responses.render_stream,
+    error_body=openai_responses.error_body,
+    stream_error_frame=openai_responses.stream_error_frame,
+    keepalive_frame=openai_responses.KEEPALIVE_FRAME,
+)
+MESSAGES = _Protocol(
+    name="anthropic_messages",
+    id_prefix="msg_",
+    parse=anthropic_messages.parse_request,
+    render_response=anthropic_messages.render_response,
+    render_stream=anthropic_messages.render_stream,
+    error_body=anthropic_messages.error_body,
+    stream_error_frame=anthropic_messages.stream_error_frame,
+    keepalive_frame=anthropic_messages.KEEPALIVE_FRAME,
+)
+
+
+def _json(payload: Any, status_code: int = 200) -> Response:
+    return Response(
+        json.dumps(payload, ensure_ascii=False).encode(),
+        status_code=status_code,
+        media_type="application/json",
+    )
+
+
+def _consume_exception(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class _ProxyHandlers:
+    def __init__(self, registry: SessionRegistry, config: ProxyConfig) -> None:
+        self.registry = registry
+        self.config = config
+
+    # -- helpers ------------------------------------------------------------------------------------------
+
+    def _check_api_key(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        authorization = request.headers.get("authorization", "")
+        if authorization == f"Bearer {key}" or request.headers.get("x-api-key") == key:
+            return
+        raise AuthenticationError(
+            "missing or wrong API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
+        )
+
+    @staticmethod
+    def _session_id(request: Request) -> str:
+        session_id = request.path_params.get("session_id") or request.headers.get(SESSION_HEADER)
+        if not session_id:
+            raise SessionNotFoundError(
+                "no session: create one with POST /sessions, then use its base_url http://HOST:PORT/s/{session_id} "
+                "(or send the id in an X-Session-Id header)"
+            )
+        try:
+            return validate_session_id(session_id)
+        except InvalidRequestError as error:
+            raise SessionNotFoundError(f"unknown session: {error}") from None
+
+    @staticmethod
+    def _error(protocol: _Protocol, error: BaseException) -> Response:
+        status_code, error_type, message = classify_error(error)
+        return _json(protocol.error_body(status_code, error_type, message), status_code)
+
+    # -- protocol endpoints -------------------------------------------------------------------------------
+
+    async def _turn(self, request: Request, protocol: _Protocol) -> Response:
+        try:
+            self._check_api_key(request)
+            session_id = self._session_id(request)
+            parsed = protocol.parse(parse_json_object(await request.body()))
+        except Exception as error:
+            return self._error(protocol, error)
+        response_id = protocol.id_prefix + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        turn = asyncio.ensure_future(self.registry.run_turn(session_id, parsed.turn))
+        if not parsed.stream:
+            try:
+                outcome = await turn
+            except Exception as error:
+                return self._error(protocol, error)
+            return _json(protocol.render_response(outcome, parsed, response_id=response_id, created=created))
+        done, _ = await asyncio.wait({turn}, timeout=self.config.keepalive_interval_s)
+        if done:
+            try:
+                outcome = turn.result()
+            except Exception as error:
+                return self._error(protocol, error)
+            frames = protocol.render_stream(outcome, parsed, response_id=response_id, created=created)
+            return Response(b"".join(frames), media_type="text/event-stream", headers=SSE_HEADERS)
+        turn.add_done_callback(_consume_exception)
+        return StreamingResponse(
+            self._keepalive_stream(turn, protocol, parsed, response_id, created),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+
+    async def _keepalive_stream(
+        self, turn: asyncio.Future, protocol: _Protocol, parsed: Any, response_id: str, created: int
+    ):
+        yield protocol.keepalive_frame
+        while True:
+            done, _ = await asyncio.wait({turn}, timeout=self.config.keepalive_interval_s)
+            if done:
+                break
+            yield protocol.keepalive_frame
+        try:
+            outcome: TurnOutcome = turn.result()
+        except Exception as error:
+            _, error_type, message = classify_error(error)
+            yield protocol.stream_error_frame(error_type, message)
+            return
+        for frame in protocol.render_stream(outcome, parsed, response_id=response_id, created=created):
+            yield frame
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._turn(request, CHAT)
+
+    async def responses(self, request: Request) -> Response:
+        return await self._turn(request, RESPONSES)
+
+    async def messages(self, request: Request) -> Response:
+        return await self._turn(request, MESSAGES)
+
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            self._check_api_key(request)
+            session_id = self._session_id(request)
+            messages, tools = anthropic_messages.parse_count_tokens(parse_json_object(await request.body()))
+            num_tokens = await self.registry.count_tokens(session_id, messages, tools)
+        except Exception as error:
+            return self._error(MESSAGES, error)
+        return _json({"input_tokens": num_tokens})
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self._check_api_key(request)
+        except Exception as error:
+            return self._error(CHAT, error)
+        name = self.config.served_model_name
+        model = {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "rein",
+            "type": "model",
+            "display_name": name,
+            "created_at": "1970-01-01T00:00:00Z",
+        }
+        return _json(
+            {"object": "list", "data": [model], "has_more": False, "first_id": name, "last_id": name}
+        )
+
+    # -- session control ----------------------------------------------------------------------------------
+
+    async def open_session(self, request: Request) -> Response:
+        try:
+            self._check_api_key(request)
+            raw = await request.body()
+            body = parse_json_object(raw) if raw.strip() else {}
+            session_id = await self.registry.open_session(
+                session_id=get_str(body, "session_id", "body", default=None),
+                task_id=get_str(body, "task_id", "body", default=""),
+                group_id=get_str(body, "group_id", "body", default=""),
+                harness=get_str(body, "harness", "body", default=""),
+                step=get_int(body, "step", "body", default=0, minimum=0),
+            )
+        except Exception as error:
+            return self._error(CHAT, error)
+        root = str(request.url).split("?", 1)[0].removesuffix("/").removesuffix("/sessions")
+        return _json({"session_id": session_id, "base_url": f"{root}/s/{session_id}"})
+
+    async def trajectory(self, request: Request) -> Response:
+        try:
+            self._check_api_key(request)
+            return _json(await self.registry.describe(self._session_id(request)))
+        except Exception as error:
+            return self._error(CHAT, error)
+
+    async def finalize(self, request: Request) -> Response:
+        try:
+            self._check_api_key(request)
+            session_id = self._session_id(request)
+            raw = await request.body()
+            body = parse_json_object(raw) if raw.strip() else {}
+            reward = body.get("reward")
+            if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
+                raise InvalidRequestError("body.reward: expected a number or null")
+            metrics = require_object(body.get("metrics") or {}, "body.metrics")
+            for name, value in metrics.items():
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise InvalidRequestError(f"body.metrics.{name}: expected a number")
+            trajectory = await self.registry.finalize(
+                session_id,
+                reward=None if reward is None else float(reward),
+                status=get_str(body, "status", "body", default=None),
+                failure_reason=get_str(body, "failure_reason", "body", default=""),
+                metrics=metrics,
+                task_id=get_str(body, "task_id", "body", default=None),
+                group_id=get_str(body, "group_id", "body", default=None),
+                harness=get_str(body, "harness", "body", default=None),
+                step=get_int(body, "step", "body", minimum=0),
+                log=get_str(body, "log", "body", default=""),
+            )
+        except Exception as error:
+            return self._error(CHAT, error)
+        return _json(trajectory_to_json(trajectory))
+
+    async def discard(self, request: Request) -> Response:
+        try:
+            self._check_api_key(request)
+            session_id = self._session_id(request)
+            await self.registry.discard(session_id)
+        except Exception as error:
+            return self._error(CHAT, error)
+        return _json({"session_id": session_id, "discarded": True})
+
+    async def health(self, request: Request) -> Response:
+        return _json({"status": "ok"})
+
+
+def _not_found_handler(request: Request, error: Exception) -> Response:
+    status_code = getattr(error, "status_code", 404)
+    message = f"{request.method} {request.url.path}: {getattr(error, 'detail', 'not found')}"
+    if status_code == 404:
+        message += "; protocol routes live under /s/{session_id}/v1/ (chat/completions, responses, messages)"
+    error_type = "not_found_error" if status_code == 404 else "invalid_request_error"
+    protocol = MESSAGES if "/messages" in request.url.path else CHAT
+    return _json(protocol.error_body(status_code, error_type, message), status_code)
+
+
+def _internal_error_handler(request: Request, error: Exception) -> Response:
+    status_code, error_type, message = classify_error(error)
+    protocol = MESSAGES if "/messages" in request.url.path else CHAT
+    return _json(protocol.error_body(status_code, error_type, message), status_code)
+
+
+def build_app(registry: SessionRegistry, config: ProxyConfig | None = None) -> FastAPI:
+    """The proxy as an ASGI app serving ``registry``'s sessions."""
+    config = config or ProxyConfig()
+    handlers = _ProxyHandlers(registry, config)
+    app = FastAPI(title="Rein inference proxy", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.registry = registry
+    app.state.config = config
+    for prefix in ("", "/s/{session_id}"):
+        for path in ("/v1/chat/completions", "/chat/completions"):
+            app.add_route(prefix + path, handlers.chat_completions, methods=["POST"])
+        for path in ("/v1/responses", "/responses"):
+            app.add_route(prefix + path, handlers.responses, methods=["POST"])
+        for path in ("/v1/messages", "/messages"):
+            app.add_route(prefix + path, handlers.messages, methods=["POST"])
+        app.add_route(prefix + "/v1/messages/count_tokens", handlers.count_tokens, methods=["POST"])
+        app.add_route(prefix + "/v1/models", handlers.models, methods=["GET"])
+    app.add_route("/sessions", handlers.open_session, methods=["POST"])
+    app.add_route("/s/{session_id}/trajectory", handlers.trajectory, methods=["GET"])
+    app.add_route("/s/{session_id}/finalize", handlers.finalize, methods=["POST"])
+    app.add_route("/s/{session_id}/discard", handlers.discard, methods=["POST"])
+    app.add_route("/health", handlers.health, methods=["GET"])
+    app.add_exception_handler(StarletteHTTPException, _not_found_handler)
+    app.add_exception_handler(Exception, _internal_error_handler)
+    return app

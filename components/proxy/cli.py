@@ -1,0 +1,75 @@
+"""``rein proxy``: the inference proxy standalone (uvicorn + the embedded engine), for debugging and local use.
+
+    rein proxy --model tiny --port 8000 --run-dir runs/debug
+    curl -X POST http://127.0.0.1:8000/sessions      # → {"session_id": ..., "base_url": ".../s/ID"}
+    ANTHROPIC_BASE_URL=http://127.0.0.1:8000/s/ID claude -p "hi"
+
+Finalize a session with ``POST /s/ID/finalize`` to write its trajectory to ``RUN_DIR/trajectories``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from components.proxy.config import ProxyConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rein proxy", description="Serve the policy behind OpenAI/Anthropic APIs.")
+    parser.add_argument("--model", default="default", help="'default' (set-up policy), 'tiny', or an HF folder")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    parser.add_argument("--run-dir", type=Path, default=None, help="finalized trajectories go to RUN_DIR/trajectories")
+    parser.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer / x-api-key)")
+    parser.add_argument("--keepalive-s", type=float, default=5.0, help="keep-alive frame interval while streaming")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="completion budget when a request sets none")
+    parser.add_argument("--max-completion-tokens", type=int, default=None, help="cap on any one completion")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
+    return parser
+
+
+async def _serve(args: argparse.Namespace, config: ProxyConfig) -> None:
+    from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.models.registry import resolve_model
+    from components.proxy.server import ProxyServer
+    from components.proxy.sessions import LocalSessionRegistry
+
+    model_path = resolve_model(args.model)
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_path, num_threads=args.threads))
+    try:
+        server = ProxyServer(LocalSessionRegistry(engine, engine.tokenizer, config), config)
+        url = await server.start()
+        print(
+            f"rein proxy: {model_path} at {url} (context window {engine.context_window})\n"
+            f"  create a session: curl -X POST {url}/sessions  → base_url {url}/s/SESSION_ID\n"
+            f"  trajectories: {config.run_dir / 'trajectories' if config.run_dir else 'not written (no --run-dir)'}",
+            flush=True,
+        )
+        await server.wait_closed()  # until Ctrl-C / SIGTERM
+    finally:
+        await engine.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``rein proxy`` arguments and serve until interrupted."""
+    args = _parser().parse_args(argv)
+    try:
+        config = ProxyConfig(
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            keepalive_interval_s=args.keepalive_s,
+            default_max_tokens=args.max_tokens,
+            max_completion_tokens=args.max_completion_tokens,
+            run_dir=args.run_dir,
+        )
+        asyncio.run(_serve(args, config))
+    except (ValueError, FileNotFoundError) as error:
+        print(f"rein proxy: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,37 @@
+"""The proxy's one typed config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from components.config import require, require_positive
+
+
+@dataclass(kw_only=True, frozen=True)
+class ProxyConfig:
+    """How the inference proxy serves and records sessions."""
+
+    host: str = "127.0.0.1"  # bind address of the standalone server (loopback only by default)
+    port: int = 8000  # 0: any free port
+    api_key: str | None = None  # when set, requests need `Authorization: Bearer KEY` or `x-api-key: KEY`
+    keepalive_interval_s: float = 5.0  # streaming: a keep-alive frame this often while the engine works
+    default_max_tokens: int = (
+        1024  # completion budget when a request does not say (still clamped to the window)
+    )
+    # Upper bound on any one completion, whatever the request asks (agents ask for 32k); None: no bound.
+    max_completion_tokens: int | None = None
+    served_model_name: str = "rein-policy"  # the model id /v1/models lists (requests may name any model)
+    run_dir: Path | None = None  # finalized trajectories go to RUN_DIR/trajectories; None: not written
+
+    def __post_init__(self) -> None:
+        require(bool(self.host), "host", "must be a host name or address")
+        require(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port!r}")
+        require(self.api_key is None or bool(self.api_key), "api_key", "must be None or a non-empty string")
+        require_positive(self.keepalive_interval_s, "keepalive_interval_s")
+        require_positive(self.default_max_tokens, "default_max_tokens")
+        if self.max_completion_tokens is not None:
+            require_positive(self.max_completion_tokens, "max_completion_tokens")
+        require(bool(self.served_model_name), "served_model_name", "must be non-empty")
+        if self.run_dir is not None:
+            object.__setattr__(self, "run_dir", Path(self.run_dir))

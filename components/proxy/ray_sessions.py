@@ -1,0 +1,192 @@
+"""Session state in Ray actors, so that any number of proxy replicas can serve any session.
+
+Design: the Serve replicas only translate protocols. Sessions (TITO records) live in a few async Ray actors,
+*session shards*; a session id is hashed (CRC-32, stable across processes) to one shard, which owns the
+session's ``TitoSession``, calls the engine and writes the finalized trajectory. Every replica holds the same
+``ShardedSessionRegistry`` (just the shard handles), so a session's turns reach its state whichever replica
+receives them - no sticky routing needed - and a replica can die without losing a session.
+
+``ShardedSessionRegistry`` implements ``SessionRegistry``: the rollout runner can call ``open_session`` /
+``finalize`` / ``discard`` on it directly from the driver. Errors cross the actor boundary as
+``RemoteCallError`` and are turned back into the typed exceptions (``SessionNotFoundError``,
+``ContextOverflowError`` ...) on the caller's side.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from components.config import require_positive
+from components.protocols import InferenceEngine
+from components.proxy.config import ProxyConfig
+from components.proxy.errors import RemoteCallError, from_remote, to_remote
+from components.proxy.sessions import (
+    LocalSessionRegistry,
+    TurnOutcome,
+    TurnRequest,
+    new_session_id,
+    validate_session_id,
+)
+from components.tito.messages import ChatMessage, ToolSpec
+from components.trajectory import Trajectory
+
+
+class SessionShard:
+    """A Ray actor holding some of the sessions (a ``LocalSessionRegistry``) and calling the shared engine."""
+
+    def __init__(self, engine: InferenceEngine, tokenizer_path: str, config: ProxyConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.registry = LocalSessionRegistry(engine, AutoTokenizer.from_pretrained(tokenizer_path), config)
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run one ``LocalSessionRegistry`` method; any failure comes back as a ``RemoteCallError``."""
+        try:
+            return await getattr(self.registry, method)(*args, **kwargs)
+        except Exception as error:
+            raise to_remote(error) from None
+
+    def num_open_sessions(self) -> int:
+        return self.registry.num_open_sessions
+
+
+class ShardedSessionRegistry:
+    """The ``SessionRegistry`` over session shards; cheap to pickle into every Serve replica."""
+
+    def __init__(self, shards: Sequence[Any]) -> None:
+        if not shards:
+            raise ValueError("shards: need at least one session shard actor")
+        self.shards = tuple(shards)
+
+    def shard_index(self, session_id: str) -> int:
+        """Which shard owns ``session_id`` (stable across processes)."""
+        return zlib.crc32(session_id.encode()) % len(self.shards)
+
+    async def _call(self, session_id: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        from ray.exceptions import RayTaskError
+
+        shard = self.shards[self.shard_index(session_id)]
+        try:
+            return await shard.call.remote(method, session_id, *args, **kwargs)
+        except RayTaskError as error:
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, RemoteCallError):
+                raise from_remote(cause) from None
+            raise
+
+    async def open_session(
+        self,
+        *,
+        session_id: str | None = None,
+        task_id: str = "",
+        group_id: str = "",
+        harness: str = "",
+        step: int = 0,
+    ) -> str:
+        """Start recording a new session on its shard; returns its id."""
+        session_id = validate_session_id(session_id) if session_id is not None else new_session_id()
+        from ray.exceptions import RayTaskError
+
+        shard = self.shards[self.shard_index(session_id)]
+        try:
+            return await shard.call.remote(
+                "open_session",
+                session_id=session_id,
+                task_id=task_id,
+                group_id=group_id,
+                harness=harness,
+                step=step,
+            )
+        except RayTaskError as error:
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, RemoteCallError):
+                raise from_remote(cause) from None
+            raise
+
+    async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
+        """See ``LocalSessionRegistry.run_turn``."""
+        return await self._call(session_id, "run_turn", request)
+
+    async def count_tokens(
+        self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> int:
+        """See ``LocalSessionRegistry.count_tokens``."""
+        return await self._call(session_id, "count_tokens", tuple(messages), tuple(tools))
+
+    async def describe(self, session_id: str) -> dict[str, Any]:
+        """See ``LocalSessionRegistry.describe``."""
+        return await self._call(session_id, "describe")
+
+    async def finalize(
+        self,
+        session_id: str,
+        *,
+        reward: float | None = None,
+        status: str | None = None,
+        failure_reason: str = "",
+        metrics: Mapping[str, float] | None = None,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        harness: str | None = None,
+        step: int | None = None,
+        log: str = "",
+    ) -> Trajectory:
+        """See ``LocalSessionRegistry.finalize`` (the shard writes the trajectory to its store)."""
+        return await self._call(
+            session_id,
+            "finalize",
+            reward=reward,
+            status=status,
+            failure_reason=failure_reason,
+            metrics=dict(metrics or {}),
+            task_id=task_id,
+            group_id=group_id,
+            harness=harness,
+            step=step,
+            log=log,
+        )
+
+    async def discard(self, session_id: str) -> None:
+        """See ``LocalSessionRegistry.discard``."""
+        await self._call(session_id, "discard")
+
+    async def num_open_sessions(self) -> int:
+        """Open sessions over all shards."""
+        import asyncio
+
+        return sum(await asyncio.gather(*(shard.num_open_sessions.remote() for shard in self.shards)))
+
+    def shutdown(self) -> None:
+        """Kill the shard actors (open sessions are lost)."""
+        import ray
+
+        for shard in self.shards:
+            ray.kill(shard)
+
+
+def start_session_shards(
+    engine: InferenceEngine,
+    tokenizer_path: str | Path,
+    config: ProxyConfig | None = None,
+    *,
+    num_shards: int = 2,
+    name_prefix: str | None = None,
+) -> ShardedSessionRegistry:
+    """Start ``num_shards`` session-shard actors sharing ``engine`` (e.g. a ``RayEngineClient``)."""
+    import ray
+
+    require_positive(num_shards, "num_shards")
+    actor_class = ray.remote(num_cpus=0, max_concurrency=1000)(SessionShard)
+    shards = []
+    for index in range(num_shards):
+        options: dict[str, Any] = {}
+        if name_prefix:
+            options["name"] = f"{name_prefix}-{index}"
+        shards.append(
+            actor_class.options(**options).remote(engine, str(tokenizer_path), config or ProxyConfig())
+        )
+    ray.get([shard.num_open_sessions.remote() for shard in shards])  # wait until every shard is up
+    return ShardedSessionRegistry(shards)

@@ -1,0 +1,396 @@
+"""Proxy sessions: one TITO session per agent run, and the registry that owns them.
+
+A session is opened explicitly (``open_session`` here, or ``POST /sessions`` over HTTP), receives turns from
+any protocol layer as canonical messages (``TurnRequest``), and ends with ``finalize`` (→ a ``Trajectory``,
+written to ``RUN_DIR/trajectories`` when the registry has a run dir) or ``discard``. Turns of one session are
+serialized by a per-session lock, so a harness that fires side requests concurrently still yields one
+well-ordered record.
+
+``SessionRegistry`` is the interface the HTTP app and the rollout runner use. ``LocalSessionRegistry`` keeps
+sessions in this process (standalone proxy, tests); ``components.proxy.ray_sessions.ShardedSessionRegistry``
+keeps them in Ray actors so that any number of Serve replicas can serve any session.
+
+Finalize status rule: an explicit status other than ``ok`` wins; otherwise a session whose prompt outgrew the
+context window finalizes as ``context_overflow`` (trainable) and the rest as ``ok``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from components.errors import ContextOverflowError
+from components.protocols import InferenceEngine, SamplingParams
+from components.proxy.config import ProxyConfig
+from components.proxy.errors import InvalidRequestError, SessionNotFoundError
+from components.tito import AssistantReply, TitoSession
+from components.tito.messages import ChatMessage, ToolSpec
+from components.trajectory import Segment, Trajectory, TrajectoryStatus
+
+logger = logging.getLogger(__name__)
+
+MAX_REMEMBERED_CLOSED_SESSIONS = 100_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnRequest:
+    """One policy call, protocol-independent: the whole conversation so far plus sampling options."""
+
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    max_tokens: int | None = None  # None: the proxy's default_max_tokens
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    want_token_logprobs: bool = False  # return each sampled token's text and logprob (OpenAI ``logprobs``)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnOutcome:
+    """What the policy answered, parsed by the TITO core."""
+
+    reply: AssistantReply
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    token_logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionInfo:
+    """Who a session belongs to; defaults for the trajectory it becomes."""
+
+    session_id: str
+    task_id: str = ""
+    group_id: str = ""
+    harness: str = ""
+    step: int = 0
+
+
+class SessionRegistry(Protocol):
+    """Owns proxy sessions. Contract: every method is async; an unknown, finalized or discarded session id
+    raises ``SessionNotFoundError``; bad conversations raise ``InvalidRequestError``; a prompt over the window
+    raises ``ContextOverflowError`` and marks the session (the record so far is kept and stays trainable)."""
+
+    async def open_session(
+        self,
+        *,
+        session_id: str | None = None,
+        task_id: str = "",
+        group_id: str = "",
+        harness: str = "",
+        step: int = 0,
+    ) -> str: ...
+
+    async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome: ...
+
+    async def count_tokens(
+        self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> int: ...
+
+    async def describe(self, session_id: str) -> dict[str, Any]: ...
+
+    async def finalize(
+        self,
+        session_id: str,
+        *,
+        reward: float | None = None,
+        status: str | None = None,
+        failure_reason: str = "",
+        metrics: Mapping[str, float] | None = None,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        harness: str | None = None,
+        step: int | None = None,
+        log: str = "",
+    ) -> Trajectory: ...
+
+    async def discard(self, session_id: str) -> None: ...
+
+
+def new_session_id() -> str:
+    """A fresh, URL-safe session id."""
+    return uuid.uuid4().hex
+
+
+def validate_session_id(session_id: str) -> str:
+    """Session ids travel in URL paths: letters, digits, ``-`` and ``_`` only, 1-128 characters."""
+    if not isinstance(session_id, str) or not 0 < len(session_id) <= 128:
+        raise InvalidRequestError("session_id: must be a string of 1-128 characters")
+    if not all(c.isascii() and (c.isalnum() or c in "-_") for c in session_id):
+        raise InvalidRequestError(f"session_id: {session_id!r} may contain only letters, digits, '-' and '_'")
+    return session_id
+
+
+def message_to_json(message: ChatMessage) -> dict[str, Any]:
+    """A canonical message as plain JSON (OpenAI-like field names)."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [dataclasses.asdict(call) for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.reasoning:
+        out["reasoning"] = message.reasoning
+    return out
+
+
+def segment_to_json(segment: Segment) -> dict[str, Any]:
+    """A segment as JSON lists."""
+    return {
+        "reason": segment.reason.value,
+        "token_ids": segment.token_ids.tolist(),
+        "loss_mask": segment.loss_mask.tolist(),
+        "logprobs": segment.logprobs.tolist(),
+        "weight_versions": segment.weight_versions.tolist(),
+    }
+
+
+def trajectory_to_json(trajectory: Trajectory) -> dict[str, Any]:
+    """A trajectory as JSON (the body of ``POST /s/{id}/finalize``)."""
+    return {
+        "trajectory_id": trajectory.trajectory_id,
+        "group_id": trajectory.group_id,
+        "task_id": trajectory.task_id,
+        "harness": trajectory.harness,
+        "status": trajectory.status.value,
+        "failure_reason": trajectory.failure_reason,
+        "reward": trajectory.reward,
+        "step": trajectory.step,
+        "metrics": dict(trajectory.metrics),
+        "segments": [segment_to_json(s) for s in trajectory.segments],
+        "messages": trajectory.messages,
+        "log": trajectory.log,
+    }
+
+
+def validate_tool_results(messages: Sequence[ChatMessage]) -> None:
+    """Every tool result must answer a tool call made by an earlier assistant turn."""
+    known_call_ids: set[str] = set()
+    for index, message in enumerate(messages):
+        for call in message.tool_calls:
+            known_call_ids.add(call.id)
+        if message.role == "tool" and message.tool_call_id not in known_call_ids:
+            raise InvalidRequestError(
+                f"messages[{index}]: tool result for unknown tool call id {message.tool_call_id!r}; "
+                "it must answer a tool call of an earlier assistant message"
+            )
+
+
+@dataclass(kw_only=True, eq=False)
+class _Session:
+    info: SessionInfo
+    tito: TitoSession
+    lock: asyncio.Lock
+    messages: tuple[ChatMessage, ...] = ()
+    reply: AssistantReply | None = None
+    num_turns: int = 0
+    overflowed: bool = False
+    overflow_message: str = ""
+    num_engine_errors: int = 0
+
+
+class LocalSessionRegistry:
+    """Sessions held in this process, all calling one engine."""
+
+    def __init__(self, engine: InferenceEngine, tokenizer: Any, config: ProxyConfig | None = None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config or ProxyConfig()
+        self._sessions: dict[str, _Session] = {}
+        self._closed: OrderedDict[str, str] = OrderedDict()  # session id -> "finalized" | "discarded"
+        self._store = None
+        if self.config.run_dir is not None:
+            from components.trajectory_store import TrajectoryStore
+
+            self._store = TrajectoryStore(self.config.run_dir)
+
+    def _new_tito(self, session_id: str) -> TitoSession:
+        return TitoSession(self.tokenizer, context_window=self.engine.context_window, session_id=session_id)
+
+    def _get(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            return session
+        if session_id in self._closed:
+            raise SessionNotFoundError(
+                f"session {session_id!r} was already {self._closed[session_id]}; open a new one with POST /sessions"
+            )
+        raise SessionNotFoundError(
+            f"unknown session {session_id!r}: create one with POST /sessions (or the registry's open_session) "
+            "and use its base_url http://HOST:PORT/s/{session_id}"
+        )
+
+    @property
+    def num_open_sessions(self) -> int:
+        return len(self._sessions)
+
+    async def open_session(
+        self,
+        *,
+        session_id: str | None = None,
+        task_id: str = "",
+        group_id: str = "",
+        harness: str = "",
+        step: int = 0,
+    ) -> str:
+        """Start recording a new session; returns its id (a fresh one unless given)."""
+        session_id = validate_session_id(session_id) if session_id is not None else new_session_id()
+        if session_id in self._sessions or session_id in self._closed:
+            raise InvalidRequestError(
+                f"session_id: {session_id!r} is already in use; pick another or omit it"
+            )
+        info = SessionInfo(
+            session_id=session_id, task_id=task_id, group_id=group_id, harness=harness, step=step
+        )
+        self._sessions[session_id] = _Session(info=info, tito=self._new_tito(session_id), lock=asyncio.Lock())
+        return session_id
+
+    async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
+        """Prepare the prompt with TITO, call the engine, record and parse the reply."""
+        session = self._get(session_id)
+        validate_tool_results(request.messages)
+        async with session.lock:
+            max_tokens = request.max_tokens or self.config.default_max_tokens
+            if self.config.max_completion_tokens is not None:
+                max_tokens = min(max_tokens, self.config.max_completion_tokens)
+            try:
+                turn = session.tito.prepare(request.messages, request.tools, max_tokens=max_tokens)
+            except ContextOverflowError as error:
+                session.overflowed = True
+                session.overflow_message = str(error)
+                raise
+            params = SamplingParams(
+                max_tokens=turn.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                stop_token_ids=tuple(turn.stop_token_ids),
+                stop_strings=request.stop,
+                seed=request.seed,
+            )
+            try:
+                result = await self.engine.generate(turn.prompt_ids, params)
+            except ContextOverflowError as error:
+                session.overflowed = True
+                session.overflow_message = str(error)
+                raise
+            except Exception:
+                session.num_engine_errors += 1
+                raise
+            reply = session.tito.complete(turn, result)
+            session.messages = tuple(request.messages)
+            session.reply = reply
+            session.num_turns += 1
+        token_logprobs = None
+        if request.want_token_logprobs:
+            token_logprobs = tuple(
+                TokenLogprob(token=self.tokenizer.decode([token_id]), logprob=float(logprob))
+                for token_id, logprob in zip(result.output_ids, result.logprobs, strict=True)
+            )
+        return TurnOutcome(
+            reply=reply,
+            num_prompt_tokens=reply.num_prompt_tokens,
+            num_completion_tokens=reply.num_completion_tokens,
+            token_logprobs=token_logprobs,
+        )
+
+    async def count_tokens(
+        self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> int:
+        """How many prompt tokens these messages would take (nothing is recorded)."""
+        session = self._get(session_id)
+        return int(session.tito.count_tokens(messages, tools))
+
+    async def describe(self, session_id: str) -> dict[str, Any]:
+        """The session's record so far: segments (token ids, mask, logprobs, versions) and counters."""
+        session = self._get(session_id)
+        segments = session.tito.segments()
+        return {
+            "session_id": session_id,
+            "status": TrajectoryStatus.CONTEXT_OVERFLOW.value if session.overflowed else "open",
+            "num_turns": session.num_turns,
+            "num_segments": len(segments),
+            "segments": [segment_to_json(s) for s in segments],
+        }
+
+    def _final_messages_json(self, session: _Session) -> str:
+        messages = list(session.messages)
+        if session.reply is not None:
+            messages.append(session.reply.to_message())
+        return json.dumps([message_to_json(m) for m in messages], ensure_ascii=False)
+
+    async def finalize(
+        self,
+        session_id: str,
+        *,
+        reward: float | None = None,
+        status: str | None = None,
+        failure_reason: str = "",
+        metrics: Mapping[str, float] | None = None,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        harness: str | None = None,
+        step: int | None = None,
+        log: str = "",
+    ) -> Trajectory:
+        """Close the session and turn its record into a ``Trajectory`` (written to the store if there is one)."""
+        session = self._get(session_id)
+        info = session.info
+        if status is not None and status not in {s.value for s in TrajectoryStatus}:
+            raise InvalidRequestError(
+                f"status: must be one of {[s.value for s in TrajectoryStatus]}, got {status!r}"
+            )
+        resolved_status = TrajectoryStatus(status) if status is not None else TrajectoryStatus.OK
+        if resolved_status == TrajectoryStatus.OK and session.overflowed:
+            resolved_status = TrajectoryStatus.CONTEXT_OVERFLOW
+            failure_reason = (
+                failure_reason or session.overflow_message or "the prompt outgrew the context window"
+            )
+        if resolved_status == TrajectoryStatus.OK:
+            failure_reason = ""
+        elif not failure_reason:
+            failure_reason = f"finalized with status {resolved_status.value}"
+        try:
+            trajectory = Trajectory(
+                trajectory_id=session_id,
+                group_id=group_id or info.group_id or session_id,
+                task_id=task_id or info.task_id or session_id,
+                harness=harness or info.harness or "unknown",
+                status=resolved_status,
+                failure_reason=failure_reason,
+                reward=reward,
+                step=info.step if step is None else step,
+                metrics=dict(metrics or {}),
+                segments=tuple(session.tito.segments()),
+                messages_json=self._final_messages_json(session),
+                log=log,
+            )
+        except (TypeError, ValueError) as error:
+            raise InvalidRequestError(str(error)) from error
+        if self._store is not None:
+            await asyncio.to_thread(self._store.write, [trajectory])
+        self._close(session_id, "finalized")
+        return trajectory
+
+    async def discard(self, session_id: str) -> None:
+        """Drop the session and its record."""
+        self._get(session_id)
+        self._close(session_id, "discarded")
+
+    def _close(self, session_id: str, how: str) -> None:
+        self._sessions.pop(session_id, None)
+        self._closed[session_id] = how
+        while len(self._closed) > MAX_REMEMBERED_CLOSED_SESSIONS:
+            self._closed.popitem(last=False)

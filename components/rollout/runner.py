@@ -1,0 +1,362 @@
+"""The rollout runner: for every task × group sample, acquire a sandbox → open a proxy session → run the
+harness → grade → finalize the trajectory → release the sandbox, many rollouts at once.
+
+Every way a rollout can end is classified, never raised: a harness crash is ``agent_error``, running out of
+turns or time ``turn_limit`` / ``timeout``, a dead sandbox ``sandbox_error``, a prompt over the context window
+(the proxy marks the session) ``context_overflow``, a failing engine or proxy ``engine_error``, a grader that
+cannot reach a verdict ``grading_error``. Infrastructure failures carry no reward and are not trainable;
+``turn_limit``, ``timeout`` and ``context_overflow`` runs are graded and kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from components.config import require_positive
+from components.protocols import Harness, HarnessOutcome, Reward, Sandbox, SandboxSpec, Task
+from components.trajectory import TRAINABLE_STATUSES, Trajectory, TrajectoryStatus
+from harnesses.outcomes import classify_exception, clip_text
+
+logger = logging.getLogger(__name__)
+
+_INFRA_STATUSES = frozenset(
+    {TrajectoryStatus.SANDBOX_ERROR, TrajectoryStatus.ENGINE_ERROR, TrajectoryStatus.GRADING_ERROR}
+)
+
+
+@dataclass(kw_only=True, frozen=True)
+class RolloutConfig:
+    """How many rollouts, how many at once, and the hard bounds that keep one rollout from hanging."""
+
+    group_size: int = 4  # samples per task per step (one GRPO group)
+    max_concurrency: int = (
+        8  # rollouts in flight at once (each holds one agent sandbox, plus one while grading)
+    )
+    acquire_timeout_s: float = 120.0  # waiting for a sandbox
+    # Hard bound on one harness run; harnesses end themselves earlier (their own turn / time bounds).
+    harness_timeout_s: float = 1800.0
+    grading_timeout_s: float = 600.0
+    probe_timeout_s: float = 15.0  # the liveness check of the sandbox after the harness ran
+    release_timeout_s: float = 60.0
+    max_log_chars: int = 200_000  # harness + grading log kept per trajectory
+
+    def __post_init__(self) -> None:
+        for name in (
+            "group_size",
+            "max_concurrency",
+            "acquire_timeout_s",
+            "harness_timeout_s",
+            "grading_timeout_s",
+            "probe_timeout_s",
+            "release_timeout_s",
+            "max_log_chars",
+        ):
+            require_positive(getattr(self, name), name)
+
+
+@runtime_checkable
+class SandboxProvider(Protocol):
+    """Hands out sandboxes (``sandboxes.SandboxPool`` is one). ``release`` takes back a sandbox, dead or alive."""
+
+    async def acquire(self, spec: SandboxSpec) -> Sandbox: ...
+
+    async def release(self, sandbox: Sandbox) -> None: ...
+
+
+@runtime_checkable
+class SessionControl(Protocol):
+    """What the runner needs of the proxy (``components.proxy.sessions.SessionRegistry`` provides it)."""
+
+    async def open_session(
+        self,
+        *,
+        session_id: str | None = None,
+        task_id: str = "",
+        group_id: str = "",
+        harness: str = "",
+        step: int = 0,
+    ) -> str: ...
+
+    async def describe(self, session_id: str) -> dict[str, Any]: ...
+
+    async def finalize(self, session_id: str, **fields: Any) -> Trajectory: ...
+
+    async def discard(self, session_id: str) -> None: ...
+
+
+@runtime_checkable
+class SandboxAwareHarness(Protocol):
+    """A harness that runs programs inside the sandbox (black-box agents) and needs more from it: host paths
+    bound read-only, the proxy reachable, higher limits."""
+
+    def adapt_sandbox_spec(self, spec: SandboxSpec, *, proxy_url: str) -> SandboxSpec: ...
+
+
+@runtime_checkable
+class TaskWithSetup(Protocol):
+    """A task with set-up commands to run in its fresh sandbox before the agent starts (``SweTask``)."""
+
+    async def run_setup(self, sandbox: Sandbox) -> None: ...
+
+
+class _Rollout:
+    """The evolving verdict of one rollout."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.status = TrajectoryStatus.OK
+        self.failure_reason = ""
+        self.reward: float | None = None
+        self.metrics: dict[str, float] = {}
+        self.logs: list[str] = []
+        self.open_session_id: str | None = None  # set while the proxy holds an unfinalized session
+
+    def fail(self, status: TrajectoryStatus, reason: str) -> None:
+        self.status = status
+        self.failure_reason = reason or status.value
+
+
+class RolloutRunner:
+    """Runs one harness over tasks × ``group_size`` and returns finalized trajectories."""
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        *,
+        harness: Harness,
+        sandboxes: SandboxProvider,
+        sessions: SessionControl,
+        proxy_url: str,
+        grader: Reward,
+    ) -> None:
+        self.config = config
+        self.harness = harness
+        self.sandboxes = sandboxes
+        self.sessions = sessions
+        self.proxy_url = proxy_url.rstrip("/")
+        self.grader = grader
+        self._run_tag = uuid.uuid4().hex[:8]
+
+    def session_url(self, session_id: str) -> str:
+        """The base URL a harness uses for one session."""
+        return f"{self.proxy_url}/s/{session_id}"
+
+    async def run(self, tasks: Sequence[Task], step: int) -> list[Trajectory]:
+        """Roll out every task ``group_size`` times (concurrently, bounded); one trajectory per rollout, in
+        task order then sample order. A single rollout's failure never raises."""
+        semaphore = asyncio.Semaphore(self.config.max_concurrency)
+
+        async def bounded(task: Task, group_id: str) -> Trajectory:
+            async with semaphore:
+                return await self._rollout_never_raises(task, group_id=group_id, step=step)
+
+        jobs = []
+        for task_index, task in enumerate(tasks):
+            group_id = f"{self._run_tag}-s{step}-t{task_index}-{task.task_id}"
+            jobs += [bounded(task, group_id) for _ in range(self.config.group_size)]
+        return list(await asyncio.gather(*jobs))
+
+    async def _rollout_never_raises(self, task: Task, *, group_id: str, step: int) -> Trajectory:
+        rollout = _Rollout()
+        try:
+            return await self._rollout(task, rollout, group_id=group_id, step=step)
+        except Exception as exc:  # a bug of ours or a provider's: still one classified, untrainable record
+            logger.exception("rollout of %s failed unexpectedly", task.task_id)
+            status, reason = classify_exception(exc)
+            if status in TRAINABLE_STATUSES:
+                status = TrajectoryStatus.AGENT_ERROR
+            rollout.fail(status, f"rollout failed: {reason}")
+            if rollout.open_session_id is not None:
+                try:
+                    await self.sessions.discard(rollout.open_session_id)
+                except Exception:
+                    pass
+            return self._local_trajectory(task, rollout, group_id=group_id, step=step)
+
+    async def _rollout(self, task: Task, rollout: _Rollout, *, group_id: str, step: int) -> Trajectory:
+        spec = task.sandbox_spec()
+        if isinstance(self.harness, SandboxAwareHarness):
+            spec = self.harness.adapt_sandbox_spec(spec, proxy_url=self.proxy_url)
+        try:
+            sandbox = await asyncio.wait_for(self.sandboxes.acquire(spec), self.config.acquire_timeout_s)
+        except Exception as exc:
+            rollout.fail(
+                TrajectoryStatus.SANDBOX_ERROR, f"could not get a sandbox: {type(exc).__name__}: {exc}"
+            )
+            return self._local_trajectory(task, rollout, group_id=group_id, step=step)
+        rollout.metrics["sandbox_acquire_s"] = time.monotonic() - rollout.started
+        try:
+            if isinstance(task, TaskWithSetup):
+                try:
+                    await asyncio.wait_for(task.run_setup(sandbox), self.config.grading_timeout_s)
+                except Exception as exc:
+                    rollout.fail(
+                        TrajectoryStatus.SANDBOX_ERROR, f"task set-up failed: {type(exc).__name__}: {exc}"
+                    )
+                    return self._local_trajectory(task, rollout, group_id=group_id, step=step)
+            try:
+                session_id = await self.sessions.open_session(
+                    task_id=task.task_id, group_id=group_id, harness=self.harness.name, step=step
+                )
+            except Exception as exc:
+                rollout.fail(TrajectoryStatus.ENGINE_ERROR, f"could not open a proxy session: {exc}")
+                return self._local_trajectory(task, rollout, group_id=group_id, step=step)
+            rollout.open_session_id = session_id
+            await self._run_harness(task, sandbox, session_id, rollout)
+            await self._check_sandbox(sandbox, rollout)
+            await self._apply_session_marks(session_id, rollout)
+            if rollout.status in TRAINABLE_STATUSES:
+                await self._grade(task, sandbox, rollout)
+            return await self._finalize(task, session_id, rollout, group_id=group_id, step=step)
+        finally:
+            try:
+                await asyncio.wait_for(self.sandboxes.release(sandbox), self.config.release_timeout_s)
+            except Exception:
+                logger.warning(
+                    "releasing sandbox %s failed", getattr(sandbox, "sandbox_id", "?"), exc_info=True
+                )
+
+    async def _run_harness(self, task: Task, sandbox: Sandbox, session_id: str, rollout: _Rollout) -> None:
+        started = time.monotonic()
+        try:
+            outcome = await asyncio.wait_for(
+                self.harness.run(task=task, sandbox=sandbox, base_url=self.session_url(session_id)),
+                self.config.harness_timeout_s,
+            )
+        except TimeoutError:
+            outcome = HarnessOutcome(
+                status=TrajectoryStatus.TIMEOUT.value,
+                failure_reason=f"harness did not return within the runner's {self.config.harness_timeout_s:g} s",
+            )
+        except Exception as exc:  # the harness broke its contract (it should report, not raise)
+            status, reason = classify_exception(exc)
+            outcome = HarnessOutcome(
+                status=status.value, failure_reason=reason, log=f"{type(exc).__name__}: {exc}"
+            )
+        rollout.metrics.update({k: float(v) for k, v in outcome.metrics.items()})
+        rollout.metrics["harness_wall_time_s"] = time.monotonic() - started
+        if outcome.log:
+            rollout.logs.append(f"=== harness {self.harness.name}\n{outcome.log}")
+        try:
+            status = TrajectoryStatus(outcome.status)
+        except ValueError:
+            rollout.fail(
+                TrajectoryStatus.AGENT_ERROR, f"harness returned an unknown status {outcome.status!r}"
+            )
+            return
+        if status != TrajectoryStatus.OK:
+            rollout.fail(status, outcome.failure_reason)
+
+    async def _check_sandbox(self, sandbox: Sandbox, rollout: _Rollout) -> None:
+        """A sandbox that died under the harness makes the rollout an infrastructure failure, whatever the
+        harness concluded from its dying commands."""
+        if rollout.status in _INFRA_STATUSES:
+            return
+        try:
+            probe = await asyncio.wait_for(
+                sandbox.exec(["true"], timeout_s=self.config.probe_timeout_s), self.config.probe_timeout_s + 5
+            )
+            alive = probe.exit_code == 0
+            detail = f"liveness probe exited {probe.exit_code}"
+        except Exception as exc:
+            alive, detail = False, f"{type(exc).__name__}: {exc}"
+        if not alive:
+            rollout.fail(TrajectoryStatus.SANDBOX_ERROR, f"sandbox died during the rollout ({detail})")
+
+    async def _apply_session_marks(self, session_id: str, rollout: _Rollout) -> None:
+        """The proxy knows what the harness may have mistaken for its own crash: a prompt over the context
+        window, or engine failures."""
+        try:
+            described = await self.sessions.describe(session_id)
+        except Exception as exc:
+            logger.warning("describing session %s failed: %s", session_id, exc)
+            return
+        rollout.metrics["num_policy_calls"] = float(described.get("num_turns", 0))
+        overflowed = described.get("status") == TrajectoryStatus.CONTEXT_OVERFLOW.value
+        if overflowed and rollout.status in (
+            TrajectoryStatus.OK,
+            TrajectoryStatus.AGENT_ERROR,
+            TrajectoryStatus.ENGINE_ERROR,
+        ):
+            rollout.fail(TrajectoryStatus.CONTEXT_OVERFLOW, "the conversation outgrew the context window")
+        elif described.get("num_engine_errors", 0) and rollout.status == TrajectoryStatus.AGENT_ERROR:
+            rollout.fail(
+                TrajectoryStatus.ENGINE_ERROR,
+                f"engine failed {described['num_engine_errors']} time(s); the agent then stopped: "
+                f"{rollout.failure_reason}",
+            )
+
+    async def _grade(self, task: Task, sandbox: Sandbox, rollout: _Rollout) -> None:
+        started = time.monotonic()
+        try:
+            result = await asyncio.wait_for(self.grader.score(task, sandbox), self.config.grading_timeout_s)
+        except TimeoutError:
+            rollout.fail(
+                TrajectoryStatus.GRADING_ERROR, f"grading took over {self.config.grading_timeout_s:g} s"
+            )
+            return
+        except Exception as exc:
+            rollout.fail(TrajectoryStatus.GRADING_ERROR, f"grader raised {type(exc).__name__}: {exc}")
+            return
+        finally:
+            rollout.metrics["grading_wall_time_s"] = time.monotonic() - started
+        if result.log:
+            rollout.logs.append(f"=== grading\n{result.log}")
+        if result.reward is None:
+            rollout.fail(TrajectoryStatus.GRADING_ERROR, f"grading failed: {result.error}")
+            return
+        rollout.reward = float(result.reward)
+
+    def _final_metrics(self, rollout: _Rollout) -> dict[str, float]:
+        return {**rollout.metrics, "rollout_wall_time_s": time.monotonic() - rollout.started}
+
+    def _final_log(self, rollout: _Rollout) -> str:
+        return clip_text("\n".join(rollout.logs), self.config.max_log_chars)
+
+    async def _finalize(
+        self, task: Task, session_id: str, rollout: _Rollout, *, group_id: str, step: int
+    ) -> Trajectory:
+        rollout.open_session_id = None  # finalize closes it, or the fallback below discards it
+        try:
+            return await self.sessions.finalize(
+                session_id,
+                reward=rollout.reward,
+                status=rollout.status.value,
+                failure_reason=rollout.failure_reason,
+                metrics=self._final_metrics(rollout),
+                task_id=task.task_id,
+                group_id=group_id,
+                harness=self.harness.name,
+                step=step,
+                log=self._final_log(rollout),
+            )
+        except Exception as exc:
+            logger.warning("finalizing session %s failed: %s", session_id, exc)
+            try:
+                await self.sessions.discard(session_id)
+            except Exception:
+                pass
+            rollout.reward = None
+            rollout.fail(TrajectoryStatus.ENGINE_ERROR, f"could not finalize the proxy session: {exc}")
+            return self._local_trajectory(task, rollout, group_id=group_id, step=step)
+
+    def _local_trajectory(self, task: Task, rollout: _Rollout, *, group_id: str, step: int) -> Trajectory:
+        """A record of a rollout the proxy holds nothing for (failed before or after its session)."""
+        return Trajectory(
+            trajectory_id=uuid.uuid4().hex,
+            group_id=group_id,
+            task_id=task.task_id,
+            harness=self.harness.name,
+            status=rollout.status,
+            failure_reason=rollout.failure_reason or rollout.status.value,
+            reward=None,
+            step=step,
+            metrics=self._final_metrics(rollout),
+            log=self._final_log(rollout),
+        )

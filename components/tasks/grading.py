@@ -1,0 +1,366 @@
+"""Tamper-proof grading of SWE-style tasks: the agent's diff, replayed in a fresh sandbox, against hidden tests.
+
+How a verdict is reached (``SweGrader.score``):
+1. In the agent's sandbox, ``git add -A`` and ``git diff --cached --binary <base commit>``: the agent's whole
+   change (new files included) against the flattened commit, whatever it committed meanwhile. Git runs with
+   hooks, external diff drivers, text conversion and prefix options switched off.
+2. A **fresh** sandbox from the pristine buggy snapshot, without network; ``setup_commands``; the diff is
+   applied with ``git apply``.
+3. ``grading_runner.py`` (see its docstring) neutralises agent-made test infrastructure, writes the hidden
+   tests over whatever is at their paths, and runs pytest in an isolated interpreter, recording per-test
+   outcomes to a JSON report at a path chosen at random at grading time. The exit code is never trusted.
+4. Reward = 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passed (0.0 otherwise); with
+   ``partial_credit`` the fraction of those tests that passed.
+
+Whose fault is it? Failures the agent caused earn **reward 0** with the reason in ``log``: an empty diff, a
+diff that does not apply, a git repository the agent broke, a test run its code cut short (no report) or made
+time out. Failures of the machinery return ``RewardResult(reward=None, error=...)``: a sandbox that cannot be
+created or dies (``SandboxError``), git or Python missing, a runner that never started. Suspicious edits
+(test infrastructure the grader removed) are *flagged* in ``log`` with a ``FLAGGED:`` line.
+
+Known limit: the code under test runs in pytest's process, so a patch written to attack pytest's internals
+(monkeypatching its reporting from an imported module) is not stopped by isolation alone. Such a diff must
+name pytest in non-test code: with ``reject_test_runner_tampering`` (default) it earns 0. Obfuscated access
+(``sys.modules``, ``__import__``, ``importlib``, frame or GC walking, ``ctypes``) is flagged, not zeroed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from components.config import require, require_positive
+from components.errors import GradingError, SandboxError
+from components.protocols import ExecResult, RewardResult, Sandbox, SandboxLimits, SandboxSpec, Task
+from components.tasks.swe import SweTask, python_tool_paths
+
+SandboxFactory = Callable[[SandboxSpec], Awaitable[Sandbox]]
+
+
+@runtime_checkable
+class SandboxSource(Protocol):
+    """A pool-like provider (``sandboxes.provider.SandboxProvider``): ``acquire(spec)`` then ``release``."""
+
+    async def acquire(self, spec: SandboxSpec | None = None) -> Sandbox: ...
+
+    async def release(self, sandbox: Sandbox) -> None: ...
+
+
+_RUNNER_SOURCE = (Path(__file__).with_name("grading_runner.py")).read_text(encoding="utf-8")
+# Git options that keep a repository the agent controlled from changing what the diff says.
+_SAFE_GIT = (
+    "git",
+    "-c",
+    "safe.directory=*",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "diff.noprefix=false",
+    "-c",
+    "diff.mnemonicPrefix=false",
+    "-c",
+    "diff.relative=false",
+    "-c",
+    "core.quotePath=true",
+)
+# Added lines of non-test code that reach for the test runner: reward 0 (when configured) and flagged.
+_TEST_RUNNER_CODE = re.compile(r"^\+(?!\+\+).*\b(_pytest|pytest|pluggy)\b")
+# Added lines of non-test code that exit the process or reach into the interpreter: flagged.
+_SUSPICIOUS_CODE = re.compile(
+    r"^\+(?!\+\+).*(\bos\._exit\b|\bsys\.exit\b|\bSystemExit\b|\bsys\.modules\b|\b__import__\b|"
+    r"\bimportlib\b|\bsys\._getframe\b|\bgc\.get_objects\b|\binspect\.stack\b|\bctypes\b|\bbuiltins\b)"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweGraderConfig:
+    """How ``SweGrader`` runs the hidden tests."""
+
+    # Reward = fraction of FAIL_TO_PASS + PASS_TO_PASS tests passed, instead of all-or-nothing.
+    partial_credit: bool = False
+    # Wall-clock limit of the whole hidden-test run (a patch that hangs the tests earns 0).
+    test_timeout_s: float = 300.0
+    # Limit for each git / setup step.
+    step_timeout_s: float = 60.0
+    # The interpreter that runs pytest inside the grading sandbox (visible there through ``tool_paths``).
+    python_executable: str = sys.executable
+    tool_paths: tuple[str, ...] = field(default_factory=python_tool_paths)
+    # Reward 0 for a diff whose non-test code references pytest / _pytest / pluggy: library code has no
+    # business touching the test runner, and code under test runs inside pytest's process (see module doc).
+    reject_test_runner_tampering: bool = True
+    # pytest plugins to enable explicitly (entry-point autoloading is off during grading).
+    pytest_plugins: tuple[str, ...] = ()
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+
+    def __post_init__(self) -> None:
+        require_positive(self.test_timeout_s, "test_timeout_s")
+        require_positive(self.step_timeout_s, "step_timeout_s")
+        require(bool(self.python_executable), "python_executable", "must name an interpreter")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HiddenTestRun:
+    """What the hidden-test run produced: per-test outcomes (None when no report was written)."""
+
+    outcomes: dict[str, str] | None
+    started: bool
+    exit_code: int
+    timed_out: bool
+    output_tail: str
+    neutralised: tuple[str, ...] = ()
+
+
+class SweGrader:
+    """Implements ``components.protocols.Reward`` for :class:`SweTask` (see the module docstring)."""
+
+    def __init__(
+        self, sandboxes: SandboxFactory | SandboxSource, config: SweGraderConfig | None = None
+    ) -> None:
+        """``sandboxes``: a factory (``BwrapSandbox.create``: a brand-new sandbox per verdict, closed after) or a
+        provider with ``acquire``/``release`` (a ``SandboxPool``, whose reset kills every process and empties
+        the workspace, /tmp and $HOME before reuse)."""
+        self.sandboxes = sandboxes
+        self.config = config or SweGraderConfig()
+
+    async def _acquire(self, spec: SandboxSpec) -> Sandbox:
+        if isinstance(self.sandboxes, SandboxSource):
+            return await self.sandboxes.acquire(spec)
+        return await self.sandboxes(spec)
+
+    async def _release(self, sandbox: Sandbox) -> None:
+        if isinstance(self.sandboxes, SandboxSource):
+            await self.sandboxes.release(sandbox)
+        else:
+            await sandbox.close()
+
+    async def score(self, task: Task, agent_sandbox: Sandbox) -> RewardResult:
+        """Grade what the agent left in ``agent_sandbox``."""
+        if not isinstance(task, SweTask):
+            raise TypeError(f"SweGrader grades SweTask, got {type(task).__name__}")
+        try:
+            diff = await self.extract_diff(task, agent_sandbox)
+        except _AgentFault as fault:
+            return RewardResult(reward=0.0, log=f"agent's repository unusable: {fault}")
+        except (SandboxError, GradingError) as error:
+            return RewardResult(reward=None, error=f"reading the agent's diff failed: {error}")
+        return await self.grade_patch(task, diff)
+
+    async def grade_patch(self, task: SweTask, patch: str) -> RewardResult:
+        """Grade ``patch`` (a unified diff against the buggy snapshot) in a fresh sandbox."""
+        log: list[str] = [f"diff: {len(patch.splitlines())} lines"]
+        reasons = flag_suspicious_diff(patch)
+        log.extend(f"FLAGGED: {reason}" for reason in reasons)
+        if self.config.reject_test_runner_tampering and any(_TAMPERING in reason for reason in reasons):
+            log.append("reward 0: the diff's non-test code reaches into the test runner")
+            return RewardResult(reward=0.0, log="\n".join(log))
+        try:
+            report = await self.run_hidden_tests(task, patch)
+        except _AgentFault as fault:
+            log.append(str(fault))
+            return RewardResult(reward=0.0, log="\n".join(log))
+        except (SandboxError, GradingError, OSError) as error:
+            return RewardResult(reward=None, log="\n".join(log), error=f"{type(error).__name__}: {error}")
+        if report.neutralised:
+            log.append(
+                "FLAGGED: removed test infrastructure from the patched tree: " + ", ".join(report.neutralised)
+            )
+        if not report.started:
+            return RewardResult(
+                reward=None,
+                log="\n".join(log),
+                error=f"test runner did not start (exit {report.exit_code}): {report.output_tail[-1500:]}",
+            )
+        if report.timed_out:
+            log.append(f"hidden tests timed out after {self.config.test_timeout_s:.0f}s")
+            return RewardResult(reward=0.0, log="\n".join(log))
+        if report.outcomes is None:
+            log.append(
+                f"the test run ended without a report (exit {report.exit_code}): the patched code stopped "
+                f"pytest early\n{report.output_tail[-1500:]}"
+            )
+            return RewardResult(reward=0.0, log="\n".join(log))
+        reward, summary = compute_reward(task, report.outcomes, partial_credit=self.config.partial_credit)
+        log.append(summary)
+        return RewardResult(reward=reward, log="\n".join(log))
+
+    async def extract_diff(self, task: SweTask, agent_sandbox: Sandbox) -> str:
+        """The agent's change against the flattened commit, new files included (binary-safe)."""
+        base_commit = task.snapshot().base_commit
+        staged = await self._exec(agent_sandbox, [*_SAFE_GIT, "add", "-A"])
+        if staged.exit_code == 127:
+            raise GradingError(f"git is not available in the agent's sandbox: {staged.stderr[-500:]}")
+        if staged.exit_code != 0:
+            raise _AgentFault(f"git add failed (exit {staged.exit_code}): {staged.stderr[-500:]}")
+        diff = await self._exec(
+            agent_sandbox,
+            [
+                *_SAFE_GIT,
+                "diff",
+                "--cached",
+                "--binary",
+                "--full-index",
+                "--no-color",
+                "--no-ext-diff",
+                "--no-textconv",
+                "--no-renames",
+                base_commit,
+            ],
+        )
+        if diff.exit_code != 0:
+            raise _AgentFault(
+                f"git diff against {base_commit} failed (exit {diff.exit_code}): {diff.stderr[-500:]}"
+            )
+        return diff.stdout
+
+    async def run_hidden_tests(self, task: SweTask, patch: str) -> HiddenTestRun:
+        """Fresh sandbox from the pristine snapshot → setup → apply ``patch`` → hidden tests → report."""
+        spec = SandboxSpec(
+            workspace_source=task.snapshot().workspace_dir,
+            read_only_paths=self.config.tool_paths,
+            limits=self.config.limits,
+            proxy_url=None,  # no network while grading
+        )
+        sandbox = await self._acquire(spec)
+        try:
+            await task.run_setup(sandbox)
+            grader_dir = f"/tmp/rein-grade-{secrets.token_hex(8)}"
+            await self._checked(sandbox, ["mkdir", "-p", grader_dir], "creating the grader directory")
+            if patch.strip():
+                await sandbox.write_file(f"{grader_dir}/agent.patch", patch)
+                applied = await self._exec(
+                    sandbox, [*_SAFE_GIT, "apply", "--whitespace=nowarn", f"{grader_dir}/agent.patch"]
+                )
+                if applied.exit_code == 127:
+                    raise GradingError(
+                        f"git is not available in the grading sandbox: {applied.stderr[-500:]}"
+                    )
+                if applied.exit_code != 0:
+                    raise _AgentFault(f"the agent's diff does not apply: {applied.stderr.strip()[-1000:]}")
+            return await self._run_runner(sandbox, task, grader_dir)
+        finally:
+            await self._release(sandbox)
+
+    async def _run_runner(self, sandbox: Sandbox, task: SweTask, grader_dir: str) -> HiddenTestRun:
+        token = secrets.token_hex(8)
+        bundle = {
+            "workspace": "/workspace",
+            "hidden_tests": dict(task.hidden_tests),
+            "report_path": f"{grader_dir}/report-{token}.json",
+            "started_path": f"{grader_dir}/started-{token}",
+            "neutralised_path": f"{grader_dir}/neutralised-{token}.json",
+            "plugins": list(self.config.pytest_plugins),
+        }
+        await sandbox.write_file(f"{grader_dir}/runner.py", _RUNNER_SOURCE)
+        await sandbox.write_file(f"{grader_dir}/bundle.json", json.dumps(bundle))
+        result = await sandbox.exec(
+            [self.config.python_executable, "-I", f"{grader_dir}/runner.py", f"{grader_dir}/bundle.json"],
+            timeout_s=self.config.test_timeout_s,
+            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": "", "PYTHONHASHSEED": "0"},
+        )
+        output_tail = (result.stdout + result.stderr)[-4000:]
+        started = await _read_optional(sandbox, bundle["started_path"]) is not None
+        neutralised_text = await _read_optional(sandbox, bundle["neutralised_path"])
+        neutralised = tuple(json.loads(neutralised_text)) if neutralised_text else ()
+        report_text = await _read_optional(sandbox, bundle["report_path"])
+        outcomes = None
+        if report_text is not None:
+            try:
+                outcomes = dict(json.loads(report_text)["outcomes"])
+            except (ValueError, KeyError, TypeError):
+                outcomes = None  # a report the code under test overwrote with garbage counts as none
+        return HiddenTestRun(
+            outcomes=outcomes,
+            started=started,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            output_tail=output_tail,
+            neutralised=neutralised,
+        )
+
+    async def _exec(self, sandbox: Sandbox, command: list[str]) -> ExecResult:
+        return await sandbox.exec(command, timeout_s=self.config.step_timeout_s)
+
+    async def _checked(self, sandbox: Sandbox, command: list[str], what: str) -> ExecResult:
+        result = await self._exec(sandbox, command)
+        if result.exit_code != 0:
+            raise GradingError(f"{what} failed (exit {result.exit_code}): {result.stderr[-500:]}")
+        return result
+
+
+_TAMPERING = "references the test runner"
+
+
+class _AgentFault(Exception):
+    """Something the agent did makes the grade 0 (not an infrastructure failure)."""
+
+
+async def _read_optional(sandbox: Sandbox, path: str) -> str | None:
+    """The file's text, or None when it does not exist (any other failure propagates)."""
+    probe = await sandbox.exec(["test", "-f", path], timeout_s=30)
+    if probe.exit_code != 0:
+        return None
+    return (await sandbox.read_file(path)).decode("utf-8", errors="replace")
+
+
+def compute_reward(task: SweTask, outcomes: dict[str, str], *, partial_credit: bool) -> tuple[float, str]:
+    """Reward from per-test outcomes: 1.0 iff all FAIL_TO_PASS and PASS_TO_PASS passed (or the fraction)."""
+    required = (*task.fail_to_pass, *task.pass_to_pass)
+    failing = [node_id for node_id in required if outcomes.get(node_id) != "passed"]
+    num_passed = len(required) - len(failing)
+    num_f2p_passed = sum(outcomes.get(node_id) == "passed" for node_id in task.fail_to_pass)
+    summary = (
+        f"FAIL_TO_PASS {num_f2p_passed}/{len(task.fail_to_pass)} passed, "
+        f"PASS_TO_PASS {num_passed - num_f2p_passed}/{len(task.pass_to_pass)} passed"
+    )
+    if failing:
+        shown = ", ".join(f"{node_id} ({outcomes.get(node_id, 'missing')})" for node_id in failing[:10])
+        summary += f"; not passing: {shown}" + (" ..." if len(failing) > 10 else "")
+    if partial_credit:
+        return num_passed / len(required), summary
+    return (1.0 if not failing else 0.0), summary
+
+
+def flag_suspicious_diff(patch: str) -> list[str]:
+    """Reasons to flag a diff: it touches test infrastructure or references pytest/exit calls in code."""
+    reasons: list[str] = []
+    touched = re.findall(r"^diff --git a/(\S+) b/(\S+)$", patch, re.MULTILINE)
+    for _, new_path in touched:
+        name = new_path.rsplit("/", 1)[-1]
+        if name in _REMOVED_BY_GRADER or name in {"pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}:
+            reasons.append(f"diff touches test configuration {new_path}")
+        elif name.endswith(".pth"):
+            reasons.append(f"diff adds a .pth file {new_path}")
+    current_file = ""
+    for line in patch.splitlines():
+        if line.startswith("+++ "):
+            current_file = line[6:] if line.startswith("+++ b/") else ""
+        elif _is_library_code(current_file):
+            if _TEST_RUNNER_CODE.match(line):
+                reasons.append(f"{current_file} {_TAMPERING}: {line[1:].strip()[:120]}")
+            elif _SUSPICIOUS_CODE.match(line):
+                reasons.append(
+                    f"{current_file} exits the process or reaches into the interpreter: {line[1:].strip()[:120]}"
+                )
+    return reasons
+
+
+def _is_library_code(path: str) -> bool:
+    """A Python file that is neither a test nor infrastructure the grader removes anyway."""
+    name = path.rsplit("/", 1)[-1]
+    return path.endswith(".py") and not _is_test_file(path) and name not in _REMOVED_BY_GRADER
+
+
+_REMOVED_BY_GRADER = {"conftest.py", "sitecustomize.py", "usercustomize.py"}
+
+
+def _is_test_file(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return name.startswith("test_") or name.endswith("_test.py") or "/tests/" in f"/{path}"

@@ -1,0 +1,27 @@
+"""TITO (token-in, token-out): exact token records of agent conversations, independent of any engine or HTTP.
+
+``TitoSession`` renders prompts with the model's chat template, reuses held ids when a request extends an
+earlier one, records the engine's sampled ids/logprobs/weight versions into segments, and parses replies
+(Hermes-style ``<tool_call>`` blocks, ``<think>`` reasoning). ``drift_audit`` measures how far a re-render of
+a recorded conversation is from its TITO ids.
+"""
+
+from components.tito.drift_audit import DriftReport, audit_session, drift_audit
+from components.tito.messages import ChatMessage, ToolCall, ToolSpec
+from components.tito.rendering import ChatTemplateRenderer, TemplateRenderError
+from components.tito.session import AssistantReply, PreparedTurn, TitoConfig, TitoSession
+
+__all__ = [
+    "AssistantReply",
+    "ChatMessage",
+    "ChatTemplateRenderer",
+    "DriftReport",
+    "PreparedTurn",
+    "TemplateRenderError",
+    "TitoConfig",
+    "TitoSession",
+    "ToolCall",
+    "ToolSpec",
+    "audit_session",
+    "drift_audit",
+]

@@ -1,0 +1,507 @@
+"""Trajectories → packed training micro-batches, with Ray Data (streaming into the trainer's workers) or a plain
+pyarrow path (tests, benchmarks, single-process training) built from the same three functions:
+
+1. ``explode_segments``: one row per segment (every segment is a training sample sharing its trajectory's
+   reward); trajectories that are not trainable (infrastructure failures, no reward) become one empty row so
+   they are counted, and never reach a batch.
+2. ``plan_step`` (on the driver, over a small summary: ids, rewards, token counts, versions): group
+   advantages from the ``Algorithm``, the staleness bound, and per-segment weights from the ``Algorithm``
+   (GRPO's default gives a segment its share of its trajectory's sampled tokens, so a trajectory split into
+   many segments weighs the same as one that was not). Groups whose rewards are all equal get advantage 0
+   and contribute no policy gradient (counted).
+3. ``pack_micro_batches``: first-fit-decreasing packing of segments into rows of at most
+   ``max_tokens_per_micro_batch`` tokens; positions restart at 0 for every segment, which HF models turn into
+   a block-diagonal causal mask (segments never attend to each other).
+
+A micro-batch row holds per-token ``input_ids``, ``position_ids``, ``sequence_ids`` (segment index inside the
+row), ``loss_mask``, ``old_logprobs`` (rollout), ``advantages``, ``weights``, ``weight_versions``, plus
+``cu_seqlens`` (segment boundaries) and ``num_tokens`` / ``num_sampled_tokens``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from components.config import require_non_negative, require_positive
+from components.protocols import Algorithm
+from components.trajectory import TRAINABLE_STATUSES, TRAJECTORY_SCHEMA, Trajectory, trajectories_to_table
+
+if TYPE_CHECKING:
+    import ray.data
+    import torch
+
+logger = logging.getLogger(__name__)
+
+TRAJECTORY_COLUMNS = ["trajectory_id", "group_id", "status", "reward", "segments"]
+NO_SAMPLED_VERSION = np.iinfo(np.int32).max
+TOKEN_LIST_COLUMNS = ("token_ids", "loss_mask", "logprobs", "weight_versions")
+
+SEGMENT_SCHEMA = pa.schema(
+    [
+        pa.field("trajectory_id", pa.string()),
+        pa.field("group_id", pa.string()),
+        pa.field("reward", pa.float64()),
+        pa.field("trainable", pa.bool_()),
+        pa.field("segment_index", pa.int32()),
+        pa.field("token_ids", pa.list_(pa.int32())),
+        pa.field("loss_mask", pa.list_(pa.int8())),
+        pa.field("logprobs", pa.list_(pa.float32())),
+        pa.field("weight_versions", pa.list_(pa.int32())),
+        pa.field("num_tokens", pa.int32()),
+        pa.field("num_sampled_tokens", pa.int32()),
+        pa.field("min_sampled_version", pa.int32()),
+    ]
+)
+SUMMARY_COLUMNS = [
+    "trajectory_id",
+    "group_id",
+    "reward",
+    "trainable",
+    "segment_index",
+    "num_tokens",
+    "num_sampled_tokens",
+    "min_sampled_version",
+]
+
+MICRO_BATCH_SCHEMA = pa.schema(
+    [
+        pa.field("input_ids", pa.list_(pa.int32())),
+        pa.field("position_ids", pa.list_(pa.int32())),
+        pa.field("sequence_ids", pa.list_(pa.int32())),
+        pa.field("loss_mask", pa.list_(pa.int8())),
+        pa.field("old_logprobs", pa.list_(pa.float32())),
+        pa.field("advantages", pa.list_(pa.float32())),
+        pa.field("weights", pa.list_(pa.float32())),
+        pa.field("weight_versions", pa.list_(pa.int32())),
+        pa.field("cu_seqlens", pa.list_(pa.int32())),
+        pa.field("num_tokens", pa.int32()),
+        pa.field("num_sampled_tokens", pa.int32()),
+    ]
+)
+
+
+@dataclass(kw_only=True, frozen=True)
+class SampleBatchConfig:
+    """How trajectories become micro-batches."""
+
+    max_tokens_per_micro_batch: int = (
+        4096  # token budget of one packed row (a longer segment gets its own row)
+    )
+    max_staleness: int | None = (
+        None  # drop trajectories with a token sampled more than this many versions ago
+    )
+    drop_zero_advantage_groups: bool = False  # skip groups with equal rewards (no policy gradient) entirely
+
+    def __post_init__(self) -> None:
+        require_positive(self.max_tokens_per_micro_batch, "max_tokens_per_micro_batch")
+        if self.max_staleness is not None:
+            require_non_negative(self.max_staleness, "max_staleness")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 1. trajectories → segments
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _list_offsets(array: pa.Array) -> np.ndarray:
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    return np.asarray(array.offsets) - array.offsets[0].as_py()
+
+
+def _list_values(array: pa.Array) -> np.ndarray:
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    return array.flatten().to_numpy(zero_copy_only=False)
+
+
+def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    cumulative = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+    return cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+
+
+def _segment_min(values: np.ndarray, offsets: np.ndarray, empty: int) -> np.ndarray:
+    lengths = np.diff(offsets)
+    out = np.full(len(lengths), empty, dtype=np.int64)
+    nonempty = lengths > 0
+    if nonempty.any():
+        out[nonempty] = np.minimum.reduceat(values, offsets[:-1][nonempty])
+    return out
+
+
+def explode_segments(table: pa.Table) -> pa.Table:
+    """Trajectory rows → one row per segment (``SEGMENT_SCHEMA``); untrainable trajectories → one empty row."""
+    table = table.select(TRAJECTORY_COLUMNS).combine_chunks()
+    statuses = table["status"].to_numpy(zero_copy_only=False)
+    rewards = table["reward"]
+    trainable = np.isin(statuses, [s.value for s in TRAINABLE_STATUSES]) & ~np.asarray(
+        rewards.is_null().to_numpy(zero_copy_only=False)
+    )
+    segments = table["segments"].combine_chunks()
+    segments = pc.if_else(pa.array(trainable), segments, pa.scalar([], type=segments.type))
+    num_segments = pc.list_value_length(segments).to_numpy(zero_copy_only=False)
+    # an untrainable (or segment-less) trajectory keeps one empty row so that it is counted
+    parents = np.asarray(pc.list_parent_indices(segments))
+    empty_rows = np.flatnonzero(num_segments == 0)
+    flat = pc.list_flatten(segments)
+    segment_index = np.arange(len(parents)) - np.concatenate([[0], np.cumsum(num_segments)])[parents]
+    columns: dict[str, pa.Array] = {}
+    for name in TOKEN_LIST_COLUMNS:
+        values = flat.field(name)
+        empties = pa.array([[]] * len(empty_rows), type=values.type)
+        columns[name] = pa.concat_arrays([values, empties]) if len(empty_rows) else values
+    rows = np.concatenate([parents, empty_rows]).astype(np.int64)
+    mask_offsets = _list_offsets(columns["loss_mask"])
+    mask_values = _list_values(columns["loss_mask"]).astype(np.int64)
+    versions = _list_values(columns["weight_versions"]).astype(np.int64)
+    sampled_versions = np.where(mask_values == 1, versions, NO_SAMPLED_VERSION)
+    out = {
+        "trajectory_id": table["trajectory_id"].take(rows),
+        "group_id": table["group_id"].take(rows),
+        "reward": rewards.take(rows),
+        "trainable": pa.array(trainable[rows]),
+        "segment_index": pa.array(np.concatenate([segment_index, np.full(len(empty_rows), -1)]), pa.int32()),
+        **columns,
+        "num_tokens": pa.array(np.diff(mask_offsets), pa.int32()),
+        "num_sampled_tokens": pa.array(_segment_sums(mask_values, mask_offsets), pa.int32()),
+        "min_sampled_version": pa.array(
+            _segment_min(sampled_versions, mask_offsets, NO_SAMPLED_VERSION), pa.int32()
+        ),
+    }
+    return pa.table(out, schema=SEGMENT_SCHEMA)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 2. the step plan: advantages, staleness, weights
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class StepPlan:
+    """Per kept segment ("trajectory_id#segment_index") its advantage and token weight, plus counts."""
+
+    segment_advantage: dict[str, float] = field(default_factory=dict)
+    segment_weight: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segment_weight)
+
+
+def _segment_keys(trajectory_ids: Sequence[str], segment_index: Sequence[int]) -> list[str]:
+    return [f"{t}#{int(i)}" for t, i in zip(trajectory_ids, segment_index, strict=True)]
+
+
+def plan_step(
+    summary: pa.Table, algorithm: Algorithm, config: SampleBatchConfig, *, current_version: int
+) -> StepPlan:
+    """Advantages, staleness drops and sample weights for one step, from the segment summary columns."""
+    trajectory_ids = summary["trajectory_id"].to_numpy(zero_copy_only=False).astype(str)
+    trainable = summary["trainable"].to_numpy(zero_copy_only=False).astype(bool)
+    all_trajectories = np.unique(trajectory_ids)
+    failed = np.unique(trajectory_ids[~trainable])
+    plan = StepPlan()
+    metrics = plan.metrics
+    metrics["num_trajectories"] = float(len(all_trajectories))
+    metrics["num_failed_trajectories"] = float(len(failed))
+
+    rows = np.flatnonzero(trainable)
+    ids = trajectory_ids[rows]
+    unique_ids, first_row, trajectory_index = np.unique(ids, return_index=True, return_inverse=True)
+    group_ids = summary["group_id"].to_numpy(zero_copy_only=False).astype(str)[rows]
+    rewards = summary["reward"].to_numpy(zero_copy_only=False).astype(np.float64)[rows]
+    num_sampled = summary["num_sampled_tokens"].to_numpy(zero_copy_only=False).astype(np.int64)[rows]
+    min_version = summary["min_sampled_version"].to_numpy(zero_copy_only=False).astype(np.int64)[rows]
+    segment_index = summary["segment_index"].to_numpy(zero_copy_only=False).astype(np.int64)[rows]
+
+    trajectory_rewards = rewards[first_row]
+    trajectory_groups = group_ids[first_row]
+    advantages = np.asarray(
+        algorithm.advantages(trajectory_rewards, list(trajectory_groups)), dtype=np.float64
+    )
+    _, group_index = np.unique(trajectory_groups, return_inverse=True)
+    num_groups = int(group_index.max()) + 1 if len(group_index) else 0
+    group_max = np.full(num_groups, -np.inf)
+    group_min = np.full(num_groups, np.inf)
+    np.maximum.at(group_max, group_index, trajectory_rewards)
+    np.minimum.at(group_min, group_index, trajectory_rewards)
+    zero_advantage_group = group_max == group_min
+    metrics["num_groups"] = float(num_groups)
+    metrics["num_zero_advantage_groups"] = float(zero_advantage_group.sum())
+    metrics["reward_mean"] = float(trajectory_rewards.mean()) if len(trajectory_rewards) else 0.0
+
+    trajectory_min_version = np.full(len(unique_ids), NO_SAMPLED_VERSION, dtype=np.int64)
+    np.minimum.at(trajectory_min_version, trajectory_index, min_version)
+    has_sampled = trajectory_min_version != NO_SAMPLED_VERSION
+    staleness = np.where(has_sampled, current_version - trajectory_min_version, 0)
+    stale = np.zeros(len(unique_ids), dtype=bool)
+    if config.max_staleness is not None:
+        stale = has_sampled & (staleness > config.max_staleness)
+    metrics["num_stale_trajectories"] = float(stale.sum())
+    metrics["num_trajectories_without_sampled_tokens"] = float((~has_sampled).sum())
+    metrics["staleness_max"] = float(staleness[has_sampled].max()) if has_sampled.any() else 0.0
+    keep_trajectory = has_sampled & ~stale
+    if config.drop_zero_advantage_groups:
+        keep_trajectory &= ~zero_advantage_group[group_index]
+
+    keep_row = keep_trajectory[trajectory_index] & (num_sampled > 0)
+    weights = np.asarray(
+        algorithm.sample_weights(num_sampled[keep_row], trajectory_index[keep_row]), dtype=np.float64
+    )
+    keys = _segment_keys(ids[keep_row], segment_index[keep_row])
+    plan.segment_advantage = dict(zip(keys, advantages[trajectory_index[keep_row]].tolist(), strict=True))
+    plan.segment_weight = dict(zip(keys, weights.tolist(), strict=True))
+    metrics["num_trained_trajectories"] = float(keep_trajectory.sum())
+    metrics["num_trained_segments"] = float(keep_row.sum())
+    metrics["num_segments_without_sampled_tokens"] = float((num_sampled == 0).sum())
+    metrics["num_sampled_tokens"] = float(num_sampled[keep_row].sum())
+    metrics["advantage_abs_mean"] = (
+        float(np.abs(advantages[keep_trajectory]).mean()) if keep_trajectory.any() else 0.0
+    )
+    return plan
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 3. packing
+# ------------------------------------------------------------------------------------------------------------
+
+
+def first_fit_decreasing(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices of ``lengths`` grouped into bins of total ≤ budget (an item over budget gets its own bin)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for index in order:
+        length = lengths[index]
+        for b, free in enumerate(room):
+            if length <= free:
+                bins[b].append(index)
+                room[b] -= length
+                break
+        else:
+            bins.append([index])
+            room.append(budget - length)
+    return bins
+
+
+def pack_micro_batches(segments: pa.Table, *, plan: StepPlan, max_tokens: int) -> pa.Table:
+    """Packed micro-batch rows (``MICRO_BATCH_SCHEMA``) of the planned segments in ``segments``."""
+    keys = _segment_keys(
+        segments["trajectory_id"].to_pylist(), segments["segment_index"].to_numpy(zero_copy_only=False)
+    )
+    selected = [i for i, key in enumerate(keys) if key in plan.segment_weight]
+    if not selected:
+        return MICRO_BATCH_SCHEMA.empty_table()
+    segments = segments.take(selected).combine_chunks()
+    keys = [keys[i] for i in selected]
+    offsets = _list_offsets(segments["token_ids"])
+    token_ids = _list_values(segments["token_ids"])
+    loss_mask = _list_values(segments["loss_mask"]).astype(np.int8)
+    logprobs = _list_values(segments["logprobs"])
+    versions = _list_values(segments["weight_versions"])
+    lengths = np.diff(offsets).tolist()
+    rows: dict[str, list] = {name: [] for name in MICRO_BATCH_SCHEMA.names}
+    for bin_indices in first_fit_decreasing(lengths, max_tokens):
+        bin_indices = sorted(bin_indices)
+        pieces = [slice(offsets[i], offsets[i + 1]) for i in bin_indices]
+        bin_lengths = [lengths[i] for i in bin_indices]
+        mask = np.concatenate([loss_mask[p] for p in pieces])
+        starts = np.cumsum([0, *bin_lengths])
+        mask[starts[:-1]] = 0  # a segment's first token has no prediction inside the segment
+        rows["input_ids"].append(np.concatenate([token_ids[p] for p in pieces]))
+        rows["position_ids"].append(np.concatenate([np.arange(n, dtype=np.int32) for n in bin_lengths]))
+        rows["sequence_ids"].append(np.repeat(np.arange(len(bin_indices), dtype=np.int32), bin_lengths))
+        rows["loss_mask"].append(mask)
+        rows["old_logprobs"].append(np.concatenate([logprobs[p] for p in pieces]))
+        rows["advantages"].append(
+            np.repeat(
+                np.array([plan.segment_advantage[keys[i]] for i in bin_indices], np.float32), bin_lengths
+            )
+        )
+        rows["weights"].append(
+            np.repeat(np.array([plan.segment_weight[keys[i]] for i in bin_indices], np.float32), bin_lengths)
+        )
+        rows["weight_versions"].append(np.concatenate([versions[p] for p in pieces]))
+        rows["cu_seqlens"].append(starts.astype(np.int32))
+        rows["num_tokens"].append(int(starts[-1]))
+        rows["num_sampled_tokens"].append(int(mask.sum()))
+    return pa.table(rows, schema=MICRO_BATCH_SCHEMA)
+
+
+def padding_micro_batches(count: int) -> pa.Table:
+    """``count`` one-token micro-batches with nothing to learn (keep every rank's number of forwards equal)."""
+    one = {
+        "input_ids": [0],
+        "position_ids": [0],
+        "sequence_ids": [0],
+        "loss_mask": [0],
+        "old_logprobs": [0.0],
+        "advantages": [0.0],
+        "weights": [0.0],
+        "weight_versions": [-1],
+        "cu_seqlens": [0, 1],
+        "num_tokens": 1,
+        "num_sampled_tokens": 0,
+    }
+    return pa.Table.from_pylist([one] * count, schema=MICRO_BATCH_SCHEMA)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Sources and the two pipelines
+# ------------------------------------------------------------------------------------------------------------
+
+TrajectorySource = Sequence[Path | str] | Sequence[Trajectory]
+
+
+def _is_trajectories(source: TrajectorySource) -> bool:
+    if not source:
+        raise ValueError("trajectories: got no shard paths and no trajectories")
+    kinds = {isinstance(item, Trajectory) for item in source}
+    if kinds == {True}:
+        return True
+    if not all(isinstance(item, str | Path) for item in source):
+        raise ValueError("trajectories: expected a list of shard paths or a list of Trajectory objects")
+    return False
+
+
+def read_trajectory_table(source: TrajectorySource) -> pa.Table:
+    """The training columns of shard files or in-memory trajectories, as one Arrow table."""
+    if _is_trajectories(source):
+        return trajectories_to_table(source).select(TRAJECTORY_COLUMNS)
+    tables = [pq.read_table(path, schema=TRAJECTORY_SCHEMA, columns=TRAJECTORY_COLUMNS) for path in source]
+    return pa.concat_tables(tables)
+
+
+@dataclass(kw_only=True)
+class LocalStepBatches:
+    """One step's micro-batches in this process (the plain pyarrow path)."""
+
+    micro_batches: pa.Table
+    metrics: dict[str, float]
+
+
+def build_micro_batches_locally(
+    source: TrajectorySource, algorithm: Algorithm, config: SampleBatchConfig, *, current_version: int
+) -> LocalStepBatches:
+    """The whole pipeline in this process with pyarrow only (no Ray)."""
+    segments = explode_segments(read_trajectory_table(source))
+    plan = plan_step(segments.select(SUMMARY_COLUMNS), algorithm, config, current_version=current_version)
+    packed = pack_micro_batches(segments, plan=plan, max_tokens=config.max_tokens_per_micro_batch)
+    return LocalStepBatches(
+        micro_batches=packed, metrics=dict(plan.metrics, num_micro_batches=packed.num_rows)
+    )
+
+
+@dataclass(kw_only=True)
+class RayStepBatches:
+    """One step's micro-batches as a materialized Ray Dataset whose row count is a multiple of the world size."""
+
+    dataset: ray.data.Dataset
+    num_micro_batches: int
+    metrics: dict[str, float]
+
+
+def _pack_batch(batch: pa.Table, plan: StepPlan, max_tokens: int) -> pa.Table:
+    return pack_micro_batches(batch, plan=plan, max_tokens=max_tokens)
+
+
+def build_micro_batches_with_ray(
+    source: TrajectorySource,
+    algorithm: Algorithm,
+    config: SampleBatchConfig,
+    *,
+    current_version: int,
+    world_size: int = 1,
+    pack_batch_rows: int = 4096,
+) -> RayStepBatches:
+    """The pipeline on Ray Data: read shards → segments (materialized) → plan on the driver → packed rows."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    if _is_trajectories(source):
+        dataset = ray.data.from_arrow(read_trajectory_table(source))
+    else:
+        dataset = ray.data.read_parquet(
+            [str(path) for path in source], columns=TRAJECTORY_COLUMNS, schema=TRAJECTORY_SCHEMA
+        )
+    segments = dataset.map_batches(explode_segments, batch_format="pyarrow", batch_size=None).materialize()
+    summary_refs = segments.select_columns(SUMMARY_COLUMNS).to_arrow_refs()
+    summary = pa.concat_tables(ray.get(summary_refs)) if summary_refs else SEGMENT_SCHEMA.empty_table()
+    plan = plan_step(summary.select(SUMMARY_COLUMNS), algorithm, config, current_version=current_version)
+    packed = segments.map_batches(
+        _pack_batch,
+        batch_format="pyarrow",
+        batch_size=pack_batch_rows,
+        fn_kwargs={"plan": plan, "max_tokens": config.max_tokens_per_micro_batch},
+    ).materialize()
+    num_micro_batches = packed.count()
+    remainder = (-num_micro_batches) % world_size
+    if remainder:
+        packed = packed.union(ray.data.from_arrow(padding_micro_batches(remainder))).materialize()
+    metrics = dict(plan.metrics, num_micro_batches=float(num_micro_batches))
+    return RayStepBatches(dataset=packed, num_micro_batches=num_micro_batches + remainder, metrics=metrics)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The torch view of one packed row
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class MicroBatch:
+    """One packed row as 1-D torch tensors (what a train step consumes)."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    sequence_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    weight_versions: torch.Tensor
+    routed_experts: torch.Tensor | None = None  # [tokens, moe layers, top-k] for routing replay
+
+    @classmethod
+    def from_row(cls, row: dict) -> MicroBatch:
+        """From a ``MICRO_BATCH_SCHEMA`` row (numpy arrays or lists)."""
+        import torch
+
+        def tensor(name: str, dtype: torch.dtype) -> torch.Tensor:
+            return torch.as_tensor(np.asarray(row[name]), dtype=dtype)
+
+        return cls(
+            input_ids=tensor("input_ids", torch.long),
+            position_ids=tensor("position_ids", torch.long),
+            sequence_ids=tensor("sequence_ids", torch.long),
+            loss_mask=tensor("loss_mask", torch.float32),
+            old_logprobs=tensor("old_logprobs", torch.float32),
+            advantages=tensor("advantages", torch.float32),
+            weights=tensor("weights", torch.float32),
+            weight_versions=tensor("weight_versions", torch.long),
+            routed_experts=(
+                torch.as_tensor(np.asarray(row["routed_experts"]), dtype=torch.long)
+                if row.get("routed_experts") is not None
+                else None
+            ),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def micro_batches_from_table(table: pa.Table) -> list[MicroBatch]:
+    """Every row of a micro-batch table as a ``MicroBatch``."""
+    return [MicroBatch.from_row(row) for row in table.to_pylist()]

@@ -1,0 +1,199 @@
+"""One optimizer step over a list of micro-batches: the math shared by the Ray Train workers (FSDP2) and a plain
+single-process model (tests, benchmark baseline).
+
+Micro-batch losses are sums whose weights already carry the step's normalisation, so the step's gradient is
+the sum of micro-batch gradients whatever the split into micro-batches or ranks; under FSDP2 (which averages
+gradients across ranks) each rank's loss is scaled by the world size.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from components.config import require_non_negative, require_positive
+from components.protocols import Algorithm
+from components.training.data import MicroBatch
+from components.training.forward import forward_sampled_tokens
+
+
+@dataclass(kw_only=True, frozen=True)
+class OptimizerConfig:
+    """AdamW with gradient clipping."""
+
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+    max_grad_norm: float = 1.0  # clip the global gradient norm to this (0: no clipping)
+
+    def __post_init__(self) -> None:
+        require_positive(self.learning_rate, "learning_rate")
+        require_non_negative(self.weight_decay, "weight_decay")
+        require_positive(self.epsilon, "epsilon")
+        require_non_negative(self.max_grad_norm, "max_grad_norm")
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW over the model's trainable parameters."""
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.learning_rate,
+        betas=(config.beta1, config.beta2),
+        eps=config.epsilon,
+        weight_decay=config.weight_decay,
+        foreach=False,
+    )
+
+
+_SUM_KEYS = (
+    "loss",
+    "num_tokens",
+    "num_sampled_tokens",
+    "entropy_sum",
+    "train_logprob_sum",
+    "rollout_logprob_sum",
+    "train_logprob_sq_sum",
+    "rollout_logprob_sq_sum",
+    "train_rollout_logprob_product_sum",
+    "logprob_abs_diff_sum",
+    "is_ratio_sum",
+    "is_ratio_sq_sum",
+)
+
+
+def _reduce(totals: dict[str, float], maxima: dict[str, float], minima: dict[str, float]) -> None:
+    """All-reduce step statistics across ranks (in place)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    for values, op in ((totals, dist.ReduceOp.SUM), (maxima, dist.ReduceOp.MAX), (minima, dist.ReduceOp.MIN)):
+        keys = sorted(values)
+        tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(tensor, op=op)
+        values.update(zip(keys, tensor.tolist(), strict=True))
+
+
+def _global_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
+    parameters = [p for p in model.parameters() if p.grad is not None]
+    if max_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def run_train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[MicroBatch],
+    algorithm: Algorithm,
+    *,
+    optimizer_config: OptimizerConfig,
+    temperature: float = 1.0,
+    device: torch.device | str = "cpu",
+    loss_scale: float = 1.0,
+    reference_model: torch.nn.Module | None = None,
+) -> dict[str, float]:
+    """Forward/backward every micro-batch, clip, step; return step metrics (reduced over ranks)."""
+    started = time.perf_counter()
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    totals = dict.fromkeys(_SUM_KEYS, 0.0)
+    maxima = {"is_ratio_max": -math.inf}
+    minima = {"is_ratio_min": math.inf}
+    for batch in micro_batches:
+        view = forward_sampled_tokens(model, batch, temperature=temperature, device=device)
+        ref_logprobs = None
+        if algorithm.needs_reference_logprobs:
+            if reference_model is None:
+                raise ValueError("algorithm needs reference logprobs but no reference model was built")
+            with torch.no_grad():
+                ref_logprobs = forward_sampled_tokens(
+                    reference_model, batch, temperature=temperature, device=device, with_entropy=False
+                ).logprobs
+        loss, stats = algorithm.loss(
+            logprobs=view.logprobs,
+            old_logprobs=view.old_logprobs,
+            advantages=view.advantages,
+            loss_mask=view.loss_mask,
+            weights=view.weights,
+            ref_logprobs=ref_logprobs,
+            sequence_ids=view.sequence_ids,
+        )
+        (loss * loss_scale).backward()
+        for key, value in stats.items():
+            if key != "num_tokens":
+                totals[key] = totals.get(key, 0.0) + float(value)
+        with torch.no_grad():
+            mask = view.loss_mask
+            train = view.logprobs.detach().double() * mask
+            rollout = view.old_logprobs.double() * mask
+            ratio = torch.exp(train - rollout) * mask
+            totals["loss"] += float(loss.detach())
+            totals["num_tokens"] += batch.num_tokens
+            totals["num_sampled_tokens"] += float(mask.sum())
+            totals["entropy_sum"] += float((view.entropy * mask).sum())
+            totals["train_logprob_sum"] += float(train.sum())
+            totals["rollout_logprob_sum"] += float(rollout.sum())
+            totals["train_logprob_sq_sum"] += float((train * train).sum())
+            totals["rollout_logprob_sq_sum"] += float((rollout * rollout).sum())
+            totals["train_rollout_logprob_product_sum"] += float((train * rollout).sum())
+            totals["logprob_abs_diff_sum"] += float((train - rollout).abs().sum())
+            totals["is_ratio_sum"] += float(ratio.sum())
+            totals["is_ratio_sq_sum"] += float((ratio * ratio).sum())
+            if mask.sum() > 0:
+                maxima["is_ratio_max"] = max(maxima["is_ratio_max"], float(ratio[mask > 0].max()))
+                minima["is_ratio_min"] = min(minima["is_ratio_min"], float(ratio[mask > 0].min()))
+    _reduce(totals, maxima, minima)
+    grad_norm = _global_grad_norm(model, optimizer_config.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    elapsed_s = time.perf_counter() - started
+    return summarize_step(totals, maxima, minima, grad_norm=grad_norm, elapsed_s=elapsed_s)
+
+
+def summarize_step(
+    totals: dict[str, float],
+    maxima: dict[str, float],
+    minima: dict[str, float],
+    *,
+    grad_norm: float,
+    elapsed_s: float,
+) -> dict[str, float]:
+    """Sums over tokens → the reported step metrics."""
+    n = max(totals["num_sampled_tokens"], 1.0)
+    metrics = {
+        "loss": totals["loss"],
+        "grad_norm": grad_norm,
+        "num_tokens": totals["num_tokens"],
+        "num_sampled_tokens": totals["num_sampled_tokens"],
+        "tokens_per_s": totals["num_tokens"] / max(elapsed_s, 1e-9),
+        "train_step_s": elapsed_s,
+        "entropy": totals["entropy_sum"] / n,
+        "logprob_abs_diff_mean": totals["logprob_abs_diff_sum"] / n,
+        "is_ratio_mean": totals["is_ratio_sum"] / n,
+        "is_ratio_max": maxima["is_ratio_max"] if math.isfinite(maxima["is_ratio_max"]) else 1.0,
+        "is_ratio_min": minima["is_ratio_min"] if math.isfinite(minima["is_ratio_min"]) else 1.0,
+        # normalised effective sample size of the raw train/rollout ratios: (Σr)² / (n Σr²), 1 = on-policy
+        "is_ess": totals["is_ratio_sum"] ** 2 / (n * totals["is_ratio_sq_sum"])
+        if totals["is_ratio_sq_sum"]
+        else 1.0,
+    }
+    mean_x = totals["train_logprob_sum"] / n
+    mean_y = totals["rollout_logprob_sum"] / n
+    var_x = totals["train_logprob_sq_sum"] / n - mean_x**2
+    var_y = totals["rollout_logprob_sq_sum"] / n - mean_y**2
+    covariance = totals["train_rollout_logprob_product_sum"] / n - mean_x * mean_y
+    metrics["logprob_pearson"] = covariance / math.sqrt(var_x * var_y) if var_x > 0 and var_y > 0 else 1.0
+    for key, value in totals.items():
+        if key.endswith("_sum") and key not in _SUM_KEYS:
+            metrics[key.removesuffix("_sum")] = value / n
+    return metrics

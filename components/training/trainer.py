@@ -1,0 +1,452 @@
+"""The policy trainer: one Ray Train ``TorchTrainer`` worker group (FSDP2) kept alive across steps.
+
+Starting a ``TorchTrainer`` costs tens of seconds, so ``Trainer`` starts ``fit()`` once, in a background
+thread, with a train loop that never ends on its own: every worker pulls commands (train on this step's
+micro-batches, gather the full state dict, write a checkpoint, score sequences, stop) from a small
+coordinator actor and reports back to it. Each step's micro-batches come from the Ray Data pipeline
+(``components.training.data``) as equal ``Dataset.split`` shards handed to the live workers.
+
+    trainer = Trainer(TrainerConfig(model_path=..., run_dir=...), algorithm=GRPO(GRPOConfig()))
+    metrics = trainer.step(shard_paths_or_trajectories, current_version=engine_version)
+    await push_weights(engine, trainer.full_state_dict_ref(), trainer.state.weight_version)
+    trainer.shutdown()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.config import require, require_positive
+from components.errors import ReinError
+from components.protocols import Algorithm
+from components.training.checkpoint import (
+    Checkpoint,
+    TrainerState,
+    latest_checkpoint,
+    remove_temp_checkpoints,
+    restore_rng_state,
+    write_checkpoint,
+)
+from components.training.data import SampleBatchConfig, TrajectorySource, build_micro_batches_with_ray
+from components.training.step import OptimizerConfig
+from components.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+class TrainerError(ReinError):
+    """The trainer's worker group failed or did not answer in time."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class TrainerConfig:
+    """The FSDP2 policy trainer."""
+
+    model_path: Path  # HF folder of the initial policy (also the reference policy for a KL penalty)
+    run_dir: Path  # checkpoints go to run_dir/checkpoints, Ray Train's own files to run_dir/ray_train
+    num_workers: int = 2
+    use_gpu: bool = False  # GPU: NCCL, bf16 parameters with fp32 gradient reduction; CPU: gloo, fp32
+    cpus_per_worker: float = 1.0
+    torch_threads_per_worker: int = 1
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    batching: SampleBatchConfig = field(default_factory=SampleBatchConfig)
+    temperature: float = 1.0  # the rollouts' sampling temperature (logits are divided by it)
+    seed: int = 0
+    checkpoint_every_steps: int = 0  # 0: only when save_checkpoint() is called
+    keep_checkpoints: int = 2  # newest complete checkpoints kept (0: all)
+    resume: bool = True  # start from the newest complete checkpoint in run_dir/checkpoints when there is one
+    start_timeout_s: float = 600.0
+    step_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_path", Path(self.model_path))
+        object.__setattr__(self, "run_dir", Path(self.run_dir))
+        require(
+            (self.model_path / "config.json").exists(), "model_path", f"{self.model_path} has no config.json"
+        )
+        require_positive(self.num_workers, "num_workers")
+        require_positive(self.cpus_per_worker, "cpus_per_worker")
+        require_positive(self.torch_threads_per_worker, "torch_threads_per_worker")
+        require_positive(self.temperature, "temperature")
+        require(self.checkpoint_every_steps >= 0, "checkpoint_every_steps", "must be >= 0")
+        require(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
+        require_positive(self.start_timeout_s, "start_timeout_s")
+        require_positive(self.step_timeout_s, "step_timeout_s")
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Coordinator actor: the command channel between the driver and the live workers
+# ------------------------------------------------------------------------------------------------------------
+
+
+class _Coordinator:
+    """Per-rank command queues and per-command result slots."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(world_size)]
+        self.results: dict[str, dict[int, Any]] = {}
+        self.complete: dict[str, asyncio.Event] = {}
+
+    def _event(self, command_id: str) -> asyncio.Event:
+        return self.complete.setdefault(command_id, asyncio.Event())
+
+    async def submit(self, command: dict[str, Any]) -> None:
+        self._event(command["id"])
+        for queue in self.queues:
+            queue.put_nowait(command)
+
+    async def next_command(self, rank: int) -> dict[str, Any]:
+        return await self.queues[rank].get()
+
+    async def report(self, command_id: str, rank: int, result: Any) -> None:
+        slot = self.results.setdefault(command_id, {})
+        slot[rank] = result
+        if len(slot) == self.world_size:
+            self._event(command_id).set()
+
+    async def wait(self, command_id: str) -> list[Any]:
+        await self._event(command_id).wait()
+        slot = self.results.pop(command_id)
+        self.complete.pop(command_id, None)
+        return [slot[rank] for rank in range(self.world_size)]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The worker side (runs inside Ray Train workers)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _build_sharded_model(model_dir: Path, *, use_gpu: bool, device: Any, trainable: bool) -> Any:
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if use_gpu
+        else MixedPrecisionPolicy()
+    )
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    if not trainable:
+        model.eval()
+        model.requires_grad_(False)
+    return model
+
+
+def _score_sequences(
+    model: Any, sequences: Sequence[dict], *, temperature: float, device: Any
+) -> list[np.ndarray]:
+    import torch
+
+    from components.training.data import MicroBatch
+    from components.training.forward import forward_sampled_tokens
+
+    out = []
+    with torch.no_grad():
+        for sequence in sequences:
+            ids = torch.as_tensor(np.asarray(sequence["token_ids"]), dtype=torch.long)
+            n = ids.numel()
+            routes = sequence.get("routed_experts")
+            batch = MicroBatch(
+                input_ids=ids,
+                position_ids=torch.arange(n),
+                sequence_ids=torch.zeros(n, dtype=torch.long),
+                loss_mask=torch.cat([torch.zeros(1), torch.ones(n - 1)]),
+                old_logprobs=torch.zeros(n),
+                advantages=torch.zeros(n),
+                weights=torch.zeros(n),
+                weight_versions=torch.zeros(n, dtype=torch.long),
+                routed_experts=torch.as_tensor(routes) if routes is not None else None,
+            )
+            view = forward_sampled_tokens(
+                model, batch, temperature=temperature, device=device, with_entropy=False
+            )
+            out.append(view.logprobs.float().cpu().numpy())
+    return out
+
+
+def _train_loop(loop_config: dict[str, Any]) -> None:
+    """Ray Train worker: build the sharded model and optimizer once, then serve commands until 'stop'."""
+    import ray
+    import ray.train
+    import ray.train.torch
+    import torch
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+    from transformers import AutoConfig
+
+    from components.training.data import MicroBatch, padding_micro_batches
+    from components.training.step import build_optimizer, run_train_step
+
+    config: TrainerConfig = loop_config["config"]
+    algorithm: Algorithm = loop_config["algorithm"]
+    coordinator = loop_config["coordinator"]
+    resume_from: Path | None = loop_config["resume_from"]
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    torch.set_num_threads(config.torch_threads_per_worker)
+    torch.manual_seed(config.seed)
+    device = ray.train.torch.get_device() if config.use_gpu else torch.device("cpu")
+
+    model = _build_sharded_model(
+        resume_from or config.model_path, use_gpu=config.use_gpu, device=device, trainable=True
+    )
+    reference = (
+        _build_sharded_model(config.model_path, use_gpu=config.use_gpu, device=device, trainable=False)
+        if algorithm.needs_reference_logprobs
+        else None
+    )
+    optimizer = build_optimizer(model, config.optimizer)
+    if resume_from is not None and (resume_from / "optimizer.pt").exists():
+        full = torch.load(resume_from / "optimizer.pt", weights_only=False)
+        set_optimizer_state_dict(
+            model, optimizer, optim_state_dict=full, options=StateDictOptions(full_state_dict=True)
+        )
+        restore_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
+    model_config = AutoConfig.from_pretrained(config.model_path)
+    full_options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    ray.get(coordinator.report.remote("ready", rank, {"rank": rank}))
+
+    while True:
+        command = ray.get(coordinator.next_command.remote(rank))
+        kind, command_id = command["kind"], command["id"]
+        result: Any = None
+        if kind == "stop":
+            ray.get(coordinator.report.remote(command_id, rank, None))
+            return
+        if kind == "train":
+            rows = list(command["shards"][rank].iter_rows())
+            if not rows:
+                rows = padding_micro_batches(1).to_pylist()
+            batches = [MicroBatch.from_row(row) for row in rows]
+            result = run_train_step(
+                model,
+                optimizer,
+                batches,
+                algorithm,
+                optimizer_config=config.optimizer,
+                temperature=config.temperature,
+                device=device,
+                loss_scale=float(world_size),
+                reference_model=reference,
+            )
+            result["num_micro_batches_rank0"] = float(len(batches))
+        elif kind == "gather":
+            state_dict = get_model_state_dict(model, options=full_options)
+            result = [ray.put(state_dict)] if rank == 0 else None
+        elif kind == "checkpoint":
+            state_dict = get_model_state_dict(model, options=full_options)
+            optimizer_state = get_optimizer_state_dict(model, optimizer, options=full_options)
+            if rank == 0:
+                result = str(
+                    write_checkpoint(
+                        config.checkpoints_dir,
+                        state=command["state"],
+                        model_state_dict=state_dict,
+                        optimizer_state_dict=optimizer_state,
+                        model_config=model_config,
+                        tokenizer_source=config.model_path,
+                        keep_last=config.keep_checkpoints,
+                    )
+                )
+        elif kind == "score":
+            scored = _score_sequences(
+                model, command["sequences"], temperature=config.temperature, device=device
+            )
+            result = scored if rank == 0 else None
+        else:
+            raise ValueError(f"unknown trainer command {kind!r}")
+        ray.get(coordinator.report.remote(command_id, rank, result))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The driver side
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _shard_names(source: TrajectorySource) -> tuple[str, ...]:
+    return tuple(Path(item).name for item in source if not isinstance(item, Trajectory))
+
+
+class Trainer:
+    """Drives the live FSDP2 worker group: ``step``, ``full_state_dict_ref``, ``save_checkpoint``, ``shutdown``."""
+
+    def __init__(self, config: TrainerConfig, *, algorithm: Algorithm) -> None:
+        import ray
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        if not ray.is_initialized():
+            raise TrainerError("Trainer needs a running Ray session (ray.init())")
+        self.config = config
+        self.algorithm = algorithm
+        self._ids = itertools.count()
+        remove_temp_checkpoints(config.checkpoints_dir)
+        resumed: Checkpoint | None = latest_checkpoint(config.checkpoints_dir) if config.resume else None
+        self.state = resumed.state if resumed else TrainerState()
+        self.resumed_from = resumed.path if resumed else None
+        self._coordinator = ray.remote(num_cpus=0)(_Coordinator).remote(config.num_workers)
+        torch_trainer = TorchTrainer(
+            _train_loop,
+            train_loop_config={
+                "config": config,
+                "algorithm": algorithm,
+                "coordinator": self._coordinator,
+                "resume_from": self.resumed_from,
+            },
+            scaling_config=ScalingConfig(
+                num_workers=config.num_workers,
+                use_gpu=config.use_gpu,
+                resources_per_worker={
+                    "CPU": config.cpus_per_worker,
+                    **({"GPU": 1} if config.use_gpu else {}),
+                },
+            ),
+            torch_config=TorchConfig(backend="nccl" if config.use_gpu else "gloo"),
+            run_config=RunConfig(
+                name=f"trainer-{uuid.uuid4().hex[:8]}", storage_path=str(config.run_dir / "ray_train")
+            ),
+        )
+        self._fit_error: BaseException | None = None
+        self._fit_thread = threading.Thread(
+            target=self._fit, args=(torch_trainer,), daemon=True, name="rein-fit"
+        )
+        self._fit_thread.start()
+        self._closed = False
+        try:
+            self._wait("ready", timeout_s=config.start_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _fit(self, torch_trainer: Any) -> None:
+        try:
+            torch_trainer.fit()
+        except BaseException as error:  # surfaced to the caller by _wait
+            self._fit_error = error
+
+    def _wait(self, command_id: str, *, timeout_s: float) -> list[Any]:
+        import ray
+
+        reply = self._coordinator.wait.remote(command_id)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done, _ = ray.wait([reply], timeout=0.5)
+            if done:
+                return ray.get(reply)
+            if not self._fit_thread.is_alive():
+                raise TrainerError(f"the trainer's worker group stopped: {self._fit_error!r}")
+            if time.monotonic() > deadline:
+                raise TrainerError(f"trainer command {command_id} did not finish within {timeout_s:.0f}s")
+
+    def _call(self, kind: str, *, timeout_s: float | None = None, **payload: Any) -> list[Any]:
+        import ray
+
+        if self._closed:
+            raise TrainerError("the trainer was shut down")
+        command_id = f"{kind}-{next(self._ids)}"
+        ray.get(self._coordinator.submit.remote({"id": command_id, "kind": kind, **payload}))
+        return self._wait(command_id, timeout_s=timeout_s or self.config.step_timeout_s)
+
+    def step(self, trajectories: TrajectorySource, current_version: int) -> dict[str, float]:
+        """One optimizer step on these shards / trajectories; ``current_version`` is the policy version the
+        engine serves now (staleness is measured against it). The updated policy is version
+        ``current_version + 1`` (``state.weight_version``). Returns the step's metrics."""
+        started = time.perf_counter()
+        batches = build_micro_batches_with_ray(
+            trajectories,
+            self.algorithm,
+            self.config.batching,
+            current_version=current_version,
+            world_size=self.config.num_workers,
+        )
+        data_s = time.perf_counter() - started
+        metrics = {f"data/{key}": value for key, value in batches.metrics.items()}
+        metrics["data/pipeline_s"] = data_s
+        consumed = self.state.consumed_shards + _shard_names(trajectories)
+        if batches.metrics["num_trained_segments"] == 0:
+            logger.warning("step has no trainable segments; no optimizer update")
+            self.state = replace(self.state, consumed_shards=consumed)
+            return {**metrics, "trained": 0.0, "step": float(self.state.step)}
+        # Materialized shards of equal row counts: every rank runs the same number of forwards (FSDP
+        # collectives). ``streaming_split`` would start a coordinator actor per step (≈ 3 s here).
+        shards = batches.dataset.split(self.config.num_workers, equal=True)
+        results = self._call("train", shards=shards)
+        metrics.update({f"train/{key}": value for key, value in results[0].items()})
+        self.state = replace(
+            self.state, step=self.state.step + 1, weight_version=current_version + 1, consumed_shards=consumed
+        )
+        metrics.update(
+            {"trained": 1.0, "step": float(self.state.step), "weight_version": float(current_version + 1)}
+        )
+        if self.config.checkpoint_every_steps and self.state.step % self.config.checkpoint_every_steps == 0:
+            self.save_checkpoint()
+        metrics["step_s"] = time.perf_counter() - started
+        return metrics
+
+    def full_state_dict_ref(self) -> Any:
+        """A Ray ObjectRef to the full (unsharded, CPU) state dict of the current policy."""
+        return self._call("gather")[0][0]
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """The full (unsharded, CPU) state dict of the current policy."""
+        import ray
+
+        return ray.get(self.full_state_dict_ref())
+
+    def save_checkpoint(self) -> Path:
+        """Write a complete checkpoint of the current step now; returns its folder."""
+        return Path(self._call("checkpoint", state=self.state)[0])
+
+    def score(
+        self, sequences: Sequence[Sequence[int]], routed_experts: Sequence[Any] | None = None
+    ) -> list[np.ndarray]:
+        """The current policy's logprob of every token after the first of each sequence (routes replayed when
+        given, one [positions, layers, top_k] array per sequence)."""
+        payload = [
+            {"token_ids": list(ids), "routed_experts": None if routed_experts is None else routed_experts[i]}
+            for i, ids in enumerate(sequences)
+        ]
+        return self._call("score", sequences=payload)[0]
+
+    def shutdown(self) -> None:
+        """Stop the workers and the coordinator (idempotent)."""
+        import ray
+
+        if self._closed:
+            return
+        try:
+            if self._fit_thread.is_alive():
+                command_id = f"stop-{next(self._ids)}"
+                ray.get(self._coordinator.submit.remote({"id": command_id, "kind": "stop"}))
+                try:
+                    self._wait(command_id, timeout_s=60)
+                except TrainerError as error:
+                    logger.warning("trainer workers did not stop cleanly: %s", error)
+                self._fit_thread.join(timeout=60)
+        finally:
+            self._closed = True
+            ray.kill(self._coordinator)

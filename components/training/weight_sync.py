@@ -1,0 +1,114 @@
+"""Pushing the trainer's new policy to the inference engine after a step.
+
+Two ways, one call (``WeightSync.push(trainer, version)``):
+- ``"memory"`` (embedded engine): rank 0's gathered full state dict travels through Ray's object store to
+  ``engine.update_weights(state_dict, version)`` - any ``InferenceEngine``; for ``RayEngineClient`` (the
+  engine actor) the object ref goes straight to the actor's ``update_weights``. The engine applies it between two decode steps (its own
+  pause/resume) and stamps later tokens with ``version``.
+- ``"disk"`` (SGLang): the state dict is written as an HF folder (atomically, like a checkpoint) and the
+  engine is asked to reload from it with ``engine.update_weights_from_disk(path, version)`` (SGLang's
+  ``/update_weights_from_disk``, which pauses, loads, flushes the cache and resumes on its side).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from components.config import require, require_one_of
+from components.training.checkpoint import save_hf_model
+
+WeightSyncMode = Literal["memory", "disk"]
+
+
+@runtime_checkable
+class DiskReloadingEngine(Protocol):
+    """An engine that reloads its weights from an HF folder (SGLang's update-from-disk)."""
+
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None: ...
+
+
+@dataclass(kw_only=True, frozen=True)
+class WeightSyncConfig:
+    """How new weights reach the engine."""
+
+    mode: WeightSyncMode = "memory"
+    weights_dir: Path | None = None  # "disk": where HF folders of pushed versions are written
+    keep_last: int = 2  # "disk": newest pushed folders kept
+
+    def __post_init__(self) -> None:
+        require_one_of(self.mode, "mode", ("memory", "disk"))
+        require(
+            self.mode != "disk" or self.weights_dir is not None,
+            "weights_dir",
+            "is required when mode is 'disk'",
+        )
+        require(self.keep_last >= 1, "keep_last", f"must be >= 1, got {self.keep_last}")
+
+
+class WeightSync:
+    """Pushes a trainer's current policy to one engine with a new version."""
+
+    def __init__(self, config: WeightSyncConfig, engine: Any) -> None:
+        if config.mode == "memory" and not callable(getattr(engine, "update_weights", None)):
+            raise ValueError(
+                "engine: 'memory' weight sync needs an engine with async update_weights(state_dict, version)"
+            )
+        if config.mode == "disk" and not isinstance(engine, DiskReloadingEngine):
+            raise ValueError(
+                "engine: 'disk' weight sync needs an engine with update_weights_from_disk(path, version)"
+            )
+        self.config = config
+        self.engine = engine
+
+    async def push(self, trainer: Any, version: int) -> dict[str, float]:
+        """Gather the trainer's full state dict and load it into the engine as ``version``; returns timings."""
+        started = time.perf_counter()
+        reference = await asyncio.to_thread(trainer.full_state_dict_ref)
+        gathered_s = time.perf_counter() - started
+        actor = getattr(self.engine, "actor", None)
+        if self.config.mode == "memory" and actor is not None:
+            # RayEngineClient: hand the object ref straight to the engine actor (rank 0 → actor, no detour
+            # through this process); Ray resolves it to the state dict in the actor.
+            await actor.update_weights.remote(reference, version)
+            await self.engine.refresh()
+        elif self.config.mode == "memory":
+            await self.engine.update_weights(await reference, version)
+        else:
+            state_dict = await reference
+            path = await asyncio.to_thread(
+                self._write_weights, state_dict, version, trainer.config.model_path
+            )
+            await self.engine.update_weights_from_disk(str(path), version)
+        return {"weight_sync/gather_s": gathered_s, "weight_sync/total_s": time.perf_counter() - started}
+
+    def _write_weights(self, state_dict: Any, version: int, model_path: Path) -> Path:
+        from transformers import AutoConfig
+
+        weights_dir = Path(self.config.weights_dir)
+        weights_dir.mkdir(parents=True, exist_ok=True)
+        final = weights_dir / f"version-{version:08d}"
+        temp = weights_dir / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+        temp.mkdir()
+        try:
+            save_hf_model(
+                temp,
+                state_dict,
+                model_config=AutoConfig.from_pretrained(model_path),
+                tokenizer_source=model_path,
+            )
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(temp, final)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        for old in sorted(weights_dir.glob("version-*"))[: -self.config.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final

@@ -1,0 +1,27 @@
+"""Where the project's installed agent programs live on the host (the npm ones under ``.agents``, the Python
+ones in the project's virtual environment)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+AGENTS_DIR = PROJECT_ROOT / ".agents"  # `make .agents/.installed` (npm: claude-code, codex)
+NODE_PATHS = ("/usr/bin/node", "/usr/lib/node_modules")
+
+
+def npm_agent_executable(name: str) -> Path:
+    """The ``.agents/node_modules/.bin/NAME`` launcher of an npm-installed agent."""
+    return AGENTS_DIR / "node_modules" / ".bin" / name
+
+
+def python_environment_paths() -> tuple[str, ...]:
+    """The running virtual environment and the Python installation it was made from."""
+    return tuple(dict.fromkeys((sys.prefix, sys.base_prefix)))
+
+
+def existing(paths: Iterable[str | Path]) -> tuple[str, ...]:
+    """``paths`` that exist on the host (a read-only bind of a missing path would fail the sandbox)."""
+    return tuple(dict.fromkeys(str(p) for p in paths if Path(p).exists()))

@@ -1,0 +1,206 @@
+"""One step's rollouts → a flat dict of metrics for the loggers (pure functions, no I/O).
+
+Keys (every count key is present even when zero, so charts line up across steps):
+- ``rollout/num_trajectories``, ``rollout/num_graded`` (reward not None), ``rollout/num_trainable``;
+  ``rollout/reward_mean|std|min|max`` and ``rollout/pass_rate`` (reward == 1) over graded trajectories.
+- ``failures/<status>`` for every non-ok ``TrajectoryStatus``, ``failures/total``.
+- ``segments/total``, ``segments/per_trajectory_mean``, ``segments/<reason>`` for every ``SegmentReason``.
+- ``tokens/sampled_total|sampled_mean|prompt_total`` from the segments' loss masks.
+- ``agent/<metric>``: the mean over trajectories where the agent ran (it has tokens or messages) of each
+  numeric trajectory metric (``turns``,
+  ``wall_time_s``, ``files_reread_after_edit``, ``response_tokens`` …); ``agent/tool_calls/<name>`` is the
+  mean number of calls of each tool per trajectory. ``turns`` and tool calls are counted from the conversation
+  when the harness did not report them.
+- ``groups/num``, ``groups/zero_variance_fraction`` (GRPO groups whose rewards are all equal: no signal).
+- ``drift/tokens_total``, ``drift/trajectories_with_drift`` when trajectories report ``drift_tokens``.
+- ``throughput/rollouts_per_min``, ``throughput/sampled_tokens_per_s`` when ``wall_time_s`` is given;
+  ``throughput/sandbox_wait_s_mean|total`` from the trajectories' ``sandbox_wait_s`` metric or the argument.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from components.trajectory import SegmentReason, Trajectory, TrajectoryStatus
+
+PASS_REWARD = 1.0
+TOOL_CALL_PREFIX = "tool_calls/"
+DRIFT_METRIC = "drift_tokens"
+SANDBOX_WAIT_METRIC = "sandbox_wait_s"
+
+
+def rollout_metrics(
+    trajectories: Sequence[Trajectory],
+    *,
+    wall_time_s: float | None = None,
+    sandbox_wait_s: float | None = None,
+) -> dict[str, float]:
+    """Flat metrics of one step's rollouts; ``wall_time_s`` (the step's rollout phase) enables throughput."""
+    if wall_time_s is not None and not (math.isfinite(wall_time_s) and wall_time_s > 0):
+        raise ValueError(f"wall_time_s: must be a finite number > 0, got {wall_time_s!r}")
+    metrics: dict[str, float] = {}
+    metrics.update(reward_metrics(trajectories))
+    metrics.update(failure_counts(trajectories))
+    metrics.update(segment_metrics(trajectories))
+    metrics.update(agent_behaviour_metrics(trajectories))
+    metrics.update(group_metrics(trajectories))
+    metrics.update(drift_metrics(trajectories))
+    metrics.update(throughput_metrics(trajectories, wall_time_s=wall_time_s, sandbox_wait_s=sandbox_wait_s))
+    return metrics
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def reward_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Mean/std/min/max reward and pass rate over graded trajectories, plus counts."""
+    rewards = [t.reward for t in trajectories if t.reward is not None]
+    mean = _mean(rewards)
+    std = math.sqrt(_mean([(r - mean) ** 2 for r in rewards])) if rewards else math.nan
+    return {
+        "rollout/num_trajectories": float(len(trajectories)),
+        "rollout/num_graded": float(len(rewards)),
+        "rollout/num_trainable": float(sum(t.trainable for t in trajectories)),
+        "rollout/reward_mean": mean,
+        "rollout/reward_std": std,
+        "rollout/reward_min": min(rewards) if rewards else math.nan,
+        "rollout/reward_max": max(rewards) if rewards else math.nan,
+        "rollout/pass_rate": _mean([float(r == PASS_REWARD) for r in rewards]),
+    }
+
+
+def failure_counts(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """``failures/<status>`` for every non-ok status, and ``failures/total``."""
+    counts = Counter(t.status for t in trajectories)
+    out = {f"failures/{s.value}": float(counts[s]) for s in TrajectoryStatus if s != TrajectoryStatus.OK}
+    out["failures/total"] = float(sum(n for s, n in counts.items() if s != TrajectoryStatus.OK))
+    return out
+
+
+def segment_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Segment counts by the reason each began, and sampled/prompt token totals."""
+    reasons = Counter(s.reason for t in trajectories for s in t.segments)
+    total = sum(reasons.values())
+    sampled = [sum(s.num_sampled_tokens for s in t.segments) for t in trajectories]
+    all_tokens = sum(len(s.token_ids) for t in trajectories for s in t.segments)
+    out = {f"segments/{r.value}": float(reasons[r]) for r in SegmentReason}
+    out["segments/total"] = float(total)
+    out["segments/per_trajectory_mean"] = total / len(trajectories) if trajectories else math.nan
+    out["tokens/sampled_total"] = float(sum(sampled))
+    out["tokens/sampled_mean"] = _mean([float(n) for n in sampled])
+    out["tokens/prompt_total"] = float(all_tokens - sum(sampled))
+    return out
+
+
+def conversation_counts(messages: Iterable[Mapping[str, Any]]) -> tuple[int, Counter[str]]:
+    """Assistant turns and tool calls by name in an OpenAI-style message list."""
+    turns = 0
+    calls: Counter[str] = Counter()
+    for message in messages:
+        if not isinstance(message, Mapping) or message.get("role") != "assistant":
+            continue
+        turns += 1
+        for call in message.get("tool_calls") or ():
+            function = call.get("function", {}) if isinstance(call, Mapping) else {}
+            calls[str(function.get("name") or "unknown")] += 1
+    return turns, calls
+
+
+def _parsed_messages(trajectory: Trajectory) -> list[Any]:
+    try:
+        messages = json.loads(trajectory.messages_json)
+    except (json.JSONDecodeError, TypeError):
+        return []
+    return messages if isinstance(messages, list) else []
+
+
+def agent_behaviour_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """``agent/<metric>`` means of the harness's metrics over trajectories where the agent ran, with turns and
+    tool calls counted from the conversation where the harness did not report them."""
+    per_key: dict[str, list[float]] = defaultdict(list)
+    tool_calls_per_trajectory: list[Counter[str]] = []
+    for trajectory in trajectories:
+        if not trajectory.segments and not _parsed_messages(trajectory):
+            continue  # the agent never ran (e.g. the sandbox failed to start): no behaviour to average
+        reported = dict(trajectory.metrics)
+        reported_tools = Counter(
+            {
+                k.removeprefix(TOOL_CALL_PREFIX): v
+                for k, v in reported.items()
+                if k.startswith(TOOL_CALL_PREFIX)
+            }
+        )
+        if "turns" not in reported or ("tool_calls" not in reported and not reported_tools):
+            turns, counted_tools = conversation_counts(_parsed_messages(trajectory))
+            reported.setdefault("turns", float(turns))
+            if "tool_calls" not in reported and not reported_tools:
+                reported_tools = counted_tools
+        reported.setdefault("tool_calls", float(sum(reported_tools.values())))
+        if "response_tokens" not in reported:
+            reported["response_tokens"] = float(sum(s.num_sampled_tokens for s in trajectory.segments))
+        tool_calls_per_trajectory.append(reported_tools)
+        for key, value in reported.items():
+            if key.startswith(TOOL_CALL_PREFIX) or key in (DRIFT_METRIC, SANDBOX_WAIT_METRIC):
+                continue
+            if math.isfinite(value):
+                per_key[key].append(value)
+    out = {f"agent/{key}": _mean(values) for key, values in sorted(per_key.items())}
+    tool_names = sorted({name for counts in tool_calls_per_trajectory for name in counts})
+    for name in tool_names:  # a trajectory that never called a tool counts as zero calls of it
+        out[f"agent/{TOOL_CALL_PREFIX}{name}"] = _mean([float(c[name]) for c in tool_calls_per_trajectory])
+    return out
+
+
+def group_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """How many GRPO groups there are and the fraction whose graded rewards are all equal."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for trajectory in trajectories:
+        rewards = groups[trajectory.group_id]  # every group counts, graded or not
+        if trajectory.reward is not None:
+            rewards.append(trajectory.reward)
+    graded = [rewards for rewards in groups.values() if rewards]
+    zero_variance = [len(set(rewards)) == 1 for rewards in graded]
+    return {
+        "groups/num": float(len(groups)),
+        "groups/zero_variance_fraction": _mean([float(z) for z in zero_variance]),
+    }
+
+
+def drift_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Drift-audit token counts, when trajectories report them (``drift_tokens``)."""
+    drift = [t.metrics[DRIFT_METRIC] for t in trajectories if DRIFT_METRIC in t.metrics]
+    if not drift:
+        return {}
+    return {
+        "drift/tokens_total": float(sum(drift)),
+        "drift/trajectories_with_drift": float(sum(d > 0 for d in drift)),
+    }
+
+
+def throughput_metrics(
+    trajectories: Sequence[Trajectory],
+    *,
+    wall_time_s: float | None = None,
+    sandbox_wait_s: float | None = None,
+) -> dict[str, float]:
+    """Rollouts per minute and sampled tokens per second over ``wall_time_s``; sandbox wait."""
+    out: dict[str, float] = {}
+    if wall_time_s is not None:
+        sampled = sum(s.num_sampled_tokens for t in trajectories for s in t.segments)
+        out["throughput/rollouts_per_min"] = len(trajectories) / wall_time_s * 60.0
+        out["throughput/sampled_tokens_per_s"] = sampled / wall_time_s
+    waits = [t.metrics[SANDBOX_WAIT_METRIC] for t in trajectories if SANDBOX_WAIT_METRIC in t.metrics]
+    if waits:
+        out["throughput/sandbox_wait_s_mean"] = _mean(waits)
+        out["throughput/sandbox_wait_s_total"] = float(sum(waits))
+    elif sandbox_wait_s is not None:
+        out["throughput/sandbox_wait_s_total"] = float(sandbox_wait_s)
+        out["throughput/sandbox_wait_s_mean"] = (
+            sandbox_wait_s / len(trajectories) if trajectories else math.nan
+        )
+    return out

@@ -1,0 +1,603 @@
+"""A local sandbox made with bubblewrap: one long-lived, fully namespaced supervisor per sandbox.
+
+Layout inside a sandbox:
+  * a fresh root (tmpfs) with the host's ``/usr``, ``/bin``, ``/sbin``, ``/lib*`` and ``/etc`` bound read-only
+    (``/etc/shadow``, ``/etc/gshadow`` and ``/etc/ssh`` masked); nothing else of the host: not ``/work``, not
+    ``/root``, not ``/home``. The host's Python (``sys.base_prefix``) is bound read-only at its own path, and
+    every ``SandboxSpec.read_only_paths`` entry too (e.g. the project venv ``/work/main/.venv``, the npm agents
+    ``/work/main/.agents``; node comes from ``/usr``). So ``/work/main/.venv/bin/python`` and
+    ``/work/main/.agents/node_modules/.bin/claude`` run inside as on the host when those paths are listed.
+  * ``/workspace`` (the default cwd), ``/tmp`` and ``$HOME=/home/sandbox``: private tmpfs mounts, each capped at
+    ``limits.workspace_mb`` (``ENOSPC`` past it); ``/dev/shm`` is capped at 16 MB. Fresh ``/proc`` and ``/dev``.
+  * own PID, IPC, UTS, network, cgroup and mount namespaces (``bwrap`` as root); the supervisor then drops to
+    a per-sandbox random unprivileged *host* uid and enters a user namespace of its own (uid 1000 inside).
+    Where unprivileged user namespaces are disabled it stays that plain unprivileged uid (``mode == "uid"``).
+
+Why a per-sandbox host uid: ``RLIMIT_NPROC`` is not enforced for host root (bwrap as root with
+``--unshare-user`` maps the sandbox user to root), so a fork bomb would be bounded only by the timeout. As an
+unprivileged uid in its own user namespace, ``--nproc`` counts exactly this sandbox's tasks, so a fork bomb
+fails with ``EAGAIN`` at ``limits.max_processes`` and other sandboxes never notice.
+
+Commands run through the supervisor (``sandboxes/supervisor.py``, the host's Python started with ``-I -S``):
+each exec is ``prlimit --cpu --as --nproc -- sh -c CMD`` in its own session. At the wall-clock timeout the
+command's process group and every process it detached are SIGKILLed (``timed_out=True``). When the command
+exits, its leftover background jobs are killed too. Closing a sandbox kills bwrap, which tears the PID
+namespace down with everything in it. File operations go through the supervisor as well, with the sandbox
+user's rights, so a symlink planted by an agent can never make the host read or write outside the sandbox.
+
+Network: none by default (only the sandbox's own loopback). With ``spec.proxy_url = http://127.0.0.1:PORT``
+the supervisor listens on ``127.0.0.1:PORT`` inside the sandbox's loopback and forwards each connection over a
+Unix socket (``/run/rein/proxy.sock``, bound in from the host) to a ``ProxyBridge`` on the host, which
+connects it to the proxy's real ``127.0.0.1:PORT``. Code inside uses the same URL as the host and can reach
+nothing else: no DNS, no other host port, no outside address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from components.config import require, require_positive
+from components.errors import SandboxError
+from components.protocols import ExecResult, SandboxLimits, SandboxSpec
+from sandboxes.archive import directory_archive, extract_single_entry
+from sandboxes.proxy_bridge import ProxyBridge, parse_loopback_proxy_url
+
+SUPERVISOR_SOURCE = Path(__file__).with_name("supervisor.py")
+SUPERVISOR_INSIDE = "/opt/rein/supervisor.py"
+PROXY_DIR_INSIDE = "/run/rein"
+WORKSPACE = "/workspace"
+HOME = "/home/sandbox"
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": HOME,
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "USER": "sandbox",
+}
+MASKED_ETC_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers")
+MASKED_ETC_DIRS = ("/etc/ssh", "/etc/sudoers.d")
+# Random host uids for sandboxes: far above any real account, below the 32-bit overflow ids.
+SANDBOX_UID_RANGE = (1_000_000, 2_000_000_000)
+
+
+@dataclass(kw_only=True, frozen=True)
+class BwrapSandboxConfig:
+    """How bubblewrap sandboxes are built on this host."""
+
+    bwrap_path: str = "/usr/bin/bwrap"
+    # Host directories bound read-only at the same path (a symlink such as /bin -> usr/bin is recreated).
+    host_paths: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+    # The interpreter that runs the supervisor; its prefix is bound read-only. Default: this process's Python.
+    python_executable: str = ""
+    start_timeout_s: float = 15.0  # bwrap + supervisor up and answering
+    op_timeout_s: float = 120.0  # any non-exec request (file transfer, reset)
+    exec_grace_s: float = (
+        10.0  # host-side margin past an exec's own timeout before the sandbox counts as hung
+    )
+    max_output_bytes: int = 8 * 1024 * 1024  # per stream of one exec; the rest is dropped
+    shm_mb: int = 16
+    temp_root: str = ""  # where per-sandbox host directories go (default: the system temp dir)
+    num_create_attempts: int = 3
+    close_grace_s: float = 2.0  # after stdin closes, how long the supervisor gets to exit before SIGKILL
+
+    def __post_init__(self) -> None:
+        for name in (
+            "start_timeout_s",
+            "op_timeout_s",
+            "exec_grace_s",
+            "max_output_bytes",
+            "shm_mb",
+            "close_grace_s",
+        ):
+            require_positive(getattr(self, name), name)
+        require(
+            self.num_create_attempts >= 1,
+            "num_create_attempts",
+            f"must be >= 1, got {self.num_create_attempts}",
+        )
+        require(os.path.isabs(self.bwrap_path), "bwrap_path", f"must be absolute, got {self.bwrap_path!r}")
+
+    @property
+    def python(self) -> str:
+        return self.python_executable or os.path.realpath(sys.executable)
+
+
+def validate_spec(spec: SandboxSpec) -> None:
+    """Raise ValueError for a spec no sandbox could honour (missing paths, bad proxy URL)."""
+    for path in spec.read_only_paths:
+        require(os.path.isabs(path), "read_only_paths", f"must be absolute paths, got {path!r}")
+        require(os.path.exists(path), "read_only_paths", f"{path!r} does not exist on this host")
+    if spec.workspace_source is not None:
+        source = Path(spec.workspace_source)
+        ok = source.is_dir() or (source.is_file() and source.name.endswith((".tar.gz", ".tgz", ".tar")))
+        require(
+            ok, "workspace_source", f"must be a directory or a .tar.gz/.tgz/.tar file, got {str(source)!r}"
+        )
+    if spec.proxy_url is not None:
+        parse_loopback_proxy_url(spec.proxy_url)
+
+
+def _child_pids(pid: int) -> list[int]:
+    """The direct children of a host process."""
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _python_prefix(python: str) -> str:
+    """The installation prefix of a Python executable (``.../bin/python3.11`` -> ``...``)."""
+    return str(Path(python).resolve().parent.parent)
+
+
+class BwrapSandbox:
+    """One bubblewrap sandbox with a supervisor inside. Create with ``await BwrapSandbox.create(spec)``."""
+
+    _ids = itertools.count()
+
+    def __init__(
+        self, *, config: BwrapSandboxConfig, workspace_mb: int, read_only_paths: tuple[str, ...]
+    ) -> None:
+        self.config = config
+        self.sandbox_id = f"bwrap-{os.getpid()}-{next(self._ids)}-{secrets.token_hex(3)}"
+        self.host_uid = SANDBOX_UID_RANGE[0] + secrets.randbelow(SANDBOX_UID_RANGE[1] - SANDBOX_UID_RANGE[0])
+        self.workspace_mb = workspace_mb
+        self.read_only_paths = read_only_paths
+        self.mode = ""  # "userns" | "uid" | "unprivileged", as reported by the supervisor
+        self.spec = SandboxSpec()
+        self._host_dir = tempfile.mkdtemp(prefix=f"rein-{self.sandbox_id}-", dir=config.temp_root or None)
+        os.chmod(self._host_dir, 0o755)
+        self._process: asyncio.subprocess.Process | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._request_ids = itertools.count(1)
+        self._reader_task: asyncio.Task | None = None
+        self._stderr_task: asyncio.Task | None = None
+        self._stderr_tail = b""
+        self._ready: asyncio.Future | None = None
+        self._setup_task: asyncio.Task | None = None
+        self._bridge: ProxyBridge | None = None
+        self._dead_reason = ""
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------------------
+    # Creation
+    # ------------------------------------------------------------------------------------------------------
+
+    @classmethod
+    async def create(
+        cls, spec: SandboxSpec | None = None, config: BwrapSandboxConfig | None = None
+    ) -> BwrapSandbox:
+        """Start a sandbox for ``spec`` (workspace copied in, proxy path set up); retried on start failures."""
+        spec = spec or SandboxSpec()
+        validate_spec(spec)
+        sandbox = await cls.start_generic(
+            config or BwrapSandboxConfig(),
+            workspace_mb=spec.limits.workspace_mb,
+            read_only_paths=spec.read_only_paths,
+        )
+        try:
+            await sandbox.prepare(spec)
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    @classmethod
+    async def start_generic(
+        cls, config: BwrapSandboxConfig, *, workspace_mb: int, read_only_paths: tuple[str, ...] = ()
+    ) -> BwrapSandbox:
+        """Start an empty sandbox with these mounts; ``prepare``/``prepare_in_background`` give it a spec."""
+        last_error: SandboxError | None = None
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(config.num_create_attempts),
+            wait=wait_exponential(multiplier=0.05, max=1.0),
+            retry=retry_if_exception_type(SandboxError),
+            reraise=True,
+        ):
+            with attempt:
+                sandbox = cls(
+                    config=config, workspace_mb=workspace_mb, read_only_paths=tuple(read_only_paths)
+                )
+                try:
+                    await sandbox._start()
+                except BaseException as exc:
+                    await sandbox.close()
+                    if isinstance(exc, SandboxError):
+                        last_error = exc
+                    raise
+                return sandbox
+        raise SandboxError(f"could not start a sandbox: {last_error}")
+
+    def bwrap_argv(self) -> list[str]:
+        """The full bubblewrap command line of this sandbox."""
+        config = self.config
+        argv = [config.bwrap_path]
+        if os.geteuid() != 0:
+            argv += ["--unshare-user", "--uid", "1000", "--gid", "1000"]
+        argv += [
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
+            "--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv",
+        ]  # fmt: skip
+        for path in config.host_paths:
+            if os.path.islink(path):
+                argv += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                argv += ["--ro-bind", path, path]
+        for path in MASKED_ETC_FILES:
+            if os.path.isfile(path):
+                argv += ["--ro-bind", "/dev/null", path]
+        for path in MASKED_ETC_DIRS:
+            if os.path.isdir(path):
+                argv += ["--tmpfs", path]
+        size = str(self.workspace_mb * 1024 * 1024)
+        argv += [
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", str(config.shm_mb * 1024 * 1024), "--tmpfs", "/dev/shm",
+            "--size", size, "--tmpfs", WORKSPACE,
+            "--size", size, "--tmpfs", "/tmp",
+            "--size", size, "--tmpfs", HOME,
+            "--perms", "0755", "--dir", os.path.dirname(SUPERVISOR_INSIDE),
+            "--ro-bind", str(SUPERVISOR_SOURCE), SUPERVISOR_INSIDE,
+            "--perms", "0755", "--dir", os.path.dirname(PROXY_DIR_INSIDE),
+            "--ro-bind", self._host_dir, PROXY_DIR_INSIDE,
+        ]  # fmt: skip
+        # After the tmpfs mounts, so that a read-only path under /tmp (say) is not hidden by them.
+        existing = {*config.host_paths, WORKSPACE, "/tmp", HOME, "/home", "/run", "/opt", "/dev", "/proc"}
+        made_dirs: set[str] = set()
+        for path in dict.fromkeys((_python_prefix(config.python), *self.read_only_paths)):
+            # bwrap creates missing parents 0700 (unreadable for the sandbox user): make them 0755 first.
+            for parent in reversed(Path(path).parents[:-1]):
+                name = str(parent)
+                inside_existing = any(name == top or name.startswith(top + "/") for top in config.host_paths)
+                if name not in made_dirs and name not in existing and not inside_existing:
+                    made_dirs.add(name)
+                    argv += ["--perms", "0755", "--dir", name]
+            argv += ["--ro-bind", path, path]
+        argv += ["--chdir", WORKSPACE]
+        for key, value in BASE_ENV.items():
+            argv += ["--setenv", key, value]
+        argv += ["--", config.python, "-I", "-S", SUPERVISOR_INSIDE, str(self.host_uid)]
+        return argv
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                *self.bwrap_argv(),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                limit=1 << 30,
+            )
+        except OSError as exc:
+            raise SandboxError(f"could not start bwrap: {exc}", sandbox_id=self.sandbox_id) from exc
+        self._reader_task = asyncio.create_task(self._read_replies())
+        self._stderr_task = asyncio.create_task(self._read_stderr())
+        try:
+            hello = await asyncio.wait_for(asyncio.shield(self._ready), self.config.start_timeout_s)
+        except TimeoutError as exc:
+            raise SandboxError(
+                f"supervisor did not start within {self.config.start_timeout_s} s", sandbox_id=self.sandbox_id
+            ) from exc
+        self.mode = hello["mode"]
+
+    async def _read_replies(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        try:
+            while line := await self._process.stdout.readline():
+                reply = json.loads(line)
+                if reply.get("ready"):
+                    if not self._ready.done():
+                        self._ready.set_result(reply)
+                    continue
+                future = self._pending.pop(reply["id"], None)
+                if future is not None and not future.done():
+                    future.set_result(reply)
+        except (ValueError, asyncio.LimitOverrunError, ConnectionError) as exc:
+            self._dead_reason = f"supervisor sent garbage: {exc}"
+        code = await self._process.wait()
+        await asyncio.sleep(0)  # let the stderr reader collect the last words
+        detail = self._stderr_tail.decode(errors="replace").strip()[-500:]
+        self._dead_reason = self._dead_reason or (
+            f"sandbox process exited with code {code}" + (f": {detail}" if detail else "")
+        )
+        self._fail_pending()
+
+    async def _read_stderr(self) -> None:
+        assert self._process is not None and self._process.stderr is not None
+        while chunk := await self._process.stderr.read(4096):
+            self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
+
+    def _fail_pending(self) -> None:
+        error = SandboxError(self._dead_reason or "sandbox closed", sandbox_id=self.sandbox_id)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(error)
+            self._ready.exception()  # mark retrieved
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+
+    # ------------------------------------------------------------------------------------------------------
+    # Giving a generic sandbox its spec
+    # ------------------------------------------------------------------------------------------------------
+
+    def compatible_with(self, spec: SandboxSpec) -> bool:
+        """Whether this sandbox's mounts can serve ``spec`` (same workspace size, a superset of its paths)."""
+        return spec.limits.workspace_mb == self.workspace_mb and set(spec.read_only_paths) <= set(
+            self.read_only_paths
+        )
+
+    async def prepare(self, spec: SandboxSpec) -> None:
+        """Adopt ``spec``: copy its workspace in and open its proxy path."""
+        self.spec = spec
+        if spec.proxy_url is not None:
+            host, port = parse_loopback_proxy_url(spec.proxy_url)
+            self._bridge = ProxyBridge(os.path.join(self._host_dir, "proxy.sock"), host, port)
+            await self._bridge.start()
+            await self._request({"op": "proxy_listen", "port": port})
+        if spec.workspace_source is not None:
+            archive = await asyncio.to_thread(directory_archive, Path(spec.workspace_source))
+            await self._request(
+                {"op": "put_tar", "dir": WORKSPACE, "data": base64.b64encode(archive).decode()}
+            )
+
+    def prepare_in_background(self, spec: SandboxSpec) -> None:
+        """Adopt ``spec`` without waiting; the next call on the sandbox waits for it (and raises its error)."""
+        self.spec = spec
+        if spec.proxy_url is None and spec.workspace_source is None:
+            return
+        self._setup_task = asyncio.create_task(self.prepare(spec))
+
+    async def reset(self) -> None:
+        """Kill every process, empty the workspace, /tmp and $HOME, close the proxy path (for reuse)."""
+        await self._wait_setup(allow_failed=True)
+        if self._bridge is not None:
+            await self._bridge.close()
+            self._bridge = None
+        await self._request({"op": "reset"})
+        self.spec = SandboxSpec()
+
+    async def ping(self) -> None:
+        """Raise SandboxError unless the supervisor answers."""
+        await self._request({"op": "ping"}, timeout_s=min(self.config.op_timeout_s, 10.0))
+
+    @property
+    def alive(self) -> bool:
+        """False once the sandbox died or was closed."""
+        return not (self._closed or self._dead_reason)
+
+    async def _wait_setup(self, *, allow_failed: bool = False) -> None:
+        task = self._setup_task
+        if task is None:
+            return
+        try:
+            await asyncio.shield(task)
+        except SandboxError:
+            if not allow_failed:
+                raise
+        except Exception as exc:
+            if not allow_failed:
+                raise SandboxError(
+                    f"preparing the workspace failed: {exc}", sandbox_id=self.sandbox_id
+                ) from exc
+        else:
+            self._setup_task = None
+
+    # ------------------------------------------------------------------------------------------------------
+    # Requests
+    # ------------------------------------------------------------------------------------------------------
+
+    async def _request(self, message: dict, *, timeout_s: float | None = None) -> dict:
+        if self._closed:
+            raise SandboxError("sandbox is closed", sandbox_id=self.sandbox_id)
+        if self._dead_reason:
+            raise SandboxError(self._dead_reason, sandbox_id=self.sandbox_id)
+        assert self._process is not None and self._process.stdin is not None
+        request_id = next(self._request_ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            self._process.stdin.write((json.dumps({**message, "id": request_id}) + "\n").encode())
+            await self._process.stdin.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            self._pending.pop(request_id, None)
+            raise SandboxError(f"sandbox is gone: {exc}", sandbox_id=self.sandbox_id) from exc
+        timeout_s = self.config.op_timeout_s if timeout_s is None else timeout_s
+        try:
+            reply = await asyncio.wait_for(future, timeout_s)
+        except TimeoutError as exc:
+            self._pending.pop(request_id, None)
+            self._dead_reason = (
+                f"supervisor did not answer {message['op']!r} within {timeout_s:.1f} s; killed"
+            )
+            self._kill()
+            raise SandboxError(self._dead_reason, sandbox_id=self.sandbox_id) from exc
+        if "error" in reply:
+            kind, text = reply.get("kind"), reply["error"]
+            if kind == "not_found":
+                raise FileNotFoundError(text)
+            if kind == "is_a_directory":
+                raise IsADirectoryError(text)
+            if kind == "permission":
+                raise PermissionError(text)
+            raise SandboxError(f"{message['op']} failed: {text}", sandbox_id=self.sandbox_id)
+        return reply
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` (a shell string, or an argv list) in the workspace; see the module docstring."""
+        await self._wait_setup()
+        limits = self.spec.limits
+        timeout_s = limits.command_timeout_s if timeout_s is None else timeout_s
+        require_positive(timeout_s, "timeout_s")
+        message: dict = {
+            "op": "exec",
+            "cwd": cwd,
+            "env": {**BASE_ENV, **self.spec.env, **(env or {})},
+            "timeout_s": timeout_s,
+            "max_output_bytes": self.config.max_output_bytes,
+            "limits": _limits_message(limits),
+        }
+        if isinstance(cmd, str):
+            message["shell"] = cmd
+        else:
+            message["argv"] = [str(part) for part in cmd]
+            require(len(message["argv"]) > 0, "cmd", "must not be an empty argv")
+        reply = await self._request(message, timeout_s=timeout_s + self.config.exec_grace_s)
+        return ExecResult(
+            exit_code=reply["exit_code"],
+            stdout=reply["stdout"],
+            stderr=reply["stderr"],
+            timed_out=reply["timed_out"],
+        )
+
+    async def read_file(self, path: str) -> bytes:
+        """The bytes of a file in the sandbox (FileNotFoundError if absent)."""
+        await self._wait_setup()
+        reply = await self._request({"op": "read_file", "path": path})
+        return base64.b64decode(reply["data"])
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Create or replace a file in the sandbox (parents created)."""
+        await self._wait_setup()
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        await self._request({"op": "write_file", "path": path, "data": base64.b64encode(payload).decode()})
+
+    async def upload_dir(self, local_dir: Path, remote_dir: str) -> None:
+        """Copy a host directory's contents into ``remote_dir`` in the sandbox."""
+        await self._wait_setup()
+        local_dir = Path(local_dir)
+        if not local_dir.is_dir():
+            raise NotADirectoryError(f"local_dir: {local_dir} is not a directory")
+        archive = await asyncio.to_thread(directory_archive, local_dir)
+        await self.upload_archive(archive, remote_dir)
+
+    async def upload_archive(self, archive: bytes, remote_dir: str) -> None:
+        """Unpack a tar archive (any compression) into ``remote_dir`` in the sandbox."""
+        await self._wait_setup()
+        await self._request({"op": "put_tar", "dir": remote_dir, "data": base64.b64encode(archive).decode()})
+
+    async def download_archive(self, remote_path: str) -> bytes:
+        """A tar archive holding one entry: the file or directory at ``remote_path``."""
+        await self._wait_setup()
+        reply = await self._request({"op": "get_tar", "path": remote_path})
+        return base64.b64decode(reply["data"])
+
+    async def download(self, remote_path: str, local_path: Path) -> None:
+        """Copy a file or directory out of the sandbox to ``local_path`` on the host."""
+        archive = await self.download_archive(remote_path)
+        await asyncio.to_thread(extract_single_entry, archive, Path(local_path))
+
+    # ------------------------------------------------------------------------------------------------------
+    # Teardown
+    # ------------------------------------------------------------------------------------------------------
+
+    def _kill(self) -> None:
+        """SIGKILL the sandbox's PID-namespace init: the kernel kills everything inside, and bwrap (our child)
+        reaps it and exits. Killing bwrap itself would orphan that init as a zombie of the host's pid 1."""
+        if self._process is None or self._process.returncode is not None:
+            return
+        inner = _child_pids(self._process.pid)
+        for pid in inner:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not inner:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+
+    async def close(self) -> None:
+        """Kill the sandbox and everything in it; remove its host directory. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._setup_task is not None and not self._setup_task.done():
+            self._setup_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._setup_task
+        if self._bridge is not None:
+            await self._bridge.close()
+        if self._process is not None and self._process.returncode is None:
+            # Closing its stdin ends the supervisor, and with it the sandbox's PID namespace; kill if it lingers.
+            with contextlib.suppress(Exception):
+                self._process.stdin.close()
+            try:
+                await asyncio.wait_for(self._process.wait(), self.config.close_grace_s)
+            except TimeoutError:
+                self._kill()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._process.wait(), 5.0)
+                if self._process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(self._process.pid, signal.SIGKILL)
+                    await self._process.wait()
+        for task in (self._reader_task, self._stderr_task):
+            if task is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(task, 5.0)
+        self._dead_reason = self._dead_reason or "sandbox closed"
+        self._fail_pending()
+        shutil.rmtree(self._host_dir, ignore_errors=True)
+
+    async def __aenter__(self) -> BwrapSandbox:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"BwrapSandbox({self.sandbox_id}, uid={self.host_uid}, mode={self.mode or '?'})"
+
+
+def _limits_message(limits: SandboxLimits) -> dict:
+    return {
+        "cpu_time_s": limits.cpu_time_s,
+        "memory_mb": limits.memory_mb,
+        "max_processes": limits.max_processes,
+    }
+
+
+async def run_once_cold(
+    config: BwrapSandboxConfig | None = None, argv: Sequence[str] = ("/bin/true",)
+) -> float:
+    """Seconds for bubblewrap to build this module's full namespace + mount set and run ``argv`` once.
+
+    The same sandbox layout as ``BwrapSandbox`` minus the supervisor: what a one-shot sandboxed command costs.
+    """
+    sandbox = BwrapSandbox(config=config or BwrapSandboxConfig(), workspace_mb=64, read_only_paths=())
+    try:
+        full = sandbox.bwrap_argv()
+        full = full[: full.index("--") + 1] + list(argv)
+        start = time.perf_counter()
+        process = await asyncio.create_subprocess_exec(*full)
+        code = await process.wait()
+        elapsed = time.perf_counter() - start
+        if code != 0:
+            raise SandboxError(f"one-shot bwrap exited with {code}", sandbox_id=sandbox.sandbox_id)
+        return elapsed
+    finally:
+        shutil.rmtree(sandbox._host_dir, ignore_errors=True)

@@ -1,0 +1,48 @@
+"""Choosing a sandbox backend by config: ``make_sandbox_provider(SandboxBackendConfig(backend=...))``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from components.config import require_one_of
+from components.protocols import Sandbox, SandboxSpec
+from sandboxes.e2b import E2BSandboxConfig, E2BSandboxProvider
+from sandboxes.pool import SandboxPool, SandboxPoolConfig
+
+BACKENDS = ("bwrap", "e2b")
+
+
+@runtime_checkable
+class SandboxProvider(Protocol):
+    """Hands out sandboxes.
+
+    Contract: ``acquire(spec)`` returns a ready-to-use ``Sandbox`` for ``spec`` (its first call may wait for
+    the workspace copy) or raises ``SandboxError``; ``release`` takes it back (reset for reuse, or destroyed)
+    and never blocks on the reset; ``close`` destroys everything the provider made.
+    """
+
+    async def acquire(self, spec: SandboxSpec | None = None) -> Sandbox: ...
+
+    async def release(self, sandbox: Sandbox) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(kw_only=True, frozen=True)
+class SandboxBackendConfig:
+    """Which sandboxes a run uses: the local bubblewrap pool or E2B."""
+
+    backend: str = "bwrap"  # "bwrap" | "e2b"
+    pool: SandboxPoolConfig = field(default_factory=SandboxPoolConfig)  # used when backend == "bwrap"
+    e2b: E2BSandboxConfig = field(default_factory=E2BSandboxConfig)  # used when backend == "e2b"
+
+    def __post_init__(self) -> None:
+        require_one_of(self.backend, "backend", BACKENDS)
+
+
+def make_sandbox_provider(config: SandboxBackendConfig) -> SandboxProvider:
+    """The provider ``config`` names (a ``SandboxPool`` starts its warm sandboxes on first use)."""
+    if config.backend == "bwrap":
+        return SandboxPool(config.pool)
+    return E2BSandboxProvider(config.e2b)

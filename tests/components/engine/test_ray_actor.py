@@ -1,0 +1,67 @@
+"""RayEngineClient through a real Ray actor: batching across calls, weight sync via the object store, errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from components.engine.embedded import EmbeddedEngineConfig
+from components.engine.ray_actor import RayEngineClient, start_engine_actor
+from components.errors import ContextOverflowError
+from components.protocols import FinishReason, InferenceEngine, SamplingParams
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def engine_actor(ray_session, tiny_model_dir):
+    config = EmbeddedEngineConfig(
+        model_path=tiny_model_dir, num_threads=1, context_window=4096, eos_token_ids=()
+    )
+    handle = start_engine_actor(config, num_cpus=0.5)
+    yield handle
+    ray_session.kill(handle)
+
+
+async def test_client_is_an_inference_engine_and_batches_concurrent_calls(engine_actor):
+    client = await RayEngineClient.connect(engine_actor)
+    assert isinstance(client, InferenceEngine)
+    assert client.context_window == 4096
+    prompts = [[100 + i * 3 + j for j in range(4 + 2 * i)] for i in range(8)]
+    results = await asyncio.gather(
+        *(client.generate(p, SamplingParams(max_tokens=40, seed=i)) for i, p in enumerate(prompts))
+    )
+    info = await client.refresh()
+    assert info["peak_batch_size"] >= 4, "concurrent calls through the actor were not batched"
+    for result in results:
+        assert len(result.output_ids) == 40 and result.finish_reason is FinishReason.LENGTH
+        assert len(result.logprobs) == 40 and all(lp <= 0 for lp in result.logprobs)
+    again = await client.generate(prompts[2], SamplingParams(max_tokens=40, seed=2))
+    assert again.output_ids == results[2].output_ids
+
+
+async def test_typed_errors_cross_the_actor_boundary(engine_actor):
+    client = await RayEngineClient.connect(engine_actor)
+    with pytest.raises(ContextOverflowError):
+        await client.generate([5] * 4096, SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="input_ids"):
+        await client.generate([], SamplingParams())
+
+
+async def test_weight_sync_through_the_object_store(engine_actor, tiny_model_v1_dir):
+    trainer_side = await RayEngineClient.connect(engine_actor)
+    proxy_side = RayEngineClient(
+        engine_actor, context_window=trainer_side.context_window
+    )  # e.g. a Serve replica
+    prompt = [7, 8, 9, 10, 11]
+    new_state = load_file(str(tiny_model_v1_dir / "model.safetensors"))
+    await trainer_side.update_weights(new_state, version=3)
+    assert trainer_side.weight_version == 3
+    result = await proxy_side.generate(prompt, SamplingParams(max_tokens=12, seed=0))
+    assert result.weight_versions == (3,) * 12
+    assert proxy_side.weight_version == 3
+    scored = await proxy_side.logprobs_of(prompt + list(result.output_ids), start=len(prompt))
+    np.testing.assert_allclose(scored, result.logprobs, atol=1e-4)

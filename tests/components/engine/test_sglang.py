@@ -1,0 +1,256 @@
+"""SGLangEngine over real HTTP against a protocol-faithful fake SGLang server (SGLang itself needs a GPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import torch
+from fake_sglang import FakeSGLangServer
+from safetensors.torch import load_file
+
+from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from components.engine.sglang import SGLangEngine, SGLangEngineConfig, serialize_named_tensors
+from components.errors import ContextOverflowError, EngineError, MissingLogprobsError
+from components.protocols import FinishReason, InferenceEngine, SamplingParams
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def fake_server(tiny_model_dir):
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, context_window=2048, eos_token_ids=())
+    )
+    with FakeSGLangServer(engine, tiny_model_dir) as server:
+        yield server
+    engine.close()
+
+
+@pytest.fixture
+async def client(fake_server, tmp_path):
+    state = fake_server.state
+    state.requests.clear()
+    state.drop_logprobs, state.null_logprob_at, state.fail_next, state.send_version_spans = (
+        False,
+        None,
+        0,
+        True,
+    )
+    config = SGLangEngineConfig(
+        base_url=fake_server.url,
+        weight_sync_dir=tmp_path / "weights",
+        base_model_path=fake_server.state.model_path,
+        retry_backoff_s=0.01,
+    )
+    engine = await SGLangEngine.connect(config)
+    yield engine
+    await engine.aclose()
+
+
+def generate_bodies(fake_server) -> list[dict]:
+    return [json.loads(body) for path, body in fake_server.state.requests if path == "/generate"]
+
+
+async def test_connect_reads_context_window_and_version(client):
+    assert isinstance(client, InferenceEngine)
+    assert client.context_window == 2048
+    assert client.weight_version in (0, 3)  # 3 once the weight-sync test has run
+    assert await client.health()
+
+
+async def test_generate_request_shape_and_parsed_reply(client, fake_server):
+    params = SamplingParams(
+        max_tokens=12, temperature=0.8, top_p=0.95, seed=4, stop_token_ids=(17,), stop_strings=("\n\n",)
+    )
+    result = await client.generate([5, 6, 7, 8], params)
+    (body,) = generate_bodies(fake_server)
+    assert body["input_ids"] == [5, 6, 7, 8]
+    assert body["return_logprob"] is True and body["logprob_start_len"] == -1 and body["stream"] is False
+    assert body["sampling_params"] == {
+        "max_new_tokens": 12,
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "stop": ["\n\n"],
+        "stop_token_ids": [17],
+        "sampling_seed": 4,
+    }
+    assert isinstance(body["rid"], str) and len(body["rid"]) >= 16
+    assert "return_routed_experts" not in body
+    assert 1 <= len(result.output_ids) <= 12
+    assert len(result.logprobs) == len(result.output_ids) and all(lp <= 0 for lp in result.logprobs)
+    assert result.num_prompt_tokens == 4
+    # The fake samples with the embedded engine: the same seed there gives the same tokens and logprobs.
+    direct = await fake_server.state.engine.generate([5, 6, 7, 8], params)
+    assert result.output_ids == direct.output_ids
+    np.testing.assert_allclose(result.logprobs, direct.logprobs, atol=1e-6)
+    assert result.finish_reason is direct.finish_reason
+
+
+async def test_max_new_tokens_clamped_and_overflow_refused_client_side(client, fake_server):
+    result = await client.generate(list(range(10, 2050)), SamplingParams(max_tokens=100, seed=1))
+    assert generate_bodies(fake_server)[-1]["sampling_params"]["max_new_tokens"] == 8
+    assert len(result.output_ids) == 8 and result.finish_reason is FinishReason.LENGTH
+    fake_server.state.requests.clear()
+    with pytest.raises(ContextOverflowError):
+        await client.generate([3] * 2048, SamplingParams(max_tokens=4))
+    assert generate_bodies(fake_server) == [], "an overflowing prompt must not reach the server"
+
+
+async def test_missing_logprobs_is_an_error_naming_the_cause(client, fake_server):
+    fake_server.state.drop_logprobs = True
+    with pytest.raises(MissingLogprobsError, match="output_token_logprobs"):
+        await client.generate([1, 2, 3], SamplingParams(max_tokens=5, seed=0))
+    fake_server.state.drop_logprobs = False
+    fake_server.state.null_logprob_at = 2
+    with pytest.raises(MissingLogprobsError, match="null logprob for output token 2"):
+        await client.generate([1, 2, 3], SamplingParams(max_tokens=5, seed=0))
+
+
+async def test_transient_503_is_retried_then_gives_up(client, fake_server):
+    fake_server.state.fail_next = 2
+    result = await client.generate([1, 2, 3], SamplingParams(max_tokens=3, seed=0))
+    assert len(result.output_ids) == 3
+    assert len(generate_bodies(fake_server)) == 3  # two refused attempts + the one that worked
+    fake_server.state.fail_next = 10
+    with pytest.raises(EngineError, match="503"):
+        await client.generate([1, 2, 3], SamplingParams(max_tokens=3, seed=0))
+    fake_server.state.fail_next = 0
+
+
+async def test_unreachable_server_is_an_engine_error():
+    engine = SGLangEngine(
+        SGLangEngineConfig(
+            base_url="http://127.0.0.1:9", context_window=100, max_retries=1, retry_backoff_s=0.01
+        )
+    )
+    with pytest.raises(EngineError, match="failed"):
+        await engine.generate([1, 2], SamplingParams(max_tokens=2))
+    assert not await engine.health()
+    await engine.aclose()
+
+
+async def test_weight_sync_from_disk_pauses_updates_and_continues(client, fake_server, tiny_model_v1_dir):
+    new_state = load_file(str(tiny_model_v1_dir / "model.safetensors"))
+    await client.update_weights(new_state, version=3)
+    paths = [path for path, _ in fake_server.state.requests]
+    assert paths[-3:] == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
+    pause_body = json.loads(fake_server.state.requests[-3][1])
+    update_body = json.loads(fake_server.state.requests[-2][1])
+    assert pause_body == {"mode": "retract"}
+    assert update_body["weight_version"] == "3" and update_body["flush_cache"] is True
+    assert update_body["abort_all_requests"] is False
+    assert (client.config.weight_sync_dir / "v3" / "model.safetensors").exists()
+    assert (client.config.weight_sync_dir / "v3" / "config.json").exists()
+    assert client.weight_version == 3
+
+    result = await client.generate([9, 10, 11], SamplingParams(max_tokens=6, seed=2))
+    assert result.weight_versions == (3,) * 6
+    scored = await fake_server.state.engine.logprobs_of([9, 10, 11, *result.output_ids], start=3)
+    np.testing.assert_allclose(result.logprobs, scored, atol=1e-4)
+
+
+async def test_refused_update_is_an_error_and_generation_continues(client, fake_server, tmp_path):
+    with pytest.raises(EngineError, match="refused the update"):
+        await client.update_weights_from_disk(tmp_path / "nowhere", version=9)
+    assert [p for p, _ in fake_server.state.requests][-1] == "/continue_generation"
+    assert client.weight_version != 9
+    result = await client.generate([1, 2], SamplingParams(max_tokens=2, seed=0))
+    assert len(result.output_ids) == 2
+
+
+async def test_update_weights_without_a_sync_dir_is_refused(fake_server):
+    engine = await SGLangEngine.connect(SGLangEngineConfig(base_url=fake_server.url))
+    with pytest.raises(ValueError, match="weight_sync_dir"):
+        await engine.update_weights({}, version=1)
+    await engine.aclose()
+
+
+async def test_update_weights_from_tensor_payload(client, fake_server):
+    current = {k: v.clone() for k, v in fake_server.state.engine.model.state_dict().items()}
+    payload = serialize_named_tensors(list(current.items()))
+    await client.update_weights_from_tensor([payload], version=4)
+    body = json.loads(fake_server.state.requests[-2][1])
+    assert body["weight_version"] == "4" and body["serialized_named_tensors"] == [payload]
+    assert client.weight_version == 4
+    result = await client.generate([1, 2, 3], SamplingParams(max_tokens=3, seed=0))
+    assert result.weight_versions == (4,) * 3
+    await client.update_weight_version(3)  # restore the version other tests expect
+
+
+async def test_versions_without_spans_stamp_every_token(client, fake_server):
+    fake_server.state.send_version_spans = False
+    result = await client.generate([4, 5], SamplingParams(max_tokens=4, seed=0))
+    assert len(set(result.weight_versions)) == 1 and len(result.weight_versions) == 4
+
+
+def test_reply_parsing_of_version_spans_finish_reasons_and_routed_experts():
+    engine = SGLangEngine(
+        SGLangEngineConfig(base_url="http://unused:1", context_window=64, routed_experts_top_k=2)
+    )
+    routing = np.arange(4 * 3 * 2, dtype="<i4")  # 4 positions (3 prompt + 2 output - 1), 3 layers, top-2
+    import base64
+
+    reply = {
+        "output_ids": [11, 12],
+        "meta_info": {
+            "finish_reason": {"type": "stop", "matched": 12},
+            "prompt_tokens": 3,
+            "weight_version": "8",
+            "weight_versions": [
+                {"version": "7", "start": 0, "end": 1},
+                {"version": "8", "start": 1, "end": 2},
+            ],
+            "output_token_logprobs": [[-0.5, 11, None], [-1.25, 12, "x"]],
+            "routed_experts": base64.b64encode(routing.tobytes()).decode(),
+        },
+    }
+    result = engine.parse_generate_reply(reply, [1, 2, 3], SamplingParams(return_routed_experts=True))
+    assert result.weight_versions == (7, 8)
+    assert result.logprobs == (-0.5, -1.25)
+    assert result.finish_reason is FinishReason.STOP
+    assert result.routed_experts is not None and len(result.routed_experts) == 4
+    assert result.routed_experts[1] == ((6, 7), (8, 9), (10, 11))
+    for kind, expected in [("length", FinishReason.LENGTH), ("abort", FinishReason.ABORT)]:
+        reply["meta_info"]["finish_reason"] = {"type": kind}
+        assert engine.parse_generate_reply(reply, [1, 2, 3], SamplingParams()).finish_reason is expected
+    reply["meta_info"]["output_token_logprobs"][1][1] = 99
+    with pytest.raises(EngineError, match="is for id 99"):
+        engine.parse_generate_reply(reply, [1, 2, 3], SamplingParams())
+
+
+async def test_routed_experts_requested_and_decoded(tiny_moe_model_dir):
+    moe_engine = EmbeddedEngine(
+        EmbeddedEngineConfig(model_path=tiny_moe_model_dir, num_threads=1, eos_token_ids=())
+    )
+    with FakeSGLangServer(moe_engine, tiny_moe_model_dir) as server:
+        config = SGLangEngineConfig(base_url=server.url, routed_experts_top_k=2)
+        client = await SGLangEngine.connect(config)
+        params = SamplingParams(max_tokens=5, seed=1, return_routed_experts=True)
+        result = await client.generate([3, 4, 5, 6], params)
+        body = json.loads(server.state.requests[-1][1])
+        assert body["return_routed_experts"] is True
+        direct = await moe_engine.generate([3, 4, 5, 6], params)
+        await client.aclose()
+    moe_engine.close()
+    assert result.routed_experts == direct.routed_experts
+    assert len(result.routed_experts) == 4 + 5 - 1
+
+
+async def test_cancelled_generate_aborts_on_the_server(client, fake_server):
+    task = asyncio.create_task(client.generate([1, 2, 3], SamplingParams(max_tokens=1500, seed=0)))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):
+        if "/abort_request" in [p for p, _ in fake_server.state.requests]:
+            break
+        await asyncio.sleep(0.02)
+    abort_body = json.loads(next(b for p, b in fake_server.state.requests if p == "/abort_request"))
+    assert abort_body["rid"] == generate_bodies(fake_server)[-1]["rid"]
+    torch.manual_seed(0)  # nothing else to check: the server slot is free again
+    result = await client.generate([1, 2], SamplingParams(max_tokens=2, seed=0))
+    assert len(result.output_ids) == 2

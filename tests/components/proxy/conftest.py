@@ -1,0 +1,64 @@
+"""Fixtures for the proxy tests: a real proxy (uvicorn, real HTTP) over a scripted or tiny-model engine."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# ``tests/components`` (no __init__.py) would otherwise shadow the ``components`` package as a namespace
+# package when pytest puts ``tests/`` on sys.path; the repository root first makes the real package win.
+_REPO_ROOT = str(Path(__file__).resolve().parents[3])
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(0, _REPO_ROOT)
+
+from collections.abc import Callable, Iterator  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+from components.engine.scripted import ScriptedEngine  # noqa: E402
+from components.proxy.config import ProxyConfig  # noqa: E402
+from components.proxy.server import ProxyServer  # noqa: E402
+from components.proxy.sessions import LocalSessionRegistry  # noqa: E402
+
+
+@dataclass
+class RunningProxy:
+    server: ProxyServer
+    registry: LocalSessionRegistry
+    engine: Any
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def open_session(self, **kwargs: Any) -> str:
+        return self.server.call(lambda: self.registry.open_session(**kwargs))
+
+    def session_url(self, session_id: str) -> str:
+        return self.server.session_url(session_id)
+
+    def describe(self, session_id: str) -> dict[str, Any]:
+        return self.server.call(lambda: self.registry.describe(session_id))
+
+
+@pytest.fixture
+def start_proxy(tokenizer) -> Iterator[Callable[..., RunningProxy]]:
+    """Start a proxy (in a background thread, on a free port) over an engine; stopped after the test."""
+    started: list[ProxyServer] = []
+
+    def start(
+        engine: Any = None, *, script: Any = ("Hello from the policy.",), **config_fields: Any
+    ) -> RunningProxy:
+        engine = engine if engine is not None else ScriptedEngine(tokenizer, script)
+        config = ProxyConfig(port=0, **config_fields)
+        registry = LocalSessionRegistry(engine, tokenizer, config)
+        server = ProxyServer(registry, config)
+        server.start_in_thread()
+        started.append(server)
+        return RunningProxy(server=server, registry=registry, engine=engine)
+
+    yield start
+    for server in started:
+        server.stop_thread()

@@ -1,0 +1,77 @@
+"""Helpers shared by the proxy tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from components.engine.scripted import ScriptedEngine
+from components.protocols import GenerationResult, SamplingParams
+
+BASH_TOOL_OPENAI = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command.",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    },
+}
+
+
+def tool_call_text(name: str, arguments: dict[str, Any], prefix: str = "") -> str:
+    """What the policy writes to call a tool (Hermes style, as the TITO core parses it)."""
+    block = f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+    return f"{prefix}\n{block}" if prefix else block
+
+
+class DelayedEngine:
+    """A real engine whose every generation first waits ``delay_s`` (a slow prefill, for keep-alive tests)."""
+
+    def __init__(self, inner: Any, delay_s: float) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+
+    @property
+    def context_window(self) -> int:
+        return self.inner.context_window
+
+    @property
+    def weight_version(self) -> int:
+        return self.inner.weight_version
+
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
+        await asyncio.sleep(self.delay_s)
+        return await self.inner.generate(input_ids, params)
+
+    async def update_weights(self, state_dict, version: int) -> None:
+        await self.inner.update_weights(state_dict, version)
+
+
+def reply_ids(tokenizer, text: str) -> list[int]:
+    """The ids ScriptedEngine samples for ``text``: its tokens, then EOS."""
+    return [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+
+
+def assert_one_segment_record(
+    record: dict[str, Any], engine: ScriptedEngine, replies: Sequence[str], tokenizer
+) -> None:
+    """The session is one append-only segment: each prompt extends the last, the sampled ids are exactly the
+    scripted replies' ids with loss mask 1 (logprob 0.0, weight version 0), everything else mask 0."""
+    assert record["num_segments"] == 1, record["num_segments"]
+    segment = record["segments"][0]
+    token_ids = np.asarray(segment["token_ids"])
+    mask = np.asarray(segment["loss_mask"])
+    assert len(engine.prompts) == len(replies)
+    for prompt in engine.prompts:  # every prompt the engine saw is a prefix of the record
+        assert token_ids[: len(prompt)].tolist() == list(prompt)
+    expected_sampled = [t for text in replies for t in reply_ids(tokenizer, text)]
+    assert token_ids[mask == 1].tolist() == expected_sampled
+    last_prompt = engine.prompts[-1]
+    assert token_ids.tolist() == [*last_prompt, *reply_ids(tokenizer, replies[-1])]
+    assert np.all(np.asarray(segment["logprobs"])[mask == 0] == 0)
+    assert np.all(np.asarray(segment["weight_versions"])[mask == 1] == 0)
+    assert np.all(np.asarray(segment["weight_versions"])[mask == 0] == -1)

@@ -1,0 +1,124 @@
+"""The proxy on Ray Serve: 2 stateless replicas over session shards, 32 sessions at once, three protocols."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import anthropic
+import numpy as np
+import openai
+import pytest
+from proxy_helpers import reply_ids
+
+from components.engine.scripted import ScriptedEngine
+from components.proxy.config import ProxyConfig
+from components.proxy.errors import SessionNotFoundError
+
+NUM_SESSIONS = 32
+NUM_TURNS = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _expected_reply(marker: str, turn: int) -> str:
+    return f"ack {marker} turn {turn}"
+
+
+async def _run_session(base_url: str, index: int) -> list[str]:
+    """Three turns of one conversation, in one of the three protocols; returns the replies' texts."""
+    marker = f"S{index:02d}"
+    texts: list[str] = []
+    protocol = index % 3
+    if protocol == 0:
+        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": f"I am {marker}."}]
+        for turn in range(NUM_TURNS):
+            response = await client.chat.completions.create(model="m", messages=messages, stream=turn == 1)
+            if turn == 1:
+                text = "".join([c.choices[0].delta.content or "" async for c in response if c.choices])
+            else:
+                text = response.choices[0].message.content
+            texts.append(text)
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"next {turn}"}]
+        await client.close()
+    elif protocol == 1:
+        client = anthropic.AsyncAnthropic(base_url=base_url, api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": f"I am {marker}."}]
+        for turn in range(NUM_TURNS):
+            async with client.messages.stream(model="m", max_tokens=64, messages=messages) as stream:
+                text = (await stream.get_final_message()).content[0].text
+            texts.append(text)
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"next {turn}"}]
+        await client.close()
+    else:
+        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+        items: list[dict] = [{"type": "message", "role": "user", "content": f"I am {marker}."}]
+        for turn in range(NUM_TURNS):
+            async with client.responses.stream(model="m", input=items) as stream:
+                response = await stream.get_final_response()
+            texts.append(response.output_text)
+            items += [item.model_dump(exclude_none=True) for item in response.output]
+            items.append({"type": "message", "role": "user", "content": f"next {turn}"})
+        await client.close()
+    return texts
+
+
+@pytest.mark.slow
+async def test_32_sessions_through_two_serve_replicas(ray_session, tokenizer, default_model_dir, tmp_path):
+    from ray import serve
+
+    from components.proxy.ray_sessions import start_session_shards
+    from components.proxy.serve import run_proxy_on_serve
+
+    def script(prompt: str) -> str:
+        marker = prompt.split("I am ", 1)[1][:3]
+        return f"ack {marker} turn {prompt.count('<|im_start|>assistant') - 1}"
+
+    engine = ScriptedEngine(tokenizer, script)
+    config = ProxyConfig(run_dir=tmp_path, keepalive_interval_s=1.0)
+    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
+    registry = start_session_shards(engine, default_model_dir, config, num_shards=2)
+    app_name = "rein-proxy-test"
+    try:
+        url = run_proxy_on_serve(
+            registry, config, app_name=app_name, route_prefix="/proxy/test", num_replicas=2
+        )
+        status = serve.status().applications[app_name].deployments
+        assert sum(d.replica_states.get("RUNNING", 0) for d in status.values()) == 2
+
+        session_ids = [
+            await registry.open_session(task_id=f"task-{i}", group_id="g") for i in range(NUM_SESSIONS)
+        ]
+        assert {registry.shard_index(s) for s in session_ids} == {0, 1}
+        results = await asyncio.gather(
+            *(_run_session(f"{url}/s/{sid}", i) for i, sid in enumerate(session_ids))
+        )
+        for index, texts in enumerate(results):
+            assert texts == [_expected_reply(f"S{index:02d}", turn) for turn in range(NUM_TURNS)]
+
+        trajectories = await asyncio.gather(
+            *(registry.finalize(sid, reward=float(i)) for i, sid in enumerate(session_ids))
+        )
+        for index, trajectory in enumerate(trajectories):
+            assert trajectory.task_id == f"task-{index}" and trajectory.reward == float(index)
+            assert len(trajectory.segments) == 1, (index, [s.reason for s in trajectory.segments])
+            segment = trajectory.segments[0]
+            expected = [
+                t
+                for turn in range(NUM_TURNS)
+                for t in reply_ids(tokenizer, _expected_reply(f"S{index:02d}", turn))
+            ]
+            assert segment.token_ids[segment.loss_mask == 1].tolist() == expected
+            assert f"I am S{index:02d}." in tokenizer.decode(segment.token_ids)
+            assert np.all(segment.weight_versions[segment.loss_mask == 1] == 0)
+        with pytest.raises(SessionNotFoundError):
+            await registry.describe(session_ids[0])
+        assert len({t.trajectory_id for t in trajectories}) == NUM_SESSIONS
+    finally:
+        serve.delete(app_name)
+        registry.shutdown()

@@ -1,0 +1,192 @@
+"""Rollout statistics from hand-built trajectories (and the realistic run's, read back from Parquet)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from components.trajectory import Segment, SegmentReason, Trajectory, TrajectoryStatus
+from components.trajectory_store import TrajectoryStore
+from monitoring.rollout_stats import conversation_counts, rollout_metrics
+
+
+def segment(num_prompt: int, num_sampled: int, reason=SegmentReason.START) -> Segment:
+    mask = np.array([0] * num_prompt + [1] * num_sampled)
+    return Segment(
+        token_ids=np.arange(num_prompt + num_sampled),
+        loss_mask=mask,
+        logprobs=np.where(mask == 1, -0.5, 0.0),
+        weight_versions=np.where(mask == 1, 1, -1),
+        reason=reason,
+    )
+
+
+def trajectory(
+    name: str, *, group="g1", status=TrajectoryStatus.OK, reward=1.0, segments=(), metrics=None, messages=None
+):
+    return Trajectory(
+        trajectory_id=name,
+        group_id=group,
+        task_id="t",
+        harness="h",
+        status=status,
+        failure_reason="" if status == TrajectoryStatus.OK else "because",
+        reward=reward,
+        metrics=metrics or {},
+        segments=tuple(segments),
+        messages_json=json.dumps(messages or []),
+    )
+
+
+def call(name):
+    return {"id": f"c-{name}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+@pytest.fixture
+def batch() -> list[Trajectory]:
+    return [
+        trajectory(
+            "a",
+            reward=1.0,
+            segments=[segment(10, 5)],
+            metrics={
+                "turns": 2,
+                "tool_calls/bash": 3,
+                "files_reread_after_edit": 1,
+                "wall_time_s": 4.0,
+                "sandbox_wait_s": 1.0,
+            },
+        ),
+        trajectory(
+            "b",
+            reward=0.0,
+            segments=[segment(10, 3), segment(4, 2, SegmentReason.HISTORY_REWRITTEN)],
+            metrics={
+                "turns": 4,
+                "tool_calls/bash": 1,
+                "tool_calls/edit": 2,
+                "files_reread_after_edit": 0,
+                "wall_time_s": 8.0,
+                "sandbox_wait_s": 3.0,
+                "drift_tokens": 2,
+            },
+        ),
+        trajectory(
+            "c",
+            group="g2",
+            status=TrajectoryStatus.TIMEOUT,
+            reward=0.5,
+            segments=[segment(6, 4, SegmentReason.START)],
+            messages=[
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": "", "tool_calls": [call("bash"), call("bash")]},
+                {"role": "tool", "tool_call_id": "c-bash", "content": "ok"},
+                {"role": "assistant", "content": "done", "tool_calls": [call("submit")]},
+            ],
+        ),
+        trajectory("d", group="g2", status=TrajectoryStatus.SANDBOX_ERROR, reward=None),
+        trajectory(
+            "e",
+            group="g3",
+            status=TrajectoryStatus.GRADING_ERROR,
+            reward=None,
+            segments=[segment(3, 1)],
+            metrics={"drift_tokens": 0},
+        ),
+    ]
+
+
+def test_rewards_and_pass_rate_are_over_graded_trajectories(batch):
+    metrics = rollout_metrics(batch)
+    assert metrics["rollout/num_trajectories"] == 5
+    assert metrics["rollout/num_graded"] == 3
+    assert metrics["rollout/num_trainable"] == 3
+    assert metrics["rollout/reward_mean"] == pytest.approx(0.5)
+    assert metrics["rollout/reward_std"] == pytest.approx(math.sqrt(1 / 6))
+    assert (metrics["rollout/reward_min"], metrics["rollout/reward_max"]) == (0.0, 1.0)
+    assert metrics["rollout/pass_rate"] == pytest.approx(1 / 3)
+
+
+def test_failure_taxonomy_counts_every_status(batch):
+    metrics = rollout_metrics(batch)
+    assert metrics["failures/timeout"] == 1
+    assert metrics["failures/sandbox_error"] == 1
+    assert metrics["failures/grading_error"] == 1
+    assert metrics["failures/engine_error"] == 0  # present even when zero
+    assert metrics["failures/total"] == 3
+    assert "failures/ok" not in metrics
+
+
+def test_segments_and_tokens(batch):
+    metrics = rollout_metrics(batch)
+    assert metrics["segments/total"] == 5
+    assert metrics["segments/start"] == 4 and metrics["segments/history_rewritten"] == 1
+    assert metrics["segments/tools_changed"] == 0
+    assert metrics["segments/per_trajectory_mean"] == pytest.approx(1.0)
+    assert metrics["tokens/sampled_total"] == 5 + 3 + 2 + 4 + 1
+    assert metrics["tokens/prompt_total"] == 10 + 10 + 4 + 6 + 3
+    assert metrics["tokens/sampled_mean"] == pytest.approx(15 / 5)
+
+
+def test_agent_behaviour_uses_reported_metrics_and_counts_the_rest(batch):
+    metrics = rollout_metrics(batch)
+    # "d" never ran (no tokens, no messages): it is left out of behaviour averages. "c" and "e" reported no
+    # turns: they are counted from the conversation (c: 2 assistant turns, e: none recorded).
+    assert metrics["agent/turns"] == pytest.approx((2 + 4 + 2 + 0) / 4)
+    assert metrics["agent/tool_calls/bash"] == pytest.approx((3 + 1 + 2 + 0) / 4)
+    assert metrics["agent/tool_calls/edit"] == pytest.approx(2 / 4)
+    assert metrics["agent/tool_calls/submit"] == pytest.approx(1 / 4)
+    assert metrics["agent/tool_calls"] == pytest.approx((3 + 3 + 3 + 0) / 4)
+    assert metrics["agent/files_reread_after_edit"] == pytest.approx(0.5)  # over those that reported it
+    assert metrics["agent/wall_time_s"] == pytest.approx(6.0)
+    assert metrics["agent/response_tokens"] == pytest.approx((5 + 5 + 4 + 1) / 4)
+    assert "agent/drift_tokens" not in metrics and "agent/sandbox_wait_s" not in metrics
+
+
+def test_groups_drift_and_throughput(batch):
+    metrics = rollout_metrics(batch, wall_time_s=30.0)
+    assert metrics["groups/num"] == 3
+    # g1 rewards {1, 0}: signal; g2 only {0.5} graded: no variance; g3 none graded: not counted.
+    assert metrics["groups/zero_variance_fraction"] == pytest.approx(0.5)
+    assert metrics["drift/tokens_total"] == 2 and metrics["drift/trajectories_with_drift"] == 1
+    assert metrics["throughput/rollouts_per_min"] == pytest.approx(5 / 30 * 60)
+    assert metrics["throughput/sampled_tokens_per_s"] == pytest.approx(15 / 30)
+    assert metrics["throughput/sandbox_wait_s_mean"] == pytest.approx(2.0)
+    assert metrics["throughput/sandbox_wait_s_total"] == pytest.approx(4.0)
+
+
+def test_without_wall_time_or_drift_those_keys_are_absent():
+    metrics = rollout_metrics([trajectory("x", segments=[segment(2, 2)])], sandbox_wait_s=3.0)
+    assert not any(k.startswith(("drift/", "throughput/rollouts")) for k in metrics)
+    assert metrics["throughput/sandbox_wait_s_total"] == 3.0
+
+
+def test_empty_batch_gives_nan_means_and_zero_counts():
+    metrics = rollout_metrics([])
+    assert metrics["rollout/num_trajectories"] == 0 and metrics["failures/total"] == 0
+    assert math.isnan(metrics["rollout/reward_mean"]) and math.isnan(metrics["rollout/pass_rate"])
+
+
+def test_bad_wall_time_is_refused():
+    with pytest.raises(ValueError, match="wall_time_s"):
+        rollout_metrics([], wall_time_s=0)
+
+
+def test_conversation_counts_ignore_malformed_entries():
+    turns, calls = conversation_counts(
+        [{"role": "assistant", "tool_calls": [call("a"), {"bad": 1}]}, "junk", {"role": "user"}]
+    )
+    assert turns == 1 and calls == {"a": 1, "unknown": 1}
+
+
+def test_metrics_of_the_realistic_run_read_back_from_parquet(run_dir):
+    trajectories = TrajectoryStore(run_dir).read_all().trajectories
+    metrics = rollout_metrics(trajectories, wall_time_s=10.0)
+    assert metrics["rollout/num_trajectories"] == 6
+    assert metrics["rollout/pass_rate"] == pytest.approx(0.5)
+    assert metrics["segments/history_rewritten"] == 1
+    assert metrics["agent/tool_calls/str_replace"] > 0
+    assert all(isinstance(v, float) for v in metrics.values())

@@ -1,0 +1,92 @@
+"""Helpers shared by the sandbox tests (imported by name: conftest modules are not importable reliably)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from fake_e2b_sdk import FakeAsyncSandbox
+
+from components.protocols import SandboxLimits, SandboxSpec
+from sandboxes.bwrap import BwrapSandbox
+from sandboxes.e2b import E2BSandbox, E2BSandboxConfig
+from sandboxes.pool import SandboxPool
+
+HOST_PYTHON = os.path.realpath(sys.executable)
+FAKE_E2B_CONFIG = E2BSandboxConfig(sdk_class=FakeAsyncSandbox, workspace_dir="/workspace", num_attempts=3)
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Host pids whose real uid is ``uid`` (a bwrap sandbox's processes all run as its own host uid)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{name}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("Uid:") and int(line.split()[1]) == uid:
+                pids.append(int(name))
+    return pids
+
+
+def process_uids() -> list[int]:
+    """The real uid of every host process (one pass over /proc)."""
+    uids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                uids.append(os.stat(f"/proc/{name}").st_uid)
+    return uids
+
+
+class SandboxFactory:
+    """Makes sandboxes of one backend and closes whatever a test left open."""
+
+    def __init__(self, backend: str, pool: SandboxPool | None) -> None:
+        self.backend = backend
+        self.pool = pool
+        self.made: list = []
+
+    async def __call__(self, spec: SandboxSpec | None = None):
+        spec = spec or SandboxSpec()
+        if self.backend == "bwrap":
+            sandbox = await BwrapSandbox.create(spec)
+        elif self.backend == "bwrap-pool":
+            sandbox = await self.pool.acquire(spec)
+        else:
+            sandbox = await E2BSandbox.create(spec, FAKE_E2B_CONFIG)
+        self.made.append(sandbox)
+        return sandbox
+
+    async def close_all(self) -> None:
+        for sandbox in self.made:
+            await sandbox.close()
+
+
+SMALL_LIMITS = SandboxLimits(command_timeout_s=20, memory_mb=256, max_processes=32, workspace_mb=32)
+
+
+def kill_from_outside(sandbox: BwrapSandbox) -> None:
+    """SIGKILL every process of a sandbox from the host (what the OOM killer or an operator would do)."""
+    for pid in processes_of_uid(sandbox.host_uid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def zombie_bwraps() -> set[int]:
+    """bwrap zombies anywhere on the host (an orphaned sandbox init that nobody reaped)."""
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{name}/stat").read_text()
+            if stat[stat.index("(") + 1 : stat.rindex(")")] == "bwrap" and stat[stat.rindex(")") + 2] == "Z":
+                found.add(int(name))
+    return found

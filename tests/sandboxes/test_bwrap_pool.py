@@ -1,0 +1,267 @@
+"""The warm pool, fault handling, and 64 sandboxes used at once without errors or leaks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+from sandbox_test_support import (
+    SMALL_LIMITS,
+    kill_from_outside,
+    process_uids,
+    processes_of_uid,
+    zombie_bwraps,
+)
+
+from components.errors import SandboxError
+from components.protocols import SandboxLimits, SandboxSpec
+from sandboxes.bwrap import BwrapSandbox, BwrapSandboxConfig
+from sandboxes.e2b import E2BSandboxProvider
+from sandboxes.pool import SandboxPool, SandboxPoolConfig
+from sandboxes.provider import SandboxBackendConfig, make_sandbox_provider
+
+
+def child_bwraps() -> list[int]:
+    """bwrap processes this test process started that are still alive."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if comm == "bwrap" and int(rest[1]) == os.getpid():
+            found.append(int(name))
+    return found
+
+
+async def wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_warm_acquire_is_fast_and_release_recycles():
+    async with SandboxPool(SandboxPoolConfig(num_warm=2, workspace_mb=32)) as pool:
+        assert pool.num_warm == 2
+        timings = []
+        for _ in range(10):
+            await wait_until(lambda: pool.num_warm >= 2)
+            start = time.perf_counter()
+            sandbox = await pool.acquire(SandboxSpec(limits=SandboxLimits(workspace_mb=32)))
+            timings.append(time.perf_counter() - start)
+            assert (await sandbox.exec("echo ok")).stdout == "ok\n"
+            await pool.release(sandbox)
+        assert statistics.median(timings) < 0.005, timings
+        assert pool.num_cold_starts == 0
+
+
+async def test_release_resets_files_and_processes():
+    async with SandboxPool(SandboxPoolConfig(num_warm=1, workspace_mb=32)) as pool:
+        spec = SandboxSpec(limits=SandboxLimits(workspace_mb=32))
+        first = await pool.acquire(spec)
+        await first.exec(
+            "echo dirty > left.txt; echo t > /tmp/t; setsid sleep 500 > /dev/null 2>&1 & sleep 0.3"
+        )
+        assert "sleep 500" in (await first.exec("ps -eo args")).stdout
+        await pool.release(first)
+        await wait_until(lambda: first in pool._warm)
+        second = await pool.acquire(spec)
+        assert second is first  # reused, not restarted
+        check = await second.exec("ls -A /workspace /tmp; ps -eo args")
+        assert "left.txt" not in check.stdout and "sleep 500" not in check.stdout
+        await pool.release(second)
+
+
+async def test_pool_prepares_workspace_and_proxy_lazily(tmp_path, tcp_banner_server):
+    port = await tcp_banner_server(b"HELLO-FROM-PROXY")
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "task.txt").write_text("the task\n")
+    async with SandboxPool(SandboxPoolConfig(num_warm=1, workspace_mb=32)) as pool:
+        spec = SandboxSpec(
+            limits=SandboxLimits(workspace_mb=32),
+            workspace_source=tmp_path / "repo",
+            proxy_url=f"http://127.0.0.1:{port}",
+        )
+        sandbox = await pool.acquire(spec)
+        assert pool.num_cold_starts == 0
+        result = await sandbox.exec(
+            'cat task.txt; python3 -c "import socket; '
+            f"print(socket.create_connection(('127.0.0.1', {port})).recv(64).decode())\" 2>&1 || "
+            f'{os.path.realpath(os.sys.executable)} -c "import socket; '
+            f"print(socket.create_connection(('127.0.0.1', {port})).recv(64).decode())\""
+        )
+        assert "the task" in result.stdout and "HELLO-FROM-PROXY" in result.stdout
+        await pool.release(sandbox)
+        await wait_until(lambda: sandbox in pool._warm)
+        again = await pool.acquire(SandboxSpec(limits=SandboxLimits(workspace_mb=32)))
+        probe = await again.exec(
+            f"{os.path.realpath(os.sys.executable)} -c \"import socket; socket.create_connection(('127.0.0.1', {port}))\""
+        )
+        assert probe.exit_code != 0  # the proxy path closed with the spec that opened it
+        await pool.release(again)
+
+
+async def test_incompatible_spec_gets_a_cold_sandbox_with_its_mounts():
+    venv = os.path.dirname(os.path.dirname(os.sys.executable))
+    async with SandboxPool(SandboxPoolConfig(num_warm=1, workspace_mb=32)) as pool:
+        sandbox = await pool.acquire(
+            SandboxSpec(read_only_paths=(venv,), limits=SandboxLimits(workspace_mb=32))
+        )
+        assert pool.num_cold_starts == 1
+        result = await sandbox.exec(f"{venv}/bin/python -c 'import tenacity; print(\"venv-ok\")'")
+        assert result.stdout == "venv-ok\n"
+        await pool.release(sandbox)
+        with pytest.raises(ValueError, match="not acquired"):
+            await pool.release(sandbox)
+
+
+async def test_health_check_replaces_dead_sandboxes():
+    async with SandboxPool(SandboxPoolConfig(num_warm=2, workspace_mb=32)) as pool:
+        victim = pool._warm[0]
+        kill_from_outside(victim)
+        await wait_until(lambda: not victim.alive)
+        assert await pool.check_health() == 1
+        await wait_until(lambda: pool.num_warm == 2 and victim not in pool._warm)
+        assert victim not in pool._warm
+        sandbox = await pool.acquire(SandboxSpec(limits=SandboxLimits(workspace_mb=32)))
+        assert (await sandbox.exec("echo ok")).stdout == "ok\n"
+
+
+async def test_pool_close_closes_everything():
+    pool = SandboxPool(SandboxPoolConfig(num_warm=2, workspace_mb=32))
+    await pool.start()
+    in_use = await pool.acquire(SandboxSpec(limits=SandboxLimits(workspace_mb=32)))
+    uids = [sandbox.host_uid for sandbox in pool._warm] + [in_use.host_uid]
+    await pool.close()
+    await pool.close()
+    assert not any(processes_of_uid(uid) for uid in uids)
+    with pytest.raises(SandboxError):
+        await in_use.exec("true")
+    with pytest.raises(SandboxError):
+        await pool.acquire()
+
+
+def test_make_sandbox_provider_selects_the_backend():
+    assert isinstance(make_sandbox_provider(SandboxBackendConfig(backend="bwrap")), SandboxPool)
+    assert isinstance(make_sandbox_provider(SandboxBackendConfig(backend="e2b")), E2BSandboxProvider)
+    with pytest.raises(ValueError, match="backend"):
+        SandboxBackendConfig(backend="docker")
+    with pytest.raises(ValueError, match="read_only_paths"):
+        asyncio.run(BwrapSandbox.create(SandboxSpec(read_only_paths=("/no/such/dir",))))
+    with pytest.raises(ValueError, match="proxy_url"):
+        asyncio.run(BwrapSandbox.create(SandboxSpec(proxy_url="http://example.com:8000")))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Faults
+# --------------------------------------------------------------------------------------------------------------
+
+
+async def test_sandbox_killed_mid_command_never_hangs_the_caller():
+    sandbox = await BwrapSandbox.create(SandboxSpec(limits=SMALL_LIMITS))
+    running = asyncio.create_task(sandbox.exec("sleep 60"))
+    await asyncio.sleep(0.3)
+    start = time.monotonic()
+    kill_from_outside(sandbox)  # e.g. the OOM killer, or an operator
+    with pytest.raises(SandboxError) as info:
+        await running
+    assert time.monotonic() - start < 3 and info.value.sandbox_id == sandbox.sandbox_id
+    for call in (sandbox.exec("true"), sandbox.read_file("x"), sandbox.write_file("x", "y")):
+        with pytest.raises(SandboxError):
+            await asyncio.wait_for(call, 2)
+    await sandbox.close()
+
+
+async def test_agent_killing_its_own_supervisor_is_a_sandbox_error():
+    async with await BwrapSandbox.create(SandboxSpec(limits=SMALL_LIMITS)) as sandbox:
+        with pytest.raises(SandboxError):
+            await asyncio.wait_for(sandbox.exec("kill -9 $(pgrep -f supervisor.py)"), 5)
+        with pytest.raises(SandboxError):
+            await sandbox.exec("true")
+
+
+async def test_hung_supervisor_times_out_into_sandbox_error():
+    config = BwrapSandboxConfig(op_timeout_s=1.0)
+    async with await BwrapSandbox.create(SandboxSpec(limits=SMALL_LIMITS), config) as sandbox:
+        supervisor = next(
+            pid
+            for pid in processes_of_uid(sandbox.host_uid)
+            if b"supervisor" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        )
+        os.kill(supervisor, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(SandboxError, match="did not answer"):
+            await sandbox.read_file("anything")
+        assert time.monotonic() - start < 3
+        assert not sandbox.alive
+
+
+async def test_start_failures_are_retried_then_typed():
+    config = BwrapSandboxConfig(bwrap_path="/nonexistent/bwrap", num_create_attempts=3)
+    start = time.monotonic()
+    with pytest.raises(SandboxError, match="could not start bwrap"):
+        await BwrapSandbox.create(SandboxSpec(), config)
+    assert time.monotonic() - start < 5
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Scale
+# --------------------------------------------------------------------------------------------------------------
+
+
+async def test_64_sandboxes_used_concurrently_without_errors_or_leaks(tmp_path):
+    num_sandboxes = 64
+    limits = SandboxLimits(command_timeout_s=60, workspace_mb=16, memory_mb=256, max_processes=32)
+    records: list[tuple[int, str]] = []
+    zombies_before = zombie_bwraps()
+
+    async def rollout(index: int, sandbox) -> str:
+        await sandbox.write_file("input.txt", f"task {index}\n")
+        first = await sandbox.exec("cat input.txt | tr a-z A-Z > out.txt && wc -c < out.txt")
+        assert first.exit_code == 0, first
+        slow = await sandbox.exec("sleep 5", timeout_s=0.5)
+        assert slow.timed_out
+        for _ in range(3):
+            step = await sandbox.exec(f"echo step-{index} >> log.txt; ls | wc -l")
+            assert step.exit_code == 0, step
+        return (await sandbox.read_file("out.txt")).decode()
+
+    async def with_fresh_sandbox(index: int) -> str:
+        async with await BwrapSandbox.create(SandboxSpec(limits=limits)) as sandbox:
+            records.append((sandbox.host_uid, sandbox._host_dir))
+            return await rollout(index, sandbox)
+
+    start = time.monotonic()
+    results = await asyncio.gather(*(with_fresh_sandbox(i) for i in range(num_sandboxes)))
+    assert results == [f"TASK {i}\n" for i in range(num_sandboxes)]
+    async with SandboxPool(SandboxPoolConfig(num_warm=16, workspace_mb=16)) as pool:
+
+        async def pooled(index: int) -> str:
+            sandbox = await pool.acquire(SandboxSpec(limits=limits))
+            records.append((sandbox.host_uid, sandbox._host_dir))
+            try:
+                return await rollout(index, sandbox)
+            finally:
+                await pool.release(sandbox)
+
+        pooled_results = await asyncio.gather(*(pooled(i) for i in range(num_sandboxes)))
+        assert pooled_results == results
+        # Refills are bounded: every acquire triggers at most one replacement start.
+        assert pool.num_started + pool.num_cold_starts <= 16 + 2 * num_sandboxes
+    assert time.monotonic() - start < 90
+    await asyncio.sleep(0.2)
+    assert len(records) == 2 * num_sandboxes
+    live_uids = set(process_uids())
+    assert not [uid for uid, _ in records if uid in live_uids], "sandbox processes left behind"
+    assert not [path for _, path in records if os.path.exists(path)], "host temp dirs left behind"
+    assert child_bwraps() == []
+    assert zombie_bwraps() - zombies_before == set(), "orphaned bwrap zombies left behind"
