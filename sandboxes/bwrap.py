@@ -232,7 +232,7 @@ class BwrapSandbox:
             argv += ["--unshare-user", "--uid", "1000", "--gid", "1000"]
         argv += [
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
-            "--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv",
+            "--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1",
         ]  # fmt: skip
         for path in config.host_paths:
             if os.path.islink(path):
@@ -518,8 +518,8 @@ class BwrapSandbox:
     # ------------------------------------------------------------------------------------------------------
 
     def _kill(self) -> None:
-        """SIGKILL the sandbox's PID-namespace init: the kernel kills everything inside, and bwrap (our child)
-        reaps it and exits. Killing bwrap itself would orphan that init as a zombie of the host's pid 1."""
+        """SIGKILL the supervisor, the sandbox's PID 1: the kernel kills everything inside, and bwrap (our child)
+        reaps it and exits. Killing bwrap itself would orphan the supervisor as a zombie of the host's pid 1."""
         if self._process is None or self._process.returncode is not None:
             return
         inner = _child_pids(self._process.pid)

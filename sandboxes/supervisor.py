@@ -30,7 +30,9 @@ OUTPUT_READ_GRACE_S = 1.0
 
 _write_lock = threading.Lock()
 _active_sessions_lock = threading.Lock()
-_active_sessions: set[int] = set()
+_active_sessions: set[int] = set()  # == the pids of running commands (each leads its own session)
+# Held while a command is spawned and registered, so the orphan reaper never reaps a command's own exit status.
+_spawn_lock = threading.Lock()
 _proxy_listener: socket.socket | None = None
 
 
@@ -88,13 +90,13 @@ def _read_stream(stream, chunks: list, limit: int) -> None:
 
 
 def _kill_strays(keep_sessions: set[int]) -> None:
-    """SIGKILL every process of the sandbox except its init, us, and the sessions still running."""
+    """SIGKILL every process of the sandbox except us (its PID 1) and the sessions still running."""
     me = os.getpid()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         pid = int(name)
-        if pid in (1, me):
+        if pid == me:
             continue
         try:
             sid = os.getsid(pid)
@@ -123,25 +125,26 @@ def _op_exec(req: dict) -> dict:
         *argv,
     ]
     max_output = req["max_output_bytes"]
-    try:
-        proc = subprocess.Popen(
-            argv,
-            cwd=_resolve(req.get("cwd") or WORKSPACE),
-            env=req["env"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as exc:  # bad cwd, no such program, fork refused: the command's fault, reported as 127
-        return {
-            "exit_code": 127,
-            "stdout": "",
-            "stderr": f"{type(exc).__name__}: {exc}\n",
-            "timed_out": False,
-        }
-    with _active_sessions_lock:
-        _active_sessions.add(proc.pid)
+    with _spawn_lock:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=_resolve(req.get("cwd") or WORKSPACE),
+                env=req["env"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:  # bad cwd, no such program, fork refused: the command's fault, reported as 127
+            return {
+                "exit_code": 127,
+                "stdout": "",
+                "stderr": f"{type(exc).__name__}: {exc}\n",
+                "timed_out": False,
+            }
+        with _active_sessions_lock:
+            _active_sessions.add(proc.pid)
     out: list[bytes] = []
     err: list[bytes] = []
     readers = [
@@ -155,16 +158,17 @@ def _op_exec(req: dict) -> dict:
         exit_code = proc.wait(timeout=req["timeout_s"])
     except subprocess.TimeoutExpired:
         timed_out = True
-    with _active_sessions_lock:
-        _active_sessions.discard(proc.pid)
-        still_running = set(_active_sessions)
     try:  # background jobs of the command die with it
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
         pass
     if timed_out:
-        _kill_strays(still_running)  # also what the command detached (setsid) from its process group
+        with _active_sessions_lock:
+            others = _active_sessions - {proc.pid}
+        _kill_strays(others)  # also what the command detached (setsid) from its process group
         exit_code = proc.wait()
+    with _active_sessions_lock:
+        _active_sessions.discard(proc.pid)
     deadline = time.monotonic() + OUTPUT_READ_GRACE_S
     for reader in readers:
         reader.join(max(0.0, deadline - time.monotonic()))
@@ -176,6 +180,27 @@ def _op_exec(req: dict) -> dict:
         "stderr": b"".join(err).decode("utf-8", "replace"),
         "timed_out": timed_out,
     }
+
+
+def _reap_orphans() -> None:
+    """We are the sandbox's PID 1: reap the processes that commands detached, once they exit."""
+    while True:
+        time.sleep(0.2)
+        with _spawn_lock:
+            while True:
+                try:
+                    info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                except ChildProcessError:
+                    break
+                if info is None:
+                    break
+                with _active_sessions_lock:
+                    if info.si_pid in _active_sessions:
+                        break  # a command's own exit: its waiting thread reaps it
+                try:
+                    os.waitpid(info.si_pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
 
 
 def _op_read_file(req: dict) -> dict:
@@ -325,12 +350,15 @@ def _serve(req: dict) -> None:
 
 
 def main() -> None:
+    # As PID 1 we only receive the signals from inside the sandbox that we handle: handle none.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     mode = _drop_privileges(int(sys.argv[1]))
+    threading.Thread(target=_reap_orphans, daemon=True).start()
     _send({"id": 0, "ready": True, "mode": mode, "pid": os.getpid()})
     for line in sys.stdin.buffer:
         req = json.loads(line)
         threading.Thread(target=_serve, args=(req,), daemon=True).start()
-    # stdin closed: the host is gone or closing us; the PID namespace dies with us.
+    # stdin closed: the host is gone or closing us. We are the PID namespace's init: it dies with us.
 
 
 if __name__ == "__main__":

@@ -10,6 +10,13 @@ well-ordered record.
 sessions in this process (standalone proxy, tests); ``components.proxy.ray_sessions.ShardedSessionRegistry``
 keeps them in Ray actors so that any number of Serve replicas can serve any session.
 
+Finish reasons: a completion cut by a budget the client did not ask for (``default_max_tokens`` when the
+request sets none, or the ``max_completion_tokens`` cap below the request's own ``max_tokens``) is reported to
+the client as a normal stop: agents such as Claude Code treat a ``max_tokens`` stop as their own failure and
+retry, while the bound is the trainer's per-turn rule. A cut by the client's own budget or by the context
+window is reported as ``length`` (``max_tokens`` / ``incomplete`` in the other protocols). The token record is
+the same either way.
+
 Finalize status rule: an explicit status other than ``ok`` wins; otherwise a session whose prompt outgrew the
 context window finalizes as ``context_overflow`` (trainable) and the rest as ``ok``.
 """
@@ -290,6 +297,8 @@ class LocalSessionRegistry:
                 session.num_engine_errors += 1
                 raise
             reply = session.tito.complete(turn, result)
+            if reply.finish_reason == "length" and self._cut_by_proxy(request, max_tokens, turn.max_tokens):
+                reply = dataclasses.replace(reply, finish_reason="tool_calls" if reply.tool_calls else "stop")
             session.messages = tuple(request.messages)
             session.reply = reply
             session.num_turns += 1

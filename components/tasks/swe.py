@@ -108,6 +108,9 @@ class SweTask:
     python_executable: str = field(default_factory=lambda: sys.executable)
     limits: SandboxLimits = field(default_factory=SandboxLimits)
 
+    def __hash__(self) -> int:  # hidden_tests is a dict; a task is identified by its id and content
+        return hash((self.task_id, self.repo, self.bug_patch, self.reference_patch))
+
     @property
     def test_command(self) -> str:
         """How to run the visible tests inside the sandbox (for prompts): ``python -m pytest -q``."""

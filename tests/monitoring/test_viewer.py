@@ -15,7 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from components.trajectory_store import TrajectoryStore
 from monitoring import viewer
+from monitoring.train_logprobs import write_train_logprobs
 from monitoring.viewer import ViewerLimits, build_page_data, serve_viewer, write_viewer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -98,10 +100,47 @@ def test_limits_cap_tokens_and_say_so(run_dir, tokenizer):
         t["tokens_not_shown"] == t["num_tokens"] - n for t, n in zip(data["trajectories"], shown, strict=True)
     )
     assert data["run"]["limits"]["max_total_tokens"] == 120
+    short = build_page_data(run_dir, limits=ViewerLimits(max_conversation_chars=150, max_log_chars=10))
+    calc = next(t for t in short["trajectories"] if t["id"] == "traj-ok-calc-0")
+    assert (
+        calc["messages"][-1]["role"] == "note"
+        and "more messages not embedded" in calc["messages"][-1]["content"]
+    )
+    assert len(calc["messages"]) < 7
+    assert calc["log"].startswith("harne") and "characters not shown" in calc["log"]
+    starved = build_page_data(run_dir, limits=ViewerLimits(max_total_text_chars=1))
+    assert all(len(t["messages"]) <= 2 for t in starved["trajectories"])
     few = build_page_data(run_dir, tokenizer=None, limits=ViewerLimits(max_trajectories=2))
     assert few["run"]["num_listed"] == 2 and few["run"]["num_trajectories"] == 6
     assert {t["step"] for t in few["trajectories"]} == {2}, "the most recent steps are kept"
     assert few["vocab"] == {} and few["run"]["tokenizer"] is None
+
+
+def test_step_selection(run_dir, tmp_path):
+    out = tmp_path / "step1.html"
+    assert viewer.main([str(run_dir), "--out", str(out), "--step", "1"]) == 0
+    data = embedded_data(out)
+    assert {t["id"] for t in data["trajectories"]} == {"traj-ok-calc-0", "traj-fail-calc-1"}
+    assert data["run"]["steps"] == [1]
+
+
+def test_train_logprobs_given_per_sampled_token_are_aligned(run_dir, tmp_path, tokenizer):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir / "trajectories", copy / "trajectories")
+    (trajectory,) = [
+        t for t in TrajectoryStore(copy).read_all().trajectories if t.trajectory_id == "traj-ok-parse"
+    ]
+    rollout = trajectory.segments[0].logprobs[trajectory.segments[0].loss_mask == 1]
+    write_train_logprobs(copy, 0, [("traj-ok-parse", 0, rollout - 0.25)])
+    data = build_page_data(copy, tokenizer=tokenizer)
+    page = next(t for t in data["trajectories"] if t["id"] == "traj-ok-parse")
+    assert page["logprob_diff_mean"] == pytest.approx(0.25, abs=1e-4)
+    segment = page["segments"][0]
+    sampled = [i for i, m in enumerate(segment["mask"]) if m == "1"]
+    assert all(segment["tlp"][i] == pytest.approx(segment["lp"][i] - 0.25, abs=2e-4) for i in sampled)
+    with pytest.raises(ValueError, match="finite"):
+        write_train_logprobs(copy, 1, [("x", 0, [float("nan")])])
+    assert write_train_logprobs(copy, 1, []) is None
 
 
 def test_without_tokenizer_the_page_shows_ids_and_corrupt_shards_are_reported(run_dir, tmp_path):
@@ -350,3 +389,12 @@ def test_chromium_lists_filters_and_opens_a_trajectory_on_click(browser, page, t
     png = base64.b64decode(tab.call("Page.captureScreenshot", format="png")["data"])
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     (tmp_path / "viewer.png").write_bytes(png)
+
+
+@needs_chromium
+def test_chromium_shows_an_empty_run_and_an_unknown_trajectory(tmp_path):
+    page = write_viewer(tmp_path / "run" if (tmp_path / "run").mkdir() is None else None)
+    dom = dump_dom(page.as_uri() + "#t=no-such-trajectory", tmp_path / "profile")
+    assert "This run has no trajectories yet." in dom
+    assert "No trajectory no-such-trajectory in this run." in dom
+    assert "<tr data-id=" not in dom

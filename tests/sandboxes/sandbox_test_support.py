@@ -77,16 +77,3 @@ def kill_from_outside(sandbox: BwrapSandbox) -> None:
     for pid in processes_of_uid(sandbox.host_uid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-
-
-def zombie_bwraps() -> set[int]:
-    """bwrap zombies anywhere on the host (an orphaned sandbox init that nobody reaped)."""
-    found = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            stat = Path(f"/proc/{name}/stat").read_text()
-            if stat[stat.index("(") + 1 : stat.rindex(")")] == "bwrap" and stat[stat.rindex(")") + 2] == "Z":
-                found.add(int(name))
-    return found

@@ -241,3 +241,20 @@ async def test_scripted_and_echo_engines_honour_the_contract(tokenizer):
         )
         == "llo"
     )
+
+
+def test_budget_cuts_by_the_proxy_are_reported_as_stops(start_proxy, tokenizer):
+    proxy = start_proxy(script=["one two three four five six"], max_completion_tokens=3, default_max_tokens=2)
+    session_id = proxy.open_session()
+    client = openai.OpenAI(base_url=proxy.session_url(session_id) + "/v1", api_key="unused")
+    ask = [{"role": "user", "content": "count"}]
+    capped = client.chat.completions.create(model="m", messages=ask, max_tokens=100)  # cut by the proxy's cap
+    assert capped.choices[0].finish_reason == "stop" and capped.usage.completion_tokens == 3
+    defaulted = client.chat.completions.create(model="m", messages=ask)  # cut by the proxy's default budget
+    assert defaulted.choices[0].finish_reason == "stop" and defaulted.usage.completion_tokens == 2
+    own = client.chat.completions.create(model="m", messages=ask, max_tokens=3)  # cut by the client's own budget
+    assert own.choices[0].finish_reason == "length"
+    message = anthropic.Anthropic(base_url=proxy.session_url(session_id), api_key="x").messages.create(
+        model="m", max_tokens=64000, messages=ask
+    )
+    assert message.stop_reason == "end_turn" and message.usage.output_tokens == 3

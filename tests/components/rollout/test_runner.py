@@ -12,13 +12,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from harness_fixtures import running_proxy
 from scripted_policies import step_policy, tool_call
 
 from components.errors import SandboxError
 from components.protocols import HarnessOutcome, RewardResult, Sandbox, SandboxSpec, Task
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
-from harness_fixtures import running_proxy
 from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
 from harnesses.wrap import AgentContext, agent_harness
 
@@ -73,7 +73,11 @@ class GraderFailingFor:
 
     def __init__(self, inner, *, raise_for=(), no_verdict_for=(), hang_for=()) -> None:
         self.inner = inner
-        self.raise_for, self.no_verdict_for, self.hang_for = set(raise_for), set(no_verdict_for), set(hang_for)
+        self.raise_for, self.no_verdict_for, self.hang_for = (
+            set(raise_for),
+            set(no_verdict_for),
+            set(hang_for),
+        )
 
     async def score(self, task: Task, agent_sandbox: Sandbox) -> RewardResult:
         if task.task_id in self.raise_for:
@@ -157,7 +161,9 @@ async def test_harness_reporting_ok_over_a_dead_sandbox_is_a_sandbox_error(
     assert "died" in trajectory.failure_reason
 
 
-async def test_grader_without_verdict_and_hanging_grader(scripted_proxy, builtin_tasks, sandbox_pool, swe_grader):
+async def test_grader_without_verdict_and_hanging_grader(
+    scripted_proxy, builtin_tasks, sandbox_pool, swe_grader
+):
     @agent_harness(name="idle")
     async def idle(ctx: AgentContext) -> None:
         return None
@@ -165,7 +171,9 @@ async def test_grader_without_verdict_and_hanging_grader(scripted_proxy, builtin
     tasks = [builtin_tasks[OK_TASK], builtin_tasks[CRASH_TASK]]
     grader = GraderFailingFor(swe_grader, no_verdict_for=[OK_TASK], hang_for=[CRASH_TASK])
     async with scripted_proxy(["hi"]) as proxy:
-        trajectories = await _runner(proxy, idle, sandbox_pool, grader, grading_timeout_s=2).run(tasks, step=1)
+        trajectories = await _runner(proxy, idle, sandbox_pool, grader, grading_timeout_s=2).run(
+            tasks, step=1
+        )
     assert [t.status for t in trajectories] == [TrajectoryStatus.GRADING_ERROR] * 2
     assert "test runner did not start" in trajectories[0].failure_reason
     assert "grading took over 2 s" in trajectories[1].failure_reason

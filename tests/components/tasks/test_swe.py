@@ -155,3 +155,25 @@ def test_builtin_set(builtin_tasks):
     visible = (workspace / "tests" / "test_text.py").read_text()
     assert "test_slugify_strips_separators_at_the_ends" not in visible  # the hidden test is not
     assert all(content != visible for content in task.hidden_tests.values())
+
+
+def test_tarball_repo_with_one_top_folder(task_dir):
+    import tarfile
+
+    archive = task_dir / "repo.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(task_dir / "repo", arcname="project-1.0")
+    [task] = load_tasks(_write(task_dir, _valid_record(repo="repo.tar.gz")), cache_dir=task_dir / "cache")
+    workspace = task.snapshot().workspace_dir
+    assert (workspace / "calc.py").is_file()
+    assert not (workspace / ".git" / "secret").exists()
+    assert _git(workspace, "rev-list", "--all").stdout.count("\n") == 1
+
+
+def test_tasks_are_hashable_and_picklable(builtin_tasks):
+    import pickle
+
+    tasks = list(builtin_tasks.values())
+    assert len(set(tasks)) == len(tasks)
+    copy = pickle.loads(pickle.dumps(tasks[0]))
+    assert copy == tasks[0] and hash(copy) == hash(tasks[0])
