@@ -2,7 +2,9 @@
 
 A shard is written to a hidden temp file in the same directory, flushed and fsynced, renamed into place with
 ``os.replace`` and the directory fsynced: a reader lists only renamed ``*.parquet`` files, so it never sees
-a partial shard. Temp files left by a crash are removed on the next open. A corrupt shard (truncated,
+a partial shard. A temp file's name carries its writer's pid; temp files whose writer is gone (torn by a
+crash) are removed on the next open, while a live writer's are left alone (a reader may open the store
+mid-write). A corrupt shard (truncated,
 garbage) is reported with its path and skipped - never silently, never crashing the reader.
 """
 
@@ -47,6 +49,20 @@ class StoreReadResult:
     corrupt_shards: list[CorruptShard] = field(default_factory=list)
 
 
+def _writer_alive(temp_path: Path) -> bool:
+    """Whether the process that is writing ``temp_path`` (pid in its name) still runs."""
+    pid_text = temp_path.name.removeprefix(TEMP_PREFIX).split("-", 1)[0]
+    if not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -65,8 +81,9 @@ class TrajectoryStore:
 
     def _clean_temp_files(self) -> None:
         for path in self.directory.glob(f"{TEMP_PREFIX}*"):
-            logger.info("removing torn temp shard %s", path)
-            path.unlink(missing_ok=True)
+            if not _writer_alive(path):
+                logger.info("removing torn temp shard %s", path)
+                path.unlink(missing_ok=True)
 
     def write(self, trajectories: Sequence[Trajectory]) -> Path | None:
         """Write one shard atomically; return its path (None for an empty batch).
@@ -78,7 +95,7 @@ class TrajectoryStore:
         table = trajectories_to_table(trajectories)
         name = f"shard-{time.time_ns():020d}-{uuid.uuid4().hex[:12]}{SHARD_SUFFIX}"
         final = self.directory / name
-        temp = self.directory / f"{TEMP_PREFIX}{name}"
+        temp = self.directory / f"{TEMP_PREFIX}{os.getpid()}-{name}"
         try:
             with open(temp, "wb") as handle:
                 pq.write_table(table, handle, compression="zstd")

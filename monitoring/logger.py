@@ -141,6 +141,7 @@ class WandbLoggerConfig:
     config: Mapping[str, Any] = field(default_factory=dict)  # the run's config, shown by wandb
     entity: str | None = None
     tags: Sequence[str] = ()
+    record_system_stats: bool = False  # wandb's CPU/GPU/memory sampling (off: no extra process work in tests)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "run_dir", Path(self.run_dir))
@@ -194,7 +195,9 @@ class WandbLogger:
             resume="allow",
             mode=self.mode,
             reinit="create_new",
-            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+            settings=wandb.Settings(
+                console="off", silent=True, x_disable_stats=not config.record_system_stats
+            ),
         )
         self.run_id: str = self._run.id
         # The wandb run's own folder (RUN_DIR/wandb/offline-run-… or run-…); None when disabled.

@@ -7,14 +7,16 @@ Keys (every count key is present even when zero, so charts line up across steps)
 - ``segments/total``, ``segments/per_trajectory_mean``, ``segments/<reason>`` for every ``SegmentReason``.
 - ``tokens/sampled_total|sampled_mean|prompt_total`` from the segments' loss masks.
 - ``agent/<metric>``: the mean over trajectories where the agent ran (it has tokens or messages) of each
-  numeric trajectory metric (``turns``,
-  ``wall_time_s``, ``files_reread_after_edit``, ``response_tokens`` …); ``agent/tool_calls/<name>`` is the
-  mean number of calls of each tool per trajectory. ``turns`` and tool calls are counted from the conversation
-  when the harness did not report them.
+  numeric trajectory metric (``turns``, ``tool_calls``, ``files_reread_after_edit``, ``response_tokens`` …);
+  ``agent/tool_calls/<name>`` is the mean number of calls of each tool per trajectory. ``turns`` falls back to
+  the proxy's ``num_policy_calls``, then to the conversation; tool calls are counted from the conversation
+  when the harness did not report them. Durations (metrics ending in ``_s``) go to ``time/<metric>``.
 - ``groups/num``, ``groups/zero_variance_fraction`` (GRPO groups whose rewards are all equal: no signal).
 - ``drift/tokens_total``, ``drift/trajectories_with_drift`` when trajectories report ``drift_tokens``.
 - ``throughput/rollouts_per_min``, ``throughput/sampled_tokens_per_s`` when ``wall_time_s`` is given;
-  ``throughput/sandbox_wait_s_mean|total`` from the trajectories' ``sandbox_wait_s`` metric or the argument.
+  ``throughput/sandbox_wait_s_mean|total`` from the trajectories' ``sandbox_wait_s`` / ``sandbox_acquire_s``
+  metric, or the argument.
+- ``drift_report_metrics(reports)``: ``drift/…`` from TITO drift-audit reports, for a recipe that audits.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from components.trajectory import SegmentReason, Trajectory, TrajectoryStatus
 PASS_REWARD = 1.0
 TOOL_CALL_PREFIX = "tool_calls/"
 DRIFT_METRIC = "drift_tokens"
-SANDBOX_WAIT_METRIC = "sandbox_wait_s"
+# How long a rollout waited for its sandbox: the harness's own figure, or the rollout runner's.
+SANDBOX_WAIT_METRICS = ("sandbox_wait_s", "sandbox_acquire_s")
+DURATION_SUFFIX = "_s"  # trajectory metrics ending in _s are durations: reported under time/
 
 
 def rollout_metrics(
@@ -135,6 +139,8 @@ def agent_behaviour_metrics(trajectories: Sequence[Trajectory]) -> dict[str, flo
                 if k.startswith(TOOL_CALL_PREFIX)
             }
         )
+        if "turns" not in reported and "num_policy_calls" in reported:
+            reported["turns"] = reported["num_policy_calls"]
         if "turns" not in reported or ("tool_calls" not in reported and not reported_tools):
             turns, counted_tools = conversation_counts(_parsed_messages(trajectory))
             reported.setdefault("turns", float(turns))
@@ -145,11 +151,14 @@ def agent_behaviour_metrics(trajectories: Sequence[Trajectory]) -> dict[str, flo
             reported["response_tokens"] = float(sum(s.num_sampled_tokens for s in trajectory.segments))
         tool_calls_per_trajectory.append(reported_tools)
         for key, value in reported.items():
-            if key.startswith(TOOL_CALL_PREFIX) or key in (DRIFT_METRIC, SANDBOX_WAIT_METRIC):
+            if key.startswith(TOOL_CALL_PREFIX) or key == DRIFT_METRIC or key in SANDBOX_WAIT_METRICS:
                 continue
             if math.isfinite(value):
                 per_key[key].append(value)
-    out = {f"agent/{key}": _mean(values) for key, values in sorted(per_key.items())}
+    out = {
+        (f"time/{key}" if key.endswith(DURATION_SUFFIX) else f"agent/{key}"): _mean(values)
+        for key, values in sorted(per_key.items())
+    }
     tool_names = sorted({name for counts in tool_calls_per_trajectory for name in counts})
     for name in tool_names:  # a trajectory that never called a tool counts as zero calls of it
         out[f"agent/{TOOL_CALL_PREFIX}{name}"] = _mean([float(c[name]) for c in tool_calls_per_trajectory])
@@ -194,7 +203,11 @@ def throughput_metrics(
         sampled = sum(s.num_sampled_tokens for t in trajectories for s in t.segments)
         out["throughput/rollouts_per_min"] = len(trajectories) / wall_time_s * 60.0
         out["throughput/sampled_tokens_per_s"] = sampled / wall_time_s
-    waits = [t.metrics[SANDBOX_WAIT_METRIC] for t in trajectories if SANDBOX_WAIT_METRIC in t.metrics]
+    waits = [
+        next(t.metrics[key] for key in SANDBOX_WAIT_METRICS if key in t.metrics)
+        for t in trajectories
+        if any(key in t.metrics for key in SANDBOX_WAIT_METRICS)
+    ]
     if waits:
         out["throughput/sandbox_wait_s_mean"] = _mean(waits)
         out["throughput/sandbox_wait_s_total"] = float(sum(waits))
@@ -204,3 +217,18 @@ def throughput_metrics(
             sandbox_wait_s / len(trajectories) if trajectories else math.nan
         )
     return out
+
+
+def drift_report_metrics(reports: Iterable[Any]) -> dict[str, float]:
+    """``drift/…`` from TITO drift-audit reports (anything with ``num_tokens`` and ``num_mismatched``):
+    audited and mismatched token counts, the mismatch rate, and how many segments drifted at all."""
+    reports = list(reports)
+    audited = sum(int(r.num_tokens) for r in reports)
+    mismatched = sum(int(r.num_mismatched) for r in reports)
+    return {
+        "drift/segments_audited": float(len(reports)),
+        "drift/segments_with_drift": float(sum(int(r.num_mismatched) > 0 for r in reports)),
+        "drift/tokens_audited": float(audited),
+        "drift/tokens_mismatched": float(mismatched),
+        "drift/mismatch_rate": mismatched / audited if audited else 0.0,
+    }

@@ -18,12 +18,15 @@ Why a per-sandbox host uid: ``RLIMIT_NPROC`` is not enforced for host root (bwra
 unprivileged uid in its own user namespace, ``--nproc`` counts exactly this sandbox's tasks, so a fork bomb
 fails with ``EAGAIN`` at ``limits.max_processes`` and other sandboxes never notice.
 
-Commands run through the supervisor (``sandboxes/supervisor.py``, the host's Python started with ``-I -S``):
-each exec is ``prlimit --cpu --as --nproc -- sh -c CMD`` in its own session. At the wall-clock timeout the
-command's process group and every process it detached are SIGKILLed (``timed_out=True``). When the command
-exits, its leftover background jobs are killed too. Closing a sandbox kills bwrap, which tears the PID
-namespace down with everything in it. File operations go through the supervisor as well, with the sandbox
-user's rights, so a symlink planted by an agent can never make the host read or write outside the sandbox.
+Commands run through the supervisor (``sandboxes/supervisor.py``, the host's Python started with ``-I -S``),
+which is the sandbox's PID 1 (``--as-pid-1``): signals from inside cannot kill it, and it reaps what commands
+detach. Each exec is ``prlimit --cpu --as --nproc -- sh -c CMD`` in its own session. At the wall-clock timeout
+the command's process group and every process it detached are SIGKILLed (``timed_out=True``); when a command
+exits, its leftover background jobs are killed too. Closing a sandbox closes the supervisor's stdin: it exits,
+the kernel tears the PID namespace down with everything in it, and bwrap reaps it (a supervisor that does not
+exit within ``close_grace_s`` is SIGKILLed). File operations go through the supervisor as well, with the
+sandbox user's rights, so a symlink planted by an agent can never make the host read or write outside the
+sandbox; downloads drop links.
 
 Network: none by default (only the sandbox's own loopback). With ``spec.proxy_url = http://127.0.0.1:PORT``
 the supervisor listens on ``127.0.0.1:PORT`` inside the sandbox's loopback and forwards each connection over a

@@ -54,16 +54,17 @@ def _outcome(coroutine_result=None, error: BaseException | None = None) -> tuple
     if error is None:
         return ("ok", coroutine_result)
     kind = type(error).__name__ if type(error).__name__ in _ERRORS else "SandboxError"
-    return ("error", kind, str(error))
+    return ("error", kind, str(error), getattr(error, "sandbox_id", ""))
 
 
 def _unwrap(outcome: tuple):
     if outcome[0] == "ok":
         return outcome[1]
-    _, kind, message = outcome
-    if kind == "SandboxError":
-        raise SandboxError(message)
-    raise _ERRORS[kind](message)
+    _, kind, message, sandbox_id = outcome
+    error = _ERRORS[kind](message)  # the message already names the sandbox
+    if isinstance(error, SandboxError):
+        error.sandbox_id = sandbox_id
+    raise error
 
 
 @ray.remote(num_cpus=0)
@@ -148,7 +149,10 @@ class SandboxPoolActor:
 
 
 def start_node_pools(config: RaySandboxPoolConfig) -> dict[str, ray.actor.ActorHandle]:
-    """Start (or find) one pool actor on every alive node; returns them by node id, warm pools started."""
+    """Start (or find) one pool actor on every alive node; returns them by node id, warm pools started.
+
+    Keep the returned handles (e.g. on the driver) for as long as rollouts run: like every non-detached Ray
+    actor, a pool actor ends when the last handle to it goes away, closing its sandboxes."""
     handles = {}
     for node in ray.nodes():
         if not node["Alive"]:

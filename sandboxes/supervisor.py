@@ -33,6 +33,7 @@ _active_sessions_lock = threading.Lock()
 _active_sessions: set[int] = set()  # == the pids of running commands (each leads its own session)
 # Held while a command is spawned and registered, so the orphan reaper never reaps a command's own exit status.
 _spawn_lock = threading.Lock()
+_reap_soon = threading.Event()  # set after killing processes, so their zombies go at once
 _proxy_listener: socket.socket | None = None
 
 
@@ -167,6 +168,7 @@ def _op_exec(req: dict) -> dict:
             others = _active_sessions - {proc.pid}
         _kill_strays(others)  # also what the command detached (setsid) from its process group
         exit_code = proc.wait()
+        _reap_soon.set()
     with _active_sessions_lock:
         _active_sessions.discard(proc.pid)
     deadline = time.monotonic() + OUTPUT_READ_GRACE_S
@@ -185,7 +187,8 @@ def _op_exec(req: dict) -> dict:
 def _reap_orphans() -> None:
     """We are the sandbox's PID 1: reap the processes that commands detached, once they exit."""
     while True:
-        time.sleep(0.2)
+        _reap_soon.wait(0.2)
+        _reap_soon.clear()
         with _spawn_lock:
             while True:
                 try:
@@ -317,6 +320,7 @@ def _clear_dir(path: str) -> None:
 def _op_reset(req: dict) -> dict:
     _stop_proxy()
     _kill_strays(set())
+    _reap_soon.set()
     for path in (WORKSPACE, "/tmp", "/home/sandbox", "/dev/shm"):
         _clear_dir(path)
     return {}

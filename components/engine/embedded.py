@@ -216,7 +216,6 @@ class _Request:
     params: SamplingParams
     max_new_tokens: int
     generator: torch.Generator
-    loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     stop_ids: frozenset[int]
     output_ids: list[int] = field(default_factory=list)
@@ -371,7 +370,6 @@ class EmbeddedEngine:
             params=params,
             max_new_tokens=min(params.max_tokens, self._context_window - len(prompt)),
             generator=torch.Generator(device=self.device).manual_seed(seed),
-            loop=loop,
             future=loop.create_future(),
             stop_ids=self.eos_token_ids | frozenset(params.stop_token_ids),
             routed_experts=[] if params.return_routed_experts else None,

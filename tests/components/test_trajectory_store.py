@@ -128,9 +128,15 @@ def test_corrupt_and_torn_shards_are_reported_not_fatal(tmp_path: Path, caplog):
     garbage.write_bytes(b"not a parquet file at all")
     torn = store.directory / f"{TEMP_PREFIX}shard-123.parquet"
     torn.write_bytes(b"PAR1 half")
+    dead_writer = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    torn_by_dead_writer = store.directory / f"{TEMP_PREFIX}{int(dead_writer.stdout)}-shard-456.parquet"
+    torn_by_dead_writer.write_bytes(b"PAR1 half")
+    in_flight = store.directory / f"{TEMP_PREFIX}{os.getpid()}-shard-789.parquet"  # a live writer's
+    in_flight.write_bytes(b"PAR1 being written")
 
-    result = TrajectoryStore(tmp_path).read_all()  # reopening cleans the torn temp file
-    assert not torn.exists()
+    result = TrajectoryStore(tmp_path).read_all()  # reopening cleans the torn temp files
+    assert not torn.exists() and not torn_by_dead_writer.exists()
+    assert in_flight.exists(), "a live writer's temp file must survive a reader opening the store"
     assert [t.trajectory_id for t in result.trajectories] == ["t0", "t1"]
     assert sorted(c.path for c in result.corrupt_shards) == sorted([truncated, garbage])
     assert all(c.error for c in result.corrupt_shards)

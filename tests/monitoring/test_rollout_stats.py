@@ -10,7 +10,7 @@ import pytest
 
 from components.trajectory import Segment, SegmentReason, Trajectory, TrajectoryStatus
 from components.trajectory_store import TrajectoryStore
-from monitoring.rollout_stats import conversation_counts, rollout_metrics
+from monitoring.rollout_stats import conversation_counts, drift_report_metrics, rollout_metrics
 
 
 def segment(num_prompt: int, num_sampled: int, reason=SegmentReason.START) -> Segment:
@@ -141,9 +141,10 @@ def test_agent_behaviour_uses_reported_metrics_and_counts_the_rest(batch):
     assert metrics["agent/tool_calls/submit"] == pytest.approx(1 / 4)
     assert metrics["agent/tool_calls"] == pytest.approx((3 + 3 + 3 + 0) / 4)
     assert metrics["agent/files_reread_after_edit"] == pytest.approx(0.5)  # over those that reported it
-    assert metrics["agent/wall_time_s"] == pytest.approx(6.0)
+    assert metrics["time/wall_time_s"] == pytest.approx(6.0)  # durations go under time/
     assert metrics["agent/response_tokens"] == pytest.approx((5 + 5 + 4 + 1) / 4)
-    assert "agent/drift_tokens" not in metrics and "agent/sandbox_wait_s" not in metrics
+    assert "agent/drift_tokens" not in metrics and "time/sandbox_wait_s" not in metrics
+    assert not any(key.startswith("agent/") and key.endswith("_s") for key in metrics)
 
 
 def test_groups_drift_and_throughput(batch):
@@ -156,6 +157,35 @@ def test_groups_drift_and_throughput(batch):
     assert metrics["throughput/sampled_tokens_per_s"] == pytest.approx(15 / 30)
     assert metrics["throughput/sandbox_wait_s_mean"] == pytest.approx(2.0)
     assert metrics["throughput/sandbox_wait_s_total"] == pytest.approx(4.0)
+
+
+def test_rollout_runner_metric_names_are_understood():
+    ran = trajectory(
+        "r",
+        segments=[segment(2, 2)],
+        metrics={"num_policy_calls": 5, "sandbox_acquire_s": 0.25, "harness_wall_time_s": 9},
+    )
+    metrics = rollout_metrics([ran])
+    assert metrics["agent/turns"] == 5  # from the proxy's count of policy calls
+    assert metrics["throughput/sandbox_wait_s_mean"] == 0.25
+    assert metrics["time/harness_wall_time_s"] == 9
+
+
+def test_drift_report_metrics():
+    from components.tito.drift_audit import DriftReport
+
+    reports = [
+        DriftReport(num_tokens=100, num_mismatched=0, first_mismatch_index=None, num_rerendered_tokens=100),
+        DriftReport(num_tokens=50, num_mismatched=5, first_mismatch_index=7, num_rerendered_tokens=52),
+    ]
+    assert drift_report_metrics(reports) == {
+        "drift/segments_audited": 2.0,
+        "drift/segments_with_drift": 1.0,
+        "drift/tokens_audited": 150.0,
+        "drift/tokens_mismatched": 5.0,
+        "drift/mismatch_rate": pytest.approx(5 / 150),
+    }
+    assert drift_report_metrics([])["drift/mismatch_rate"] == 0.0
 
 
 def test_without_wall_time_or_drift_those_keys_are_absent():

@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -194,6 +195,35 @@ def test_serve_answers_over_http(page):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_rein_view_serve_from_the_command_line(run_dir, tmp_path):
+    out = tmp_path / "served" / "index.html"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "monitoring.viewer",
+            str(run_dir),
+            "--out",
+            str(out),
+            "--serve",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines = [process.stdout.readline(), process.stdout.readline()]
+        url = re.search(r"serving (http://127\.0\.0\.1:\d+/index\.html)", lines[1]).group(1)
+        reply = httpx.get(url, timeout=10)
+        assert reply.status_code == 200 and "traj-ok-calc-0" in reply.text
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        process.stdout.close()
 
 
 # ---- the page in headless Chromium ------------------------------------------------------------------------------
@@ -393,7 +423,8 @@ def test_chromium_lists_filters_and_opens_a_trajectory_on_click(browser, page, t
 
 @needs_chromium
 def test_chromium_shows_an_empty_run_and_an_unknown_trajectory(tmp_path):
-    page = write_viewer(tmp_path / "run" if (tmp_path / "run").mkdir() is None else None)
+    (tmp_path / "run").mkdir()
+    page = write_viewer(tmp_path / "run")
     dom = dump_dom(page.as_uri() + "#t=no-such-trajectory", tmp_path / "profile")
     assert "This run has no trajectories yet." in dom
     assert "No trajectory no-such-trajectory in this run." in dom

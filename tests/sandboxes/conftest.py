@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sandbox_test_support import SandboxFactory
+from sandbox_test_support import RAY_POOL_CONFIG, SandboxFactory
 
 from sandboxes.pool import SandboxPool, SandboxPoolConfig
 
@@ -17,10 +17,22 @@ async def warm_pool():
         yield pool
 
 
-@pytest.fixture(params=["bwrap", "bwrap-pool", "e2b-fake"])
+@pytest.fixture(scope="module")
+def ray_node_pools(ray_session):
+    """Per-node pool actors on the session's Ray cluster (started only for the tests that ask)."""
+    from sandboxes.ray_pool import RaySandboxPool, shutdown_node_pools, start_node_pools
+
+    handles = start_node_pools(RAY_POOL_CONFIG)  # the actors live as long as these handles
+    yield RaySandboxPool(RAY_POOL_CONFIG)
+    shutdown_node_pools(RAY_POOL_CONFIG)
+    del handles
+
+
+@pytest.fixture(params=["bwrap", "bwrap-pool", "ray-pool", "e2b-fake"])
 async def make_sandbox(request, warm_pool):
     """A factory of sandboxes of each backend in turn (E2B against the in-process fake of its SDK)."""
-    factory = SandboxFactory(request.param, warm_pool)
+    pool = request.getfixturevalue("ray_node_pools") if request.param == "ray-pool" else warm_pool
+    factory = SandboxFactory(request.param, pool)
     yield factory
     await factory.close_all()
 

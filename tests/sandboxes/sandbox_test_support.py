@@ -13,9 +13,11 @@ from fake_e2b_sdk import FakeAsyncSandbox
 from components.protocols import SandboxLimits, SandboxSpec
 from sandboxes.bwrap import BwrapSandbox
 from sandboxes.e2b import E2BSandbox, E2BSandboxConfig
-from sandboxes.pool import SandboxPool
+from sandboxes.pool import SandboxPool, SandboxPoolConfig
+from sandboxes.ray_pool import RaySandboxPoolConfig
 
 HOST_PYTHON = os.path.realpath(sys.executable)
+RAY_POOL_CONFIG = RaySandboxPoolConfig(pool=SandboxPoolConfig(num_warm=2), name_prefix="test-contract-pool")
 FAKE_E2B_CONFIG = E2BSandboxConfig(sdk_class=FakeAsyncSandbox, workspace_dir="/workspace", num_attempts=3)
 
 
@@ -57,7 +59,7 @@ class SandboxFactory:
         spec = spec or SandboxSpec()
         if self.backend == "bwrap":
             sandbox = await BwrapSandbox.create(spec)
-        elif self.backend == "bwrap-pool":
+        elif self.backend in ("bwrap-pool", "ray-pool"):
             sandbox = await self.pool.acquire(spec)
         else:
             sandbox = await E2BSandbox.create(spec, FAKE_E2B_CONFIG)

@@ -239,7 +239,7 @@ async def test_weight_update_mid_stream_switches_versions_once(tiny_model_dir, t
     prompts = prompts_of_lengths([8, 20, 3, 35])
     try:
         tasks = [
-            asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=150, seed=i)))
+            asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=300, seed=i)))
             for i, p in enumerate(prompts)
         ]
         await wait_for_decode_steps(engine, 10)

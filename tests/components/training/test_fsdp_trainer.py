@@ -20,7 +20,12 @@ BATCHING = SampleBatchConfig(max_tokens_per_micro_batch=40)
 
 def trainer_config(model_dir, run_dir, **overrides) -> TrainerConfig:
     values = dict(
-        model_path=model_dir, run_dir=run_dir, num_workers=2, cpus_per_worker=0.5, optimizer=OPTIMIZER, batching=BATCHING
+        model_path=model_dir,
+        run_dir=run_dir,
+        num_workers=2,
+        cpus_per_worker=0.5,
+        optimizer=OPTIMIZER,
+        batching=BATCHING,
     )
     values.update(overrides)
     return TrainerConfig(**values)
@@ -59,7 +64,14 @@ def test_two_worker_fsdp_step_equals_single_process_step(trainer, tiny_model_dir
     metrics = trainer.step(batch, current_version=0)
     assert metrics["trained"] == 1 and trainer.state.step == 1 and trainer.state.weight_version == 1
     assert metrics["data/num_micro_batches"] > 2  # several micro-batches, spread over both ranks
-    for key in ("loss", "grad_norm", "num_sampled_tokens", "logprob_abs_diff_mean", "is_ess", "pg_clip_fraction"):
+    for key in (
+        "loss",
+        "grad_norm",
+        "num_sampled_tokens",
+        "logprob_abs_diff_mean",
+        "is_ess",
+        "pg_clip_fraction",
+    ):
         assert metrics[f"train/{key}"] == pytest.approx(expected_metrics[key], rel=1e-4, abs=1e-7), key
     got = trainer.full_state_dict()
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
@@ -113,7 +125,9 @@ async def test_after_weight_sync_engine_logprobs_equal_the_trainers(trainer, tin
         sequence = [1, 504, 2231, 17, 9, 3000, 42, 77, 2, 11]
         before = await engine.logprobs_of(sequence)
         trainer_logprobs = trainer.score([sequence])[0]
-        assert max(abs(a - b) for a, b in zip(before, trainer_logprobs, strict=True)) > 1e-4  # trained != initial
+        assert (
+            max(abs(a - b) for a, b in zip(before, trainer_logprobs, strict=True)) > 1e-4
+        )  # trained != initial
         version = trainer.state.weight_version
         timings = await WeightSync(WeightSyncConfig(mode="memory"), engine).push(trainer, version)
         assert timings["weight_sync/total_s"] > 0

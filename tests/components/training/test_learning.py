@@ -1,5 +1,9 @@
 """The learning test: through the real pipeline (engine actor rollout → TrajectoryStore → Ray Data → Ray Train
-FSDP2 → in-memory weight sync), the tiny random model learns to sample tokens from a target set."""
+FSDP2 → in-memory weight sync), the tiny random model learns from scratch to sample tokens from a target set.
+
+The target set is the 4096 tokens (≈ 8% of the vocabulary, so a random policy earns ≈ 0.08) whose initial
+embeddings project most on a fixed random direction: a set the policy can reach by a shared direction of
+its output space, so that a dozen steps suffice (an arbitrary id range takes 2-3× longer to take off)."""
 
 from __future__ import annotations
 
@@ -9,20 +13,31 @@ import numpy as np
 import pytest
 
 from components.protocols import SamplingParams
-from components.trajectory import Segment, Trajectory, TrajectoryStatus
-from components.trajectory_store import TrajectoryStore
 from components.training.data import SampleBatchConfig
 from components.training.grpo import GRPO
 from components.training.step import OptimizerConfig
 from components.training.trainer import Trainer, TrainerConfig
 from components.training.weight_sync import WeightSync, WeightSyncConfig
+from components.trajectory import Segment, Trajectory, TrajectoryStatus
+from components.trajectory_store import TrajectoryStore
 
-TARGET_BELOW_ID = 4096  # the target set: ids < 4096 (≈ 8% of the vocabulary: a random policy's reward)
+NUM_TARGET_TOKENS = 4096
 NUM_PROMPTS, GROUP_SIZE, NUM_SAMPLED = 4, 8, 16
-NUM_STEPS = 14
+NUM_STEPS = 12
 
 
-def trajectory_of(step: int, index: int, prompt: list[int], result) -> Trajectory:
+def target_tokens(model_dir) -> np.ndarray:
+    """A boolean mask over the vocabulary: the tokens whose embeddings project most on a random direction."""
+    from safetensors.numpy import load_file
+
+    embeddings = load_file(str(model_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    direction = np.random.default_rng(0).standard_normal(embeddings.shape[1])
+    target = np.zeros(embeddings.shape[0], dtype=bool)
+    target[np.argsort(embeddings @ direction)[-NUM_TARGET_TOKENS:]] = True
+    return target
+
+
+def trajectory_of(step: int, index: int, prompt: list[int], result, target: np.ndarray) -> Trajectory:
     output = np.asarray(result.output_ids)
     mask = np.array([0] * len(prompt) + [1] * len(output), dtype=np.int8)
     segment = Segment(
@@ -37,7 +52,7 @@ def trajectory_of(step: int, index: int, prompt: list[int], result) -> Trajector
         task_id=f"prompt{index // GROUP_SIZE}",
         harness="target-tokens",
         status=TrajectoryStatus.OK,
-        reward=float((output < TARGET_BELOW_ID).mean()),
+        reward=float(target[output].mean()),
         step=step,
         segments=(segment,),
     )
@@ -58,13 +73,14 @@ async def test_mean_reward_rises_through_the_real_pipeline(ray_session, tiny_mod
             model_path=tiny_model_dir,
             run_dir=tmp_path,
             num_workers=1,
-            optimizer=OptimizerConfig(learning_rate=4e-2),
+            optimizer=OptimizerConfig(learning_rate=0.1),
             batching=SampleBatchConfig(max_staleness=0),
         ),
         algorithm=GRPO(),
     )
     store = TrajectoryStore(tmp_path)
     sync = WeightSync(WeightSyncConfig(mode="memory"), engine)
+    target = target_tokens(tiny_model_dir)
     prompts = [[1, *np.random.default_rng(p).integers(3, 49000, 8).tolist()] for p in range(NUM_PROMPTS)]
     mean_rewards, logprob_gaps = [], []
     try:
@@ -78,7 +94,9 @@ async def test_mean_reward_rises_through_the_real_pipeline(ray_session, tiny_mod
             )
             assert {v for r in results for v in r.weight_versions} == {version}
             prompt_of = [p for p in prompts for _ in range(GROUP_SIZE)]
-            shard = store.write([trajectory_of(step, i, prompt_of[i], r) for i, r in enumerate(results)])
+            shard = store.write(
+                [trajectory_of(step, i, prompt_of[i], r, target) for i, r in enumerate(results)]
+            )
             metrics = await asyncio.to_thread(trainer.step, [shard], version)
             await sync.push(trainer, trainer.state.weight_version)
             assert engine.weight_version == version + 1
@@ -92,6 +110,6 @@ async def test_mean_reward_rises_through_the_real_pipeline(ray_session, tiny_mod
     # engine and trainer agree on every on-policy token after every sync (invariant 5)
     assert max(logprob_gaps) < 1e-4, logprob_gaps
     first, last = np.mean(mean_rewards[:3]), np.mean(mean_rewards[-3:])
-    assert first < 0.2 and last > first + 0.3, mean_rewards
+    assert first < 0.2 and last > first + 0.5, mean_rewards
     # "monotonically-ish": the second half beats the first, and no step collapses back to the start
     assert np.mean(mean_rewards[NUM_STEPS // 2 :]) > np.mean(mean_rewards[: NUM_STEPS // 2])

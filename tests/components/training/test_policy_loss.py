@@ -38,7 +38,9 @@ def inputs(**overrides):
 
 
 def test_clip_higher_both_sides_and_token_truncated_is():
-    config = PolicyLossConfig(clip_low=0.2, clip_high=0.28, importance_sampling="token", importance_sampling_cap=2.0)
+    config = PolicyLossConfig(
+        clip_low=0.2, clip_high=0.28, importance_sampling="token", importance_sampling_cap=2.0
+    )
     values = inputs()
     loss, stats = policy_gradient_loss(config, **values)
     # a: max(-1.5, -1.28) = -1.28 (clipped high), IS 1.5, w 0.5  -> -0.96
@@ -117,8 +119,8 @@ def test_sample_weights_do_not_grow_with_the_number_of_segments():
     assert weights.tolist() == pytest.approx([1 / 16, 1 / 16, 1 / 8])
     per_trajectory = np.bincount(trajectory_index, weights=weights * num_sampled)
     assert per_trajectory.tolist() == pytest.approx([0.5, 0.5])  # each trajectory counts once
-    assert GRPO(GRPOConfig(sample_weighting="token")).sample_weights(num_sampled, trajectory_index).tolist() == (
-        pytest.approx([1 / 12] * 3)
-    )
+    assert GRPO(GRPOConfig(sample_weighting="token")).sample_weights(
+        num_sampled, trajectory_index
+    ).tolist() == (pytest.approx([1 / 12] * 3))
     constant = GRPO(GRPOConfig.dr_grpo(constant_normalizer_tokens=10))
     assert constant.sample_weights(num_sampled, trajectory_index).tolist() == pytest.approx([0.05] * 3)

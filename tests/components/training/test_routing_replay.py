@@ -11,7 +11,12 @@ import torch
 from components.protocols import SamplingParams
 from components.training.data import MicroBatch
 from components.training.forward import forward_sampled_tokens
-from components.training.routing_replay import find_routers, record_routes, routes_from_generation, routes_tensor
+from components.training.routing_replay import (
+    find_routers,
+    record_routes,
+    routes_from_generation,
+    routes_tensor,
+)
 
 
 def sampled_view(model, token_ids, num_prompt, routes):
@@ -77,7 +82,9 @@ async def test_routing_replay_improves_train_rollout_agreement(tiny_moe_model_di
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for router in find_routers(model):
-            router.weight.add_(torch.randn(router.weight.shape, generator=generator) * 0.05 * router.weight.std())
+            router.weight.add_(
+                torch.randn(router.weight.shape, generator=generator) * 0.05 * router.weight.std()
+            )
     replayed, replayed_flips = disagreement(replay=True)
     rerouted, rerouted_flips = disagreement(replay=False)
     assert replayed_flips == 0 and rerouted_flips > 0.01

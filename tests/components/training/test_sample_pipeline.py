@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 from training_synthetic import make_segment, make_trajectory, random_batch
 
-from components.trajectory import TrajectoryStatus
-from components.trajectory_store import TrajectoryStore
 from components.training.data import (
     SampleBatchConfig,
     build_micro_batches_locally,
@@ -16,6 +14,8 @@ from components.training.data import (
     first_fit_decreasing,
 )
 from components.training.grpo import GRPO
+from components.trajectory import TrajectoryStatus
+from components.trajectory_store import TrajectoryStore
 
 STD_OF_ONE_ZERO = np.sqrt(0.5)  # sample std of rewards [1, 0]
 
@@ -24,7 +24,9 @@ def known_batch():
     """Group a: t1 (reward 1, two segments), t2 (reward 0), t3 failed. Group b: t4, t5 with equal rewards."""
     t1 = make_trajectory("t1", "a", 1.0, (make_segment(3, 2, seed=1), make_segment(4, 3, seed=2, tail=1)))
     t2 = make_trajectory("t2", "a", 0.0, (make_segment(2, 5, seed=3),))
-    t3 = make_trajectory("t3", "a", None, (make_segment(2, 4, seed=4),), status=TrajectoryStatus.SANDBOX_ERROR)
+    t3 = make_trajectory(
+        "t3", "a", None, (make_segment(2, 4, seed=4),), status=TrajectoryStatus.SANDBOX_ERROR
+    )
     t4 = make_trajectory("t4", "b", 0.5, (make_segment(2, 2, seed=5),))
     t5 = make_trajectory("t5", "b", 0.5, (make_segment(3, 6, seed=6),))
     return [t1, t2, t3, t4, t5]
@@ -37,9 +39,19 @@ def segments_of(micro_batches):
         bounds = row["cu_seqlens"]
         assert bounds[-1] == row["num_tokens"] == len(row["input_ids"])
         for s, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-            piece = {k: np.asarray(row[k][start:end]) for k in ("input_ids", "position_ids", "sequence_ids",
-                                                                 "loss_mask", "old_logprobs", "advantages",
-                                                                 "weights", "weight_versions")}
+            piece = {
+                k: np.asarray(row[k][start:end])
+                for k in (
+                    "input_ids",
+                    "position_ids",
+                    "sequence_ids",
+                    "loss_mask",
+                    "old_logprobs",
+                    "advantages",
+                    "weights",
+                    "weight_versions",
+                )
+            }
             assert piece["position_ids"].tolist() == list(range(end - start))
             assert set(piece["sequence_ids"].tolist()) == {s}
             out[tuple(piece["input_ids"].tolist())] = piece
@@ -53,8 +65,9 @@ def test_first_fit_decreasing_packs_exactly():
 
 def test_known_batch_advantages_weights_masks_and_packing():
     trajectories = known_batch()
-    result = build_micro_batches_locally(trajectories, GRPO(), SampleBatchConfig(max_tokens_per_micro_batch=12),
-                                         current_version=0)
+    result = build_micro_batches_locally(
+        trajectories, GRPO(), SampleBatchConfig(max_tokens_per_micro_batch=12), current_version=0
+    )
     m = result.metrics
     assert m["num_trajectories"] == 5 and m["num_failed_trajectories"] == 1
     assert m["num_groups"] == 2 and m["num_zero_advantage_groups"] == 1
@@ -77,19 +90,30 @@ def test_known_batch_advantages_weights_masks_and_packing():
             assert piece["advantages"] == pytest.approx(expected_advantage[tid], abs=1e-5)
             assert piece["weights"] == pytest.approx(1 / (4 * sampled[tid]), rel=1e-6)
     # t1 (two segments) and t2 (one) carry the same total weight
-    total = {tid: sum(float((packed[tuple(s.token_ids.tolist())]["weights"] *
-                             packed[tuple(s.token_ids.tolist())]["loss_mask"]).sum()) for s in by_id[tid].segments)
-             for tid in ("t1", "t2")}
+    total = {
+        tid: sum(
+            float(
+                (
+                    packed[tuple(s.token_ids.tolist())]["weights"]
+                    * packed[tuple(s.token_ids.tolist())]["loss_mask"]
+                ).sum()
+            )
+            for s in by_id[tid].segments
+        )
+        for tid in ("t1", "t2")
+    }
     assert total["t1"] == pytest.approx(total["t2"]) == pytest.approx(0.25)
 
 
 def test_staleness_bound_drops_whole_trajectories():
     old = make_trajectory("old", "g", 1.0, (make_segment(2, 3, version=2, seed=1),))
-    mixed = make_trajectory("mixed", "g", 0.0,
-                            (make_segment(2, 3, version=4, seed=2), make_segment(2, 3, version=2, seed=3)))
+    mixed = make_trajectory(
+        "mixed", "g", 0.0, (make_segment(2, 3, version=4, seed=2), make_segment(2, 3, version=2, seed=3))
+    )
     fresh = make_trajectory("fresh", "g", 0.5, (make_segment(2, 3, version=3, seed=4),))
-    result = build_micro_batches_locally([old, mixed, fresh], GRPO(), SampleBatchConfig(max_staleness=2),
-                                         current_version=5)
+    result = build_micro_batches_locally(
+        [old, mixed, fresh], GRPO(), SampleBatchConfig(max_staleness=2), current_version=5
+    )
     assert result.metrics["num_stale_trajectories"] == 2
     assert result.metrics["staleness_max"] == 3
     packed = segments_of(result.micro_batches)
@@ -99,8 +123,9 @@ def test_staleness_bound_drops_whole_trajectories():
 
 
 def test_zero_advantage_groups_can_be_dropped_and_bad_input_is_refused():
-    result = build_micro_batches_locally(known_batch(), GRPO(), SampleBatchConfig(drop_zero_advantage_groups=True),
-                                         current_version=0)
+    result = build_micro_batches_locally(
+        known_batch(), GRPO(), SampleBatchConfig(drop_zero_advantage_groups=True), current_version=0
+    )
     assert result.metrics["num_trained_trajectories"] == 2
     with pytest.raises(ValueError, match="max_tokens_per_micro_batch"):
         SampleBatchConfig(max_tokens_per_micro_batch=0)
@@ -124,12 +149,19 @@ def test_ray_data_pipeline_matches_the_plain_one(ray_session, tmp_path):
     rows = pa.concat_tables(ray_session.get(table))
     padding = rows.filter(pa.compute.equal(rows["num_sampled_tokens"], 0))
     assert padding.num_rows == distributed.num_micro_batches - distributed.metrics["num_micro_batches"]
-    expected, got = segments_of(local.micro_batches), segments_of(rows.filter(
-        pa.compute.greater(rows["num_sampled_tokens"], 0)))
+    expected, got = (
+        segments_of(local.micro_batches),
+        segments_of(rows.filter(pa.compute.greater(rows["num_sampled_tokens"], 0))),
+    )
     assert expected.keys() == got.keys()
     for key, piece in expected.items():
         for column, values in piece.items():
             if column != "sequence_ids":
                 np.testing.assert_allclose(got[key][column], values, rtol=1e-6)
-    for key in ("num_failed_trajectories", "num_zero_advantage_groups", "num_trained_segments", "num_sampled_tokens"):
+    for key in (
+        "num_failed_trajectories",
+        "num_zero_advantage_groups",
+        "num_trained_segments",
+        "num_sampled_tokens",
+    ):
         assert distributed.metrics[key] == local.metrics[key]

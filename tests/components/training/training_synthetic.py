@@ -43,7 +43,9 @@ def make_trajectory(
     )
 
 
-def random_batch(num_groups: int = 2, group_size: int = 4, *, seed: int = 0, vocab: int = 49152) -> list[Trajectory]:
+def random_batch(
+    num_groups: int = 2, group_size: int = 4, *, seed: int = 0, vocab: int = 49152
+) -> list[Trajectory]:
     """Groups of trajectories with varied rewards, 1-3 segments each."""
     rng = np.random.default_rng(seed)
     out = []
@@ -52,7 +54,10 @@ def random_batch(num_groups: int = 2, group_size: int = 4, *, seed: int = 0, voc
             num_segments = int(rng.integers(1, 4))
             segments = tuple(
                 make_segment(
-                    int(rng.integers(2, 12)), int(rng.integers(1, 10)), seed=int(rng.integers(1 << 30)), vocab=vocab
+                    int(rng.integers(2, 12)),
+                    int(rng.integers(1, 10)),
+                    seed=int(rng.integers(1 << 30)),
+                    vocab=vocab,
                 )
                 for _ in range(num_segments)
             )
