@@ -34,6 +34,9 @@ class ClaudeCodeAgent:
     # ``--bare``: Claude Code's documented minimal mode (tools Bash/Edit/Read, no hooks, plugins, memory or
     # CLAUDE.md discovery, ~1k prompt tokens instead of ~20k). Off: the full agent as users run it.
     bare: bool = False
+    # API retries (CLAUDE_CODE_MAX_RETRIES); Claude Code's default of 10 with backoff spends minutes on a
+    # failing proxy before the run can be classified.
+    max_retries: int = 2
 
     def read_only_paths(self) -> tuple[str, ...]:
         """The npm install (a native binary; no Node needed)."""
@@ -63,6 +66,7 @@ class ClaudeCodeAgent:
                 "DISABLE_ERROR_REPORTING": "1",
                 "DISABLE_AUTOUPDATER": "1",
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                "CLAUDE_CODE_MAX_RETRIES": str(self.max_retries),
                 "IS_SANDBOX": "1",  # allows --dangerously-skip-permissions when the sandbox user is root
                 **(
                     {"CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(config.max_output_tokens)}

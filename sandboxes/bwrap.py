@@ -136,6 +136,18 @@ def validate_spec(spec: SandboxSpec) -> None:
         parse_loopback_proxy_url(spec.proxy_url)
 
 
+def _remove_stale_host_dirs(temp_root: str) -> None:
+    """Remove the host directories of sandboxes whose owning process died without closing them (its bwrap
+    died with it: ``--die-with-parent``)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(temp_root):
+            parts = name.split("-")
+            if len(parts) < 3 or parts[:2] != ["rein", "bwrap"] or not parts[2].isdigit():
+                continue
+            if not os.path.exists(f"/proc/{parts[2]}"):
+                shutil.rmtree(os.path.join(temp_root, name), ignore_errors=True)
+
+
 def _child_pids(pid: int) -> list[int]:
     """The direct children of a host process."""
     try:
@@ -153,6 +165,7 @@ class BwrapSandbox:
     """One bubblewrap sandbox with a supervisor inside. Create with ``await BwrapSandbox.create(spec)``."""
 
     _ids = itertools.count()
+    _swept_temp_roots: set[str] = set()
 
     def __init__(
         self, *, config: BwrapSandboxConfig, workspace_mb: int, read_only_paths: tuple[str, ...]
@@ -164,7 +177,11 @@ class BwrapSandbox:
         self.read_only_paths = read_only_paths
         self.mode = ""  # "userns" | "uid" | "unprivileged", as reported by the supervisor
         self.spec = SandboxSpec()
-        self._host_dir = tempfile.mkdtemp(prefix=f"rein-{self.sandbox_id}-", dir=config.temp_root or None)
+        temp_root = config.temp_root or tempfile.gettempdir()
+        if temp_root not in self._swept_temp_roots:
+            self._swept_temp_roots.add(temp_root)
+            _remove_stale_host_dirs(temp_root)
+        self._host_dir = tempfile.mkdtemp(prefix=f"rein-{self.sandbox_id}-", dir=temp_root)
         os.chmod(self._host_dir, 0o755)
         self._process: asyncio.subprocess.Process | None = None
         self._pending: dict[int, asyncio.Future] = {}

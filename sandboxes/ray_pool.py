@@ -90,10 +90,13 @@ class SandboxPoolActor:
         return sandbox
 
     async def start(self) -> str:
+        """Start the warm sandboxes; returns this node's id."""
         await self._pool.start()
         return ray.get_runtime_context().get_node_id()
 
     async def acquire(self, spec: SandboxSpec) -> tuple:
+        """A sandbox id from this node's pool."""
+
         async def acquire():
             sandbox = await self._pool.acquire(spec)
             self._sandboxes[sandbox.sandbox_id] = sandbox
@@ -102,6 +105,8 @@ class SandboxPoolActor:
         return await self._call(acquire)
 
     async def release(self, sandbox_id: str) -> tuple:
+        """Give a sandbox back to the pool."""
+
         async def release():
             sandbox = self._sandboxes.pop(sandbox_id, None)
             if sandbox is not None:
@@ -110,23 +115,30 @@ class SandboxPoolActor:
         return await self._call(release)
 
     async def exec(self, sandbox_id: str, cmd, timeout_s, cwd, env) -> tuple:
+        """``Sandbox.exec`` on one of our sandboxes."""
         return await self._call(
             lambda: self._get(sandbox_id).exec(cmd, timeout_s=timeout_s, cwd=cwd, env=env)
         )
 
     async def read_file(self, sandbox_id: str, path: str) -> tuple:
+        """``Sandbox.read_file`` on one of our sandboxes."""
         return await self._call(lambda: self._get(sandbox_id).read_file(path))
 
     async def write_file(self, sandbox_id: str, path: str, data) -> tuple:
+        """``Sandbox.write_file`` on one of our sandboxes."""
         return await self._call(lambda: self._get(sandbox_id).write_file(path, data))
 
     async def put_archive(self, sandbox_id: str, archive: bytes, remote_dir: str) -> tuple:
+        """Unpack a tar archive into one of our sandboxes."""
         return await self._call(lambda: self._get(sandbox_id).upload_archive(archive, remote_dir))
 
     async def get_archive(self, sandbox_id: str, remote_path: str) -> tuple:
+        """A one-entry tar archive of a path in one of our sandboxes."""
         return await self._call(lambda: self._get(sandbox_id).download_archive(remote_path))
 
     async def close_sandbox(self, sandbox_id: str) -> tuple:
+        """Destroy one of our sandboxes."""
+
         async def close():
             sandbox = self._sandboxes.pop(sandbox_id, None)
             if sandbox is not None:
@@ -137,6 +149,7 @@ class SandboxPoolActor:
         return await self._call(close)
 
     def stats(self) -> dict[str, int]:
+        """Pool counters: warm, in use, cold starts."""
         return {
             "num_warm": self._pool.num_warm,
             "num_in_use": self._pool.num_in_use,
@@ -144,6 +157,7 @@ class SandboxPoolActor:
         }
 
     async def shutdown(self) -> None:
+        """Close every sandbox of this node's pool."""
         self._sandboxes.clear()
         await self._pool.close()
 

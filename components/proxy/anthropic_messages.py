@@ -157,7 +157,9 @@ def parse_conversation(body: dict[str, Any]) -> tuple[tuple[ChatMessage, ...], t
         elif role == "system":  # Claude Code puts mid-conversation system notes into messages
             messages.append(ChatMessage(role="system", content=_text_of(raw["content"], f"{where}.content")))
         else:
-            raise InvalidRequestError(f"{where}.role: unknown role {role!r}; allowed: user, assistant, system")
+            raise InvalidRequestError(
+                f"{where}.role: unknown role {role!r}; allowed: user, assistant, system"
+            )
     return tuple(messages), parse_tools(body.get("tools"))
 
 

@@ -18,14 +18,26 @@ from components.proxy.config import ProxyConfig
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rein proxy", description="Serve the policy behind OpenAI/Anthropic APIs.")
-    parser.add_argument("--model", default="default", help="'default' (set-up policy), 'tiny', or an HF folder")
+    parser = argparse.ArgumentParser(
+        prog="rein proxy", description="Serve the policy behind OpenAI/Anthropic APIs."
+    )
+    parser.add_argument(
+        "--model", default="default", help="'default' (set-up policy), 'tiny', or an HF folder"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
-    parser.add_argument("--run-dir", type=Path, default=None, help="finalized trajectories go to RUN_DIR/trajectories")
-    parser.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer / x-api-key)")
-    parser.add_argument("--keepalive-s", type=float, default=5.0, help="keep-alive frame interval while streaming")
-    parser.add_argument("--max-tokens", type=int, default=1024, help="completion budget when a request sets none")
+    parser.add_argument(
+        "--run-dir", type=Path, default=None, help="finalized trajectories go to RUN_DIR/trajectories"
+    )
+    parser.add_argument(
+        "--api-key", default=None, help="require this key (Authorization: Bearer / x-api-key)"
+    )
+    parser.add_argument(
+        "--keepalive-s", type=float, default=5.0, help="keep-alive frame interval while streaming"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=1024, help="completion budget when a request sets none"
+    )
     parser.add_argument("--max-completion-tokens", type=int, default=None, help="cap on any one completion")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
     return parser

@@ -315,6 +315,13 @@ class LocalSessionRegistry:
             token_logprobs=token_logprobs,
         )
 
+    def _cut_by_proxy(self, request: TurnRequest, budget: int, clamped_budget: int) -> bool:
+        """Whether a length-truncated completion was cut by a budget the client did not ask for (the proxy's
+        default or cap), rather than by the client's own ``max_tokens`` or the context window."""
+        if clamped_budget < budget:  # the context window cut it: a real length stop
+            return False
+        return request.max_tokens is None or budget < request.max_tokens
+
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> int:

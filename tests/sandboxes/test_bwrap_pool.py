@@ -273,3 +273,54 @@ async def test_64_sandboxes_used_concurrently_without_errors_or_leaks(tmp_path):
     assert not [uid for uid, _ in records if uid in live_uids], "sandbox processes left behind"
     assert not [path for _, path in records if os.path.exists(path)], "host temp dirs left behind"
     assert child_bwraps() == []
+
+
+async def test_host_dirs_of_dead_owners_are_swept(tmp_path):
+    finished = await asyncio.create_subprocess_exec("true")
+    await finished.wait()
+    stale = tmp_path / f"rein-bwrap-{finished.pid}-0-abcdef-xyz"
+    live = tmp_path / f"rein-bwrap-{os.getpid()}-99-abcdef-xyz"
+    stale.mkdir()
+    live.mkdir()
+    config = BwrapSandboxConfig(temp_root=str(tmp_path))
+    async with await BwrapSandbox.create(SandboxSpec(limits=SMALL_LIMITS), config) as sandbox:
+        assert Path(sandbox._host_dir).parent == tmp_path
+    assert not stale.exists() and live.exists()
+
+
+async def test_http_client_in_the_venv_reaches_the_proxy_with_large_bodies():
+    import http.server
+    import sys
+    import threading
+
+    class Echo(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's naming)
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            reply = f"got {len(body)} bytes at {self.path}".encode() * 1000
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base_url = f"http://127.0.0.1:{server.server_address[1]}"
+    spec = SandboxSpec(read_only_paths=(sys.prefix,), proxy_url=base_url, limits=SMALL_LIMITS)
+    try:
+        async with await BwrapSandbox.create(spec) as sandbox:
+            code = (
+                "import httpx, os\n"
+                "r = httpx.post(os.environ['BASE'] + '/s/abc/v1/messages', content=b'x' * 3_000_000, timeout=30)\n"
+                "print(r.status_code, len(r.content), r.text[:40])\n"
+            )
+            result = await sandbox.exec([f"{sys.prefix}/bin/python", "-c", code], env={"BASE": base_url})
+            assert result.stdout.split()[:2] == [
+                "200",
+                str(len("got 3000000 bytes at /s/abc/v1/messages") * 1000),
+            ]
+            assert "got 3000000 bytes at /s/abc/v1/messages" in result.stdout, result
+    finally:
+        server.shutdown()

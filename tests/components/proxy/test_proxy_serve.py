@@ -14,6 +14,8 @@ from proxy_helpers import reply_ids
 from components.engine.scripted import ScriptedEngine
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import SessionNotFoundError
+from components.trajectory import TrajectoryStatus
+from components.trajectory_store import TrajectoryStore
 
 NUM_SESSIONS = 32
 NUM_TURNS = 3
@@ -79,7 +81,7 @@ async def test_32_sessions_through_two_serve_replicas(ray_session, tokenizer, de
         marker = prompt.split("I am ", 1)[1][:3]
         return f"ack {marker} turn {prompt.count('<|im_start|>assistant') - 1}"
 
-    engine = ScriptedEngine(tokenizer, script)
+    engine = ScriptedEngine(tokenizer, script, context_window=2048)
     config = ProxyConfig(run_dir=tmp_path, keepalive_interval_s=1.0)
     serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
     registry = start_session_shards(engine, default_model_dir, config, num_shards=2)
@@ -118,7 +120,26 @@ async def test_32_sessions_through_two_serve_replicas(ray_session, tokenizer, de
             assert np.all(segment.weight_versions[segment.loss_mask == 1] == 0)
         with pytest.raises(SessionNotFoundError):
             await registry.describe(session_ids[0])
-        assert len({t.trajectory_id for t in trajectories}) == NUM_SESSIONS
+        stored = TrajectoryStore(tmp_path).read_all().trajectories  # written by the shard actors
+        assert sorted(t.trajectory_id for t in stored) == sorted(session_ids)
+
+        # Context overflow through a replica: a 413 in the protocol's shape, the session marked, the record kept.
+        overflow_id = await registry.open_session()
+        client = anthropic.AsyncAnthropic(base_url=f"{url}/s/{overflow_id}", api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "I am S99."}]
+        first = await client.messages.create(model="m", max_tokens=32, messages=messages)
+        messages += [
+            {"role": "assistant", "content": first.content[0].text},
+            {"role": "user", "content": "word " * 3000},
+        ]
+        with pytest.raises(anthropic.APIStatusError) as caught:
+            await client.messages.create(model="m", max_tokens=32, messages=messages)
+        assert caught.value.status_code == 413 and caught.value.body["error"]["type"] == "context_overflow"
+        overflowed = await registry.finalize(overflow_id, reward=0.0)
+        assert overflowed.status == TrajectoryStatus.CONTEXT_OVERFLOW and overflowed.trainable
+        assert overflowed.segments[0].num_sampled_tokens == len(
+            reply_ids(tokenizer, _expected_reply("S99", 0))
+        )
     finally:
         serve.delete(app_name)
         registry.shutdown()

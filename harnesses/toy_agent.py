@@ -1,0 +1,196 @@
+"""A white-box multi-turn agent for the ART-style toy games (``components.tasks.toys``): the policy plays
+through the game's tools via the OpenAI SDK; the game itself is the referee.
+
+The game runs in the harness process, so the rollout's sandbox only satisfies the runner (an empty one, no
+network). The reward is the game's own (``env.reward()``): the harness records it per sandbox, and
+``ToyGameReward`` (the runner's grader) reads it back, so toy rollouts go through the same runner, proxy
+sessions and trajectories as the SWE tasks::
+
+    harness = ToyAgentHarness(ToyAgentConfig(max_turns=12))
+    tasks = [ToyGameTask(task_id=f"tictactoe-{seed}", make_env=TicTacToeEnv, seed=seed) for seed in range(8)]
+    runner = RolloutRunner(config, harness=harness, grader=harness.reward, ...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from openai import AsyncOpenAI
+
+from components.config import require, require_non_negative, require_positive
+from components.protocols import HarnessOutcome, RewardResult, Sandbox, SandboxSpec, Task
+from components.tasks.toys import ToyEnvironment
+from components.tito.messages import ToolCall
+from components.trajectory import TrajectoryStatus
+from harnesses.outcomes import clip_text, outcome_from_exception
+
+NO_MOVE_REMINDER = "Your reply had no tool call. Make your move by calling one of the tools."
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToyGameTask:
+    """One seeded game as a ``Task``: ``make_env()`` builds the environment, ``seed`` fixes the game."""
+
+    task_id: str
+    make_env: Callable[[], ToyEnvironment]
+    seed: int = 0
+    problem_statement: str = ""  # filled with the game's opening text when empty
+
+    def __post_init__(self) -> None:
+        require(bool(self.task_id), "task_id", "must be non-empty")
+        require(callable(self.make_env), "make_env", "must build a ToyEnvironment")
+        if not self.problem_statement:
+            object.__setattr__(self, "problem_statement", self.make_env().reset(self.seed))
+
+    def sandbox_spec(self) -> SandboxSpec:
+        """The game needs nothing from its sandbox: empty, no network."""
+        return SandboxSpec()
+
+
+@dataclass(kw_only=True, frozen=True)
+class ToyAgentConfig:
+    """Bounds and sampling of the toy-game agent."""
+
+    max_turns: int = 30  # model calls; running out ends the game with status turn_limit (reward so far)
+    wall_time_s: float = 300.0
+    max_tokens: int = 256  # per reply
+    temperature: float = 1.0
+    model: str = "policy"
+    system_prompt: str = "You are playing a game. Make each move by calling a tool."
+    max_retries: int = 1
+    max_log_chars: int = 50_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "wall_time_s", "max_tokens", "max_log_chars"):
+            require_positive(getattr(self, name), name)
+        require_non_negative(self.temperature, "temperature")
+        require_non_negative(self.max_retries, "max_retries")
+        require(bool(self.model), "model", "must be a non-empty model name")
+
+
+class ToyGameReward:
+    """The grader of toy games: the reward the game gave in the run that used this sandbox."""
+
+    def __init__(self) -> None:
+        self._rewards: dict[str, float] = {}
+
+    def record(self, sandbox: Sandbox, reward: float) -> None:
+        """Keep the game's reward for the run in ``sandbox`` (read once by ``score``)."""
+        self._rewards[sandbox.sandbox_id] = reward
+
+    async def score(self, task: Task, agent_sandbox: Sandbox) -> RewardResult:
+        """The recorded reward; a run that recorded none cannot be graded."""
+        reward = self._rewards.pop(agent_sandbox.sandbox_id, None)
+        if reward is None:
+            return RewardResult(
+                reward=None, error=f"no game result recorded for sandbox {agent_sandbox.sandbox_id}"
+            )
+        return RewardResult(reward=reward, log=f"game reward {reward:g}")
+
+
+class ToyAgentHarness:
+    """Plays a ``ToyGameTask`` with the policy; ``reward`` is the grader to give the runner."""
+
+    def __init__(self, config: ToyAgentConfig | None = None, *, name: str = "toy-agent") -> None:
+        self.config = config or ToyAgentConfig()
+        self.name = name
+        self.reward = ToyGameReward()
+
+    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str) -> HarnessOutcome:
+        """Play one game: model call → tool calls → game steps, until the game ends or a bound is hit."""
+        if not isinstance(task, ToyGameTask):
+            raise TypeError(f"ToyAgentHarness plays ToyGameTask, got {type(task).__name__}")
+        config = self.config
+        env = task.make_env()
+        started = time.monotonic()
+        counters = {"num_turns": 0, "num_moves": 0, "num_text_only_replies": 0, "num_response_tokens": 0}
+        log_lines: list[str] = []
+
+        def metrics() -> dict[str, float]:
+            return {
+                **{k: float(v) for k, v in counters.items()},
+                "game_reward": env.reward(),
+                "agent_wall_time_s": time.monotonic() - started,
+            }
+
+        client = AsyncOpenAI(
+            base_url=f"{base_url.rstrip('/')}/v1", api_key="rein", max_retries=config.max_retries
+        )
+        try:
+            async with asyncio.timeout(config.wall_time_s) as deadline:
+                done = await self._play(client, env, task.seed, counters, log_lines)
+        except TimeoutError as exc:
+            if not deadline.expired():
+                return outcome_from_exception(exc, metrics=metrics(), log="\n".join(log_lines))
+            status, reason = TrajectoryStatus.TIMEOUT, f"game not over after {config.wall_time_s:g} s"
+        except Exception as exc:
+            return outcome_from_exception(exc, metrics=metrics(), log="\n".join(log_lines))
+        else:
+            status, reason = (
+                (TrajectoryStatus.OK, "")
+                if done
+                else (TrajectoryStatus.TURN_LIMIT, f"game not over after {config.max_turns} turns")
+            )
+        finally:
+            await client.close()
+            self.reward.record(sandbox, env.reward())  # a game cut short still has its reward so far
+        return HarnessOutcome(
+            status=status.value,
+            failure_reason=reason,
+            metrics=metrics(),
+            log=clip_text("\n".join(log_lines), config.max_log_chars),
+        )
+
+    async def _play(
+        self, client: AsyncOpenAI, env: ToyEnvironment, seed: int, counters: dict[str, int], log: list[str]
+    ) -> bool:
+        config = self.config
+        tools = [spec.to_openai() for spec in env.tools()]
+        observation = env.reset(seed)
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": config.system_prompt},
+            {"role": "user", "content": observation},
+        ]
+        log.append(observation)
+        while counters["num_turns"] < config.max_turns:
+            counters["num_turns"] += 1
+            response = await client.chat.completions.create(
+                model=config.model,
+                messages=messages,
+                tools=tools,
+                max_tokens=config.max_tokens,
+                temperature=config.temperature,
+            )
+            if response.usage is not None:
+                counters["num_response_tokens"] += response.usage.completion_tokens
+            message = response.choices[0].message
+            calls = message.tool_calls or []
+            assistant: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
+            if calls:
+                assistant["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": c.function.arguments},
+                    }
+                    for c in calls
+                ]
+            messages.append(assistant)
+            if not calls:
+                counters["num_text_only_replies"] += 1
+                messages.append({"role": "user", "content": NO_MOVE_REMINDER})
+                continue
+            for call in calls:
+                observation, done = env.step(
+                    ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
+                )
+                counters["num_moves"] += 1
+                log.append(f"> {call.function.name} {call.function.arguments}\n{observation}")
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": observation})
+                if done:
+                    return True
+        return False

@@ -1,0 +1,87 @@
+"""The toy-game agent: a scripted policy plays tic-tac-toe and 2048 through the real proxy (OpenAI SDK, tool
+calls), the game referees, and the runner turns each game into a graded trajectory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scripted_policies import tool_call
+
+from components.rollout import RolloutConfig, RolloutRunner
+from components.tasks.toys import Game2048Env, TicTacToeEnv
+from components.tito.messages import ToolCall
+from components.trajectory import TrajectoryStatus
+from harnesses.toy_agent import ToyAgentConfig, ToyAgentHarness, ToyGameTask
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def last_board(text: str) -> list[str]:
+    """The 9 cells of the last board rendered in ``text``."""
+    rows = [line for line in text.splitlines() if line[:3] in ("A  ", "B  ", "C  ")][-3:]
+    return [cell.strip() for row in rows for cell in row[3:].split("|")]
+
+
+def first_free_cell(prompt: str) -> str:
+    """The policy: play the first free cell of the current board (always legal)."""
+    board = last_board(prompt)
+    index = board.index("")
+    return tool_call("make_move", cell=f"{'ABC'[index // 3]}{index % 3 + 1}")
+
+
+def replay_first_free_cell(seed: int) -> float:
+    """The reward the same strategy gets when played directly against the environment."""
+    env = TicTacToeEnv()
+    observation, done = env.reset(seed), False
+    while not done:
+        call = json.loads(first_free_cell(observation).split("\n")[1])
+        observation, done = env.step(ToolCall(id="c", name=call["name"], arguments=json.dumps(call["arguments"])))
+    return env.reward()
+
+
+def _runner(proxy, harness, pool, **config) -> RolloutRunner:
+    return RolloutRunner(
+        RolloutConfig(**{"group_size": 1, "max_concurrency": 4, **config}),
+        harness=harness,
+        sandboxes=pool,
+        sessions=proxy.registry,
+        proxy_url=proxy.url,
+        grader=harness.reward,
+    )
+
+
+async def test_scripted_policy_plays_tictactoe_to_the_end(scripted_proxy, sandbox_pool):
+    seeds = [0, 1, 2]
+    tasks = [ToyGameTask(task_id=f"tictactoe-{seed}", make_env=TicTacToeEnv, seed=seed) for seed in seeds]
+    harness = ToyAgentHarness(ToyAgentConfig(max_turns=10))
+    async with scripted_proxy(first_free_cell) as proxy:
+        trajectories = await _runner(proxy, harness, sandbox_pool, group_size=2).run(tasks, step=4)
+    assert len(trajectories) == 6
+    for trajectory in trajectories:
+        seed = int(trajectory.task_id.rsplit("-", 1)[1])
+        assert trajectory.status == TrajectoryStatus.OK, trajectory.failure_reason
+        assert trajectory.reward == replay_first_free_cell(seed)
+        assert trajectory.reward == trajectory.metrics["game_reward"]
+        assert 3 <= trajectory.metrics["num_moves"] <= 5 and trajectory.metrics["num_turns"] == trajectory.metrics["num_moves"]
+        assert trajectory.segments and trajectory.segments[0].num_sampled_tokens > 0
+        assert "make_move" in trajectory.messages[-2]["content"] or trajectory.messages[-1]["role"] == "assistant"
+
+
+async def test_illegal_move_ends_the_game_and_turn_limit_is_kept(scripted_proxy, sandbox_pool):
+    harness = ToyAgentHarness(ToyAgentConfig(max_turns=3))
+    illegal = ToyGameTask(task_id="tictactoe-illegal", make_env=TicTacToeEnv, seed=0)
+    game_2048 = ToyGameTask(task_id="2048-0", make_env=Game2048Env, seed=0)
+
+    def policy(prompt: str) -> str:
+        if "tic-tac-toe" in prompt:
+            return tool_call("make_move", cell="Z9")
+        return tool_call("move", direction="left") if "no tool call" in prompt else "Let me think."
+
+    async with scripted_proxy(policy) as proxy:
+        first, second = await _runner(proxy, harness, sandbox_pool).run([illegal, game_2048], step=0)
+    assert first.status == TrajectoryStatus.OK and first.reward == 0.0  # an illegal move loses: game over
+    assert "Illegal move" in first.log
+    assert second.status == TrajectoryStatus.TURN_LIMIT and second.trainable
+    assert second.reward == second.metrics["game_reward"]
+    assert second.metrics["num_text_only_replies"] >= 1
