@@ -2,7 +2,7 @@
 
 Both run the same three functions (explode segments → plan advantages/weights → pack) over the same Parquet
 shards written by ``TrajectoryStore``: the plain loop in this process, one shard after another; Ray Data
-reads the shards and explodes/packs them in parallel tasks (the plan is computed on the driver) and the
+maps the shard paths through read+explode and the segments through packing in parallel tasks (the plan is computed on the driver) and the
 packed rows are then pulled to the driver, as a trainer would consume them. Throughput = tokens / wall time,
 median of ``--repeats`` alternating runs. Ray gets the machine's real cores (``num_cpus=os.cpu_count()``).
 
@@ -86,11 +86,9 @@ def run_ray(paths: list[Path], config: SampleBatchConfig) -> tuple[float, int]:
     import ray
 
     started = time.perf_counter()
-    result = build_micro_batches_with_ray(paths, GRPO(), config, current_version=0, world_size=2)
+    result = build_micro_batches_with_ray(paths, GRPO(), config, current_version=0)
     rows = pa.concat_tables(ray.get(result.dataset.to_arrow_refs()))
-    tokens = int(
-        sum(rows.filter(pa.compute.greater(rows["num_sampled_tokens"], 0))["num_tokens"].to_pylist())
-    )
+    tokens = int(sum(rows["num_tokens"].to_pylist()))
     return time.perf_counter() - started, tokens
 
 

@@ -7,9 +7,14 @@ TITO core, calls the same engine and records the turn.
 
 1. Added latency with the zero-cost ``EchoEngine`` (agent-like sessions: a growing conversation with
    tool-output-sized user turns), p50/p99 per request, standalone (uvicorn) and through Ray Serve (2 replicas
-   over session shards). Also shown: the added latency vs the bare engine call on pre-tokenized ids.
+   over session shards). The headline compares with the bare engine call on pre-tokenized ids (the strictest
+   baseline: everything the proxy does - HTTP, parsing, TITO, recording - counts as overhead); the comparison
+   with a direct caller that renders the chat template itself is printed too (the proxy's incremental TITO
+   rendering makes it cheaper than re-rendering a long conversation, so that difference can be negative).
 2. Wall-clock ratio with the real default model (SmolLM2-135M, embedded engine): identical single-turn
-   requests with fixed seeds (so both paths sample the same tokens), alternating direct / proxy.
+   requests with fixed seeds (so both paths sample the same tokens), alternating direct / proxy; the
+   headline is the median of the per-pair ratios (robust to load spikes on a shared machine), the total
+   ratio is printed too.
 
     python benchmarks/proxy_overhead.py [--quick]      # --quick: fewer requests, tiny model, no Ray Serve
 
@@ -130,6 +135,7 @@ def echo_overhead(tokenizer, *, num_sessions: int, num_turns: int, with_serve: b
         "added_p50_ms": (statistics.median(standalone) - statistics.median(direct)) * 1000,
         "added_p99_ms": (_percentile(standalone, 0.99) - _percentile(direct, 0.99)) * 1000,
         "added_vs_bare_p50_ms": (statistics.median(standalone) - statistics.median(bare)) * 1000,
+        "added_vs_bare_p99_ms": (_percentile(standalone, 0.99) - _percentile(bare, 0.99)) * 1000,
     }
     if with_serve:
         import ray
@@ -158,6 +164,8 @@ def echo_overhead(tokenizer, *, num_sessions: int, num_turns: int, with_serve: b
         out["serve"] = on_serve
         out["serve_added_p50_ms"] = (statistics.median(on_serve) - statistics.median(direct)) * 1000
         out["serve_added_p99_ms"] = (_percentile(on_serve, 0.99) - _percentile(direct, 0.99)) * 1000
+        out["serve_added_vs_bare_p50_ms"] = (statistics.median(on_serve) - statistics.median(bare)) * 1000
+        out["serve_added_vs_bare_p99_ms"] = (_percentile(on_serve, 0.99) - _percentile(bare, 0.99)) * 1000
     loop.close()
     return out
 
@@ -181,6 +189,7 @@ def model_ratio(model_dir: Path, *, num_requests: int, max_tokens: int) -> dict:
     ]
     direct_s = proxy_s = 0.0
     direct_tokens = proxy_tokens = 0
+    pair_ratios = []
     with httpx.Client(timeout=600) as client:
         for index, messages in enumerate([prompts[0], *prompts]):  # the first one warms both paths up
             seed = 1000 + index
@@ -210,6 +219,7 @@ def model_ratio(model_dir: Path, *, num_requests: int, max_tokens: int) -> dict:
                 continue
             direct_s += elapsed_direct
             proxy_s += elapsed_proxy
+            pair_ratios.append(elapsed_proxy / elapsed_direct)
             direct_tokens += len(result.output_ids)
             proxy_tokens += response["usage"]["completion_tokens"]
     server.stop_thread()
@@ -219,6 +229,7 @@ def model_ratio(model_dir: Path, *, num_requests: int, max_tokens: int) -> dict:
         "direct_s": direct_s,
         "proxy_s": proxy_s,
         "ratio": proxy_s / direct_s,
+        "median_pair_ratio": statistics.median(pair_ratios),
         "direct_tokens": direct_tokens,
         "proxy_tokens": proxy_tokens,
     }
@@ -249,26 +260,31 @@ def main() -> None:
     if "serve" in echo:
         print(_summary("through proxy, Ray Serve (2 replicas)", echo["serve"]))
     print(
-        f"added latency standalone: p50 +{echo['added_p50_ms']:.3f} ms, p99 +{echo['added_p99_ms']:.3f} ms "
-        f"(vs the bare engine call: p50 +{echo['added_vs_bare_p50_ms']:.3f} ms)"
+        f"added latency standalone, vs the bare engine call: p50 +{echo['added_vs_bare_p50_ms']:.3f} ms, "
+        f"p99 +{echo['added_vs_bare_p99_ms']:.3f} ms; vs direct with template rendering: "
+        f"p50 {echo['added_p50_ms']:+.3f} ms, p99 {echo['added_p99_ms']:+.3f} ms"
     )
     if "serve" in echo:
         print(
-            f"added latency Ray Serve:  p50 +{echo['serve_added_p50_ms']:.3f} ms, p99 +{echo['serve_added_p99_ms']:.3f} ms"
+            f"added latency Ray Serve, vs the bare engine call: p50 +{echo['serve_added_vs_bare_p50_ms']:.3f} ms, "
+            f"p99 +{echo['serve_added_vs_bare_p99_ms']:.3f} ms; vs direct with template rendering: "
+            f"p50 {echo['serve_added_p50_ms']:+.3f} ms"
         )
 
     model_name = "tiny" if args.quick else "default"
-    num_requests, max_tokens = (4, 32) if args.quick else (8, 64)
+    num_requests, max_tokens = (4, 32) if args.quick else (12, 64)
     ratio = model_ratio(resolve_model(model_name), num_requests=num_requests, max_tokens=max_tokens)
     print(
         f"-- {model_name} model, {num_requests} seeded requests x {max_tokens} max tokens, alternating paths: "
         f"direct {ratio['direct_s']:.2f} s ({ratio['direct_tokens']} tokens), "
-        f"proxy {ratio['proxy_s']:.2f} s ({ratio['proxy_tokens']} tokens), ratio {ratio['ratio']:.4f}"
+        f"proxy {ratio['proxy_s']:.2f} s ({ratio['proxy_tokens']} tokens), total ratio {ratio['ratio']:.4f}, "
+        f"median per-pair ratio {ratio['median_pair_ratio']:.4f}"
     )
     print(
-        f"proxy_overhead: p50 +{echo['added_p50_ms']:.2f} ms standalone"
-        + (f" (Ray Serve +{echo['serve_added_p50_ms']:.1f} ms)" if "serve" in echo else "")
-        + f", ratio {ratio['ratio']:.3f} ({model_name} model) (target p50 <= 2 ms, ratio <= 1.02)"
+        f"proxy_overhead: p50 +{echo['added_vs_bare_p50_ms']:.2f} ms standalone"
+        + (f" (Ray Serve +{echo['serve_added_vs_bare_p50_ms']:.1f} ms)" if "serve" in echo else "")
+        + f", ratio {ratio['median_pair_ratio']:.3f} ({model_name} model, median of pairs)"
+        + " (target p50 <= 2 ms, ratio <= 1.02)"
     )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 AGENTS_DIR = PROJECT_ROOT / ".agents"  # `make .agents/.installed` (npm: claude-code, codex)
 NODE_PATHS = ("/usr/bin/node", "/usr/lib/node_modules")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def npm_agent_executable(name: str) -> Path:
@@ -25,3 +26,14 @@ def python_environment_paths() -> tuple[str, ...]:
 def existing(paths: Iterable[str | Path]) -> tuple[str, ...]:
     """``paths`` that exist on the host (a read-only bind of a missing path would fail the sandbox)."""
     return tuple(dict.fromkeys(str(p) for p in paths if Path(p).exists()))
+
+
+def project_bin_dirs() -> tuple[str, ...]:
+    """The project venv's ``bin`` (``python``, ``pytest``), for agents' commands inside a sandbox that mounts
+    the venv (SWE tasks do by default); a missing directory on PATH is harmless."""
+    return (str(Path(sys.prefix) / "bin"),)
+
+
+def search_path(prepend: Iterable[str]) -> str:
+    """A PATH with ``prepend`` before the system directories."""
+    return ":".join((*prepend, SYSTEM_PATH))

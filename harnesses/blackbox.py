@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from components.config import require, require_positive
-from components.errors import SandboxError
 from components.protocols import HarnessOutcome, Sandbox, SandboxSpec, Task
+from components.rollout.failures import outcome_from_exception
+from components.rollout.log_text import clip_text
 from components.trajectory import TrajectoryStatus
-from harnesses.outcomes import clip_text, outcome_from_exception
+from harnesses.agent_paths import project_bin_dirs, search_path
 
 DEFAULT_PROMPT_TEMPLATE = (
     "{problem_statement}\n\nThe repository is in the current directory. Fix the issue by editing the source "
     "files (not the tests)."
 )
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _MARKER = "@@REIN@@"
 _SAFE_RELATIVE_PATH = re.compile(r"^[A-Za-z0-9._\-][A-Za-z0-9._\-/]*$")
 _CAPTURED_STREAMS = ("stdout", "stderr", "report")
@@ -60,6 +60,9 @@ class BlackBoxConfig:
     min_memory_mb: int = 32_768
     min_max_processes: int = 512
     extra_env: Mapping[str, str] = field(default_factory=dict)  # added to the agent's environment
+    # Directories put before the system ones on the agent's PATH (default: the project venv's bin, so that the
+    # agent's own commands find `python` / `pytest` inside the sandbox).
+    path_prepend: tuple[str, ...] = field(default_factory=project_bin_dirs)
 
     def __post_init__(self) -> None:
         for name in (
@@ -82,6 +85,12 @@ class BlackBoxConfig:
                 name,
                 f"must be an absolute path or empty, got {value!r}",
             )
+        # The wrapper empties HOME before each run: never let that be / or a top-level directory.
+        require(
+            self.home_dir == "" or self.home_dir.rstrip("/").count("/") >= 2,
+            "home_dir",
+            f"must be at least two levels deep (e.g. /tmp/agent-home), got {self.home_dir!r}",
+        )
         require(
             "{problem_statement}" in self.prompt_template,
             "prompt_template",
@@ -243,7 +252,13 @@ class BlackBoxHarness:
         try:
             home = config.home_dir or await self._default_home(sandbox)
             launch = self.agent.launch(prompt=prompt, base_url=base_url.rstrip("/"), home=home, config=config)
-            env = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8", "TERM": "dumb", **launch.env, **config.extra_env}
+            env = {
+                "PATH": search_path(config.path_prepend),
+                "LANG": "C.UTF-8",
+                "TERM": "dumb",
+                **launch.env,
+                **config.extra_env,
+            }
             result = await sandbox.exec(
                 [
                     "bash",
@@ -255,9 +270,7 @@ class BlackBoxHarness:
                 env=env,
                 timeout_s=config.wall_time_s + config.kill_grace_s + 30.0,
             )
-        except SandboxError as exc:
-            return outcome_from_exception(exc, metrics={"agent_wall_time_s": time.monotonic() - started})
-        except Exception as exc:  # the adapter itself failed: the run never happened as the agent's fault
+        except Exception as exc:  # a dead sandbox (SandboxError) or a broken adapter, classified
             return outcome_from_exception(exc, metrics={"agent_wall_time_s": time.monotonic() - started})
         run = _parse_wrapper_output(result.stdout, result.stderr, exec_timed_out=result.timed_out)
         if run.exit_code is None and not run.timed_out:

@@ -12,11 +12,12 @@ import posixpath
 import re
 import shlex
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from components.protocols import Sandbox
-from harnesses.outcomes import clip_text
+from components.rollout.log_text import clip_text
 
 WORKSPACE = "/workspace"
 
@@ -118,8 +119,16 @@ def _field(arguments: dict[str, Any], name: str, kind: type, *, required: bool =
 class CodingTools:
     """The four coding tools bound to one sandbox, counting what the metrics report."""
 
-    def __init__(self, sandbox: Sandbox, *, command_timeout_s: float, max_output_chars: int) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        *,
+        command_timeout_s: float,
+        max_output_chars: int,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.sandbox = sandbox
+        self.env = dict(env or {})  # added to the environment of `bash` commands
         self.command_timeout_s = command_timeout_s
         self.max_output_chars = max_output_chars
         self.calls_by_name: Counter[str] = Counter()
@@ -161,7 +170,9 @@ class CodingTools:
             if _READ_COMMANDS.search(command) and path in command:
                 self.num_rereads_after_edit += 1
                 break
-        result = await self.sandbox.exec(["bash", "-c", command], timeout_s=self.command_timeout_s)
+        result = await self.sandbox.exec(
+            ["bash", "-c", command], timeout_s=self.command_timeout_s, env=self.env
+        )
         text = result.stdout + (("\n" if result.stdout and result.stderr else "") + result.stderr)
         text = clip_text(text, self.max_output_chars)
         if result.timed_out:

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from openai import AsyncOpenAI
 
 from components.config import require, require_non_negative, require_positive
 from components.protocols import HarnessOutcome, Sandbox, Task
+from components.rollout.failures import outcome_from_exception
+from components.rollout.log_text import clip_text
 from components.trajectory import TrajectoryStatus
+from harnesses.agent_paths import project_bin_dirs, search_path
 from harnesses.coding_tools import TOOL_SPECS, CodingTools
-from harnesses.outcomes import clip_text, outcome_from_exception
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a software engineer fixing a bug in the repository at /workspace. Use the tools: `bash` to run "
@@ -41,6 +43,9 @@ class SweAgentConfig:
     max_log_chars: int = 100_000  # the run log kept in the trajectory
     max_retries: int = 1  # the OpenAI client's retries of connection errors / 5xx
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    # Directories put before the system ones on PATH for `bash` (default: the project venv's bin, so that
+    # `python` / `pytest` work inside a sandbox that mounts the venv, as SWE tasks do).
+    path_prepend: tuple[str, ...] = field(default_factory=project_bin_dirs)
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "wall_time_s", "command_timeout_s", "max_tokens", "max_output_chars"):
@@ -92,7 +97,10 @@ class SweAgentHarness:
         config = self.config
         state = _Run(
             CodingTools(
-                sandbox, command_timeout_s=config.command_timeout_s, max_output_chars=config.max_output_chars
+                sandbox,
+                command_timeout_s=config.command_timeout_s,
+                max_output_chars=config.max_output_chars,
+                env={"PATH": search_path(config.path_prepend)},
             )
         )
         client = AsyncOpenAI(

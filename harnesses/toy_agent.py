@@ -23,10 +23,11 @@ from openai import AsyncOpenAI
 
 from components.config import require, require_non_negative, require_positive
 from components.protocols import HarnessOutcome, RewardResult, Sandbox, SandboxSpec, Task
+from components.rollout.failures import outcome_from_exception
+from components.rollout.log_text import clip_text
 from components.tasks.toys import ToyEnvironment
 from components.tito.messages import ToolCall
 from components.trajectory import TrajectoryStatus
-from harnesses.outcomes import clip_text, outcome_from_exception
 
 NO_MOVE_REMINDER = "Your reply had no tool call. Make your move by calling one of the tools."
 

@@ -17,7 +17,7 @@ Keep your agent code; take an ``AgentContext`` and use its session-scoped client
 Every request your agent makes through ``ctx.openai`` / ``ctx.anthropic`` is recorded by the proxy session
 (token ids, logprobs, loss mask), so the run becomes a trajectory. Return ``None`` (status ok), or a
 ``HarnessOutcome`` to set the status yourself; raise ``TurnLimitReached`` when your agent runs out of turns.
-Exceptions are classified (``harnesses.outcomes.classify_exception``): your crash is ``agent_error``, a dead
+Exceptions are classified (``components.rollout.failures.classify_exception``): your crash is ``agent_error``, a dead
 sandbox ``sandbox_error``, an unreachable or failing proxy ``engine_error``, a context overflow
 ``context_overflow``, exceeding ``wall_time_s`` ``timeout``.
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -35,8 +36,9 @@ from openai import AsyncOpenAI
 
 from components.config import require, require_positive
 from components.protocols import HarnessOutcome, Sandbox, Task
+from components.rollout.failures import outcome_from_exception
+from components.rollout.log_text import clip_text
 from components.trajectory import TrajectoryStatus
-from harnesses.outcomes import clip_text, outcome_from_exception
 
 if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
@@ -109,7 +111,7 @@ class FunctionHarness:
 
     def __init__(self, agent: AgentFunction, *, name: str, config: WrappedAgentConfig | None = None) -> None:
         require(
-            asyncio.iscoroutinefunction(agent),
+            inspect.iscoroutinefunction(agent),
             "agent",
             "must be an `async def` function taking an AgentContext",
         )

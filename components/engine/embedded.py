@@ -729,24 +729,32 @@ class EmbeddedEngine:
             _resolve(request.future, request.result())
 
     def _sample_and_append(self, requests: list[_Request], logits: torch.Tensor) -> None:
-        """Sample one token per row, record its logprob and version, and decide whether the row is finished."""
-        logits = logits.float()
+        """Sample one token per row, record its logprob and version, and decide whether the row is finished.
+
+        Vectorised over rows: one log-softmax, one (batched) top-p truncation, and inverse-CDF sampling with one
+        uniform number per row drawn from that request's own generator (so a seed reproduces a completion
+        whatever else is in the batch)."""
+        params = [r.params for r in requests]
+        device = logits.device
         temperatures = torch.tensor(
-            [r.params.temperature if r.params.temperature > 0 else 1.0 for r in requests],
-            dtype=torch.float32,
-            device=logits.device,
+            [p.temperature if p.temperature > 0 else 1.0 for p in params], device=device
         )
-        logprobs = torch.log_softmax(logits / temperatures[:, None], dim=-1)
-        for row, request in enumerate(requests):
-            row_logprobs = logprobs[row]
-            if request.params.temperature == 0:
-                token = int(torch.argmax(row_logprobs))
-            else:
-                if request.params.top_p < 1.0:
-                    row_logprobs = _top_p_logprobs(row_logprobs, request.params.top_p)
-                token = int(torch.multinomial(row_logprobs.exp(), 1, generator=request.generator))
+        logprobs = torch.log_softmax(logits.float() / temperatures[:, None], dim=-1)
+        top_p_rows = [row for row, p in enumerate(params) if p.top_p < 1.0 and p.temperature > 0]
+        if top_p_rows:
+            index = torch.tensor(top_p_rows, device=device)
+            top_ps = torch.tensor([params[row].top_p for row in top_p_rows], device=device)
+            logprobs[index] = _top_p_logprobs(logprobs[index], top_ps)
+        uniforms = torch.stack([torch.rand((), generator=r.generator, device=device) for r in requests])
+        cumulative = logprobs.double().exp().cumsum(dim=-1)
+        targets = (uniforms.double() * cumulative[:, -1])[:, None]
+        sampled = torch.searchsorted(cumulative, targets, right=True)[:, 0].clamp_(max=logprobs.shape[-1] - 1)
+        greedy = torch.tensor([p.temperature == 0 for p in params], device=device)
+        tokens = torch.where(greedy, logprobs.argmax(dim=-1), sampled)
+        chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+        for request, token, logprob in zip(requests, tokens.tolist(), chosen.tolist(), strict=True):
             request.output_ids.append(token)
-            request.logprobs.append(float(row_logprobs[token]))
+            request.logprobs.append(logprob)
             request.weight_versions.append(self._weight_version)
             request.finish_reason = self._finish_reason(request, token)
 
@@ -795,14 +803,14 @@ class EmbeddedEngine:
         return tuple(logprobs.gather(1, targets[:, None])[:, 0].tolist())
 
 
-def _top_p_logprobs(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches ``top_p``; renormalise; -inf elsewhere."""
-    sorted_logprobs, order = torch.sort(logprobs, descending=True)
-    cumulative = sorted_logprobs.exp().cumsum(dim=-1)
-    drop_sorted = (
-        cumulative - sorted_logprobs.exp()
-    ) >= top_p  # mass before this token already reached top_p
-    drop_sorted[0] = False
+def _top_p_logprobs(logprobs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row, keep the smallest set of most likely tokens whose mass reaches ``top_p``; renormalise over it
+    (-inf elsewhere). ``logprobs`` is [rows, vocab], ``top_p`` is [rows]."""
+    sorted_logprobs, order = torch.sort(logprobs, dim=-1, descending=True)
+    sorted_probs = sorted_logprobs.exp()
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop_sorted = mass_before >= top_p[:, None]  # the tokens before this one already reach top_p
+    drop_sorted[:, 0] = False
     kept = sorted_logprobs.masked_fill(drop_sorted, float("-inf"))
-    kept = kept - torch.logsumexp(kept, dim=-1)
-    return torch.empty_like(logprobs).scatter_(0, order, kept)
+    kept = kept - torch.logsumexp(kept, dim=-1, keepdim=True)
+    return torch.empty_like(logprobs).scatter_(1, order, kept)

@@ -99,6 +99,10 @@ class SGLangEngineConfig:
             require_positive(self.routed_experts_top_k, "routed_experts_top_k")
 
 
+class _PromptTooLongError(EngineError):
+    """SGLang answered 400 because the prompt exceeds its context length."""
+
+
 def _is_transient(error: BaseException) -> bool:
     if isinstance(error, httpx.TransportError) and not isinstance(error, httpx.ReadTimeout):
         return True
@@ -175,6 +179,10 @@ class SGLangEngine:
         except asyncio.CancelledError:
             asyncio.get_running_loop().create_task(self._abort_quietly(rid))  # free the server's slot
             raise
+        except _PromptTooLongError:  # the server's own limit (max_req_input_len) is below context_window
+            raise ContextOverflowError(
+                num_prompt_tokens=len(prompt), context_window=self.context_window
+            ) from None
         return self.parse_generate_reply(reply, prompt, params)
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -448,7 +456,7 @@ class SGLangEngine:
         except httpx.HTTPStatusError as error:
             detail = error.response.text[:500]
             if error.response.status_code == 400 and "context length" in detail.lower():
-                raise EngineError(f"SGLang refused the prompt as too long: {detail}") from error
+                raise _PromptTooLongError(f"SGLang refused the prompt as too long: {detail}") from error
             raise EngineError(
                 f"SGLang {method} {path} -> HTTP {error.response.status_code}: {detail}"
             ) from error

@@ -30,7 +30,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from components.errors import ContextOverflowError
@@ -201,8 +201,8 @@ class _Session:
     info: SessionInfo
     tito: TitoSession
     lock: asyncio.Lock
-    messages: tuple[ChatMessage, ...] = ()
-    reply: AssistantReply | None = None
+    # Per segment index: the latest request's messages and the reply to it (the viewer's conversation).
+    conversations: dict[int, tuple[tuple[ChatMessage, ...], AssistantReply]] = field(default_factory=dict)
     num_turns: int = 0
     overflowed: bool = False
     overflow_message: str = ""
@@ -299,8 +299,7 @@ class LocalSessionRegistry:
             reply = session.tito.complete(turn, result)
             if reply.finish_reason == "length" and self._cut_by_proxy(request, max_tokens, turn.max_tokens):
                 reply = dataclasses.replace(reply, finish_reason="tool_calls" if reply.tool_calls else "stop")
-            session.messages = tuple(request.messages)
-            session.reply = reply
+            session.conversations[reply.segment_index] = (tuple(request.messages), reply)
             session.num_turns += 1
         token_logprobs = None
         if request.want_token_logprobs:
@@ -341,11 +340,14 @@ class LocalSessionRegistry:
             "segments": [segment_to_json(s) for s in segments],
         }
 
-    def _final_messages_json(self, session: _Session) -> str:
-        messages = list(session.messages)
-        if session.reply is not None:
-            messages.append(session.reply.to_message())
-        return json.dumps([message_to_json(m) for m in messages], ensure_ascii=False)
+    def _final_messages_json(self, session: _Session, segments: Sequence[Segment]) -> str:
+        """The conversation of the main segment (the longest one; side requests such as title generation
+        live in short segments of their own): its latest request plus the reply to it."""
+        if not session.conversations:
+            return "[]"
+        main = max(session.conversations, key=lambda index: (len(segments[index].token_ids), index))
+        messages, reply = session.conversations[main]
+        return json.dumps([message_to_json(m) for m in (*messages, reply.to_message())], ensure_ascii=False)
 
     async def finalize(
         self,
@@ -378,6 +380,7 @@ class LocalSessionRegistry:
             failure_reason = ""
         elif not failure_reason:
             failure_reason = f"finalized with status {resolved_status.value}"
+        segments = session.tito.segments()
         try:
             trajectory = Trajectory(
                 trajectory_id=session_id,
@@ -389,8 +392,8 @@ class LocalSessionRegistry:
                 reward=reward,
                 step=info.step if step is None else step,
                 metrics=dict(metrics or {}),
-                segments=tuple(session.tito.segments()),
-                messages_json=self._final_messages_json(session),
+                segments=tuple(segments),
+                messages_json=self._final_messages_json(session, segments),
                 log=log,
             )
         except (TypeError, ValueError) as error:

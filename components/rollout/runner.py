@@ -20,8 +20,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from components.config import require_positive
 from components.protocols import Harness, HarnessOutcome, Reward, Sandbox, SandboxSpec, Task
+from components.rollout.failures import classify_exception
+from components.rollout.log_text import clip_text
 from components.trajectory import TRAINABLE_STATUSES, Trajectory, TrajectoryStatus
-from harnesses.outcomes import classify_exception, clip_text
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class RolloutConfig:
         8  # rollouts in flight at once (each holds one agent sandbox, plus one while grading)
     )
     acquire_timeout_s: float = 120.0  # waiting for a sandbox
+    setup_timeout_s: float = 300.0  # the task's set-up commands in the fresh sandbox
     # Hard bound on one harness run; harnesses end themselves earlier (their own turn / time bounds).
     harness_timeout_s: float = 1800.0
     grading_timeout_s: float = 600.0
@@ -51,6 +53,7 @@ class RolloutConfig:
             "group_size",
             "max_concurrency",
             "acquire_timeout_s",
+            "setup_timeout_s",
             "harness_timeout_s",
             "grading_timeout_s",
             "probe_timeout_s",
@@ -180,10 +183,10 @@ class RolloutRunner:
             return self._local_trajectory(task, rollout, group_id=group_id, step=step)
 
     async def _rollout(self, task: Task, rollout: _Rollout, *, group_id: str, step: int) -> Trajectory:
-        spec = task.sandbox_spec()
-        if isinstance(self.harness, SandboxAwareHarness):
-            spec = self.harness.adapt_sandbox_spec(spec, proxy_url=self.proxy_url)
         try:
+            spec = task.sandbox_spec()
+            if isinstance(self.harness, SandboxAwareHarness):
+                spec = self.harness.adapt_sandbox_spec(spec, proxy_url=self.proxy_url)
             sandbox = await asyncio.wait_for(self.sandboxes.acquire(spec), self.config.acquire_timeout_s)
         except Exception as exc:
             rollout.fail(
@@ -194,7 +197,7 @@ class RolloutRunner:
         try:
             if isinstance(task, TaskWithSetup):
                 try:
-                    await asyncio.wait_for(task.run_setup(sandbox), self.config.grading_timeout_s)
+                    await asyncio.wait_for(task.run_setup(sandbox), self.config.setup_timeout_s)
                 except Exception as exc:
                     rollout.fail(
                         TrajectoryStatus.SANDBOX_ERROR, f"task set-up failed: {type(exc).__name__}: {exc}"

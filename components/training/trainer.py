@@ -4,7 +4,7 @@ Starting a ``TorchTrainer`` costs tens of seconds, so ``Trainer`` starts ``fit()
 thread, with a train loop that never ends on its own: every worker pulls commands (train on this step's
 micro-batches, gather the full state dict, write a checkpoint, score sequences, stop) from a small
 coordinator actor and reports back to it. Each step's micro-batches come from the Ray Data pipeline
-(``components.training.data``) as equal ``Dataset.split`` shards handed to the live workers.
+(``components.training.data``) as contiguous shards of the materialized dataset, handed to the live workers.
 
     trainer = Trainer(TrainerConfig(model_path=..., run_dir=...), algorithm=GRPO(GRPOConfig()))
     metrics = trainer.step(shard_paths_or_trajectories, current_version=engine_version)
@@ -239,8 +239,7 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
             return
         if kind == "train":
             rows = list(command["shards"][rank].iter_rows())
-            if not rows:
-                rows = padding_micro_batches(1).to_pylist()
+            rows += padding_micro_batches(command["micro_batches_per_rank"] - len(rows)).to_pylist()
             batches = [MicroBatch.from_row(row) for row in rows]
             result = run_train_step(
                 model,
@@ -377,11 +376,7 @@ class Trainer:
         ``current_version + 1`` (``state.weight_version``). Returns the step's metrics."""
         started = time.perf_counter()
         batches = build_micro_batches_with_ray(
-            trajectories,
-            self.algorithm,
-            self.config.batching,
-            current_version=current_version,
-            world_size=self.config.num_workers,
+            trajectories, self.algorithm, self.config.batching, current_version=current_version
         )
         data_s = time.perf_counter() - started
         metrics = {f"data/{key}": value for key, value in batches.metrics.items()}
@@ -391,10 +386,10 @@ class Trainer:
             logger.warning("step has no trainable segments; no optimizer update")
             self.state = replace(self.state, consumed_shards=consumed)
             return {**metrics, "trained": 0.0, "step": float(self.state.step)}
-        # Materialized shards of equal row counts: every rank runs the same number of forwards (FSDP
-        # collectives). ``streaming_split`` would start a coordinator actor per step (≈ 3 s here).
-        shards = batches.dataset.split(self.config.num_workers, equal=True)
-        results = self._call("train", shards=shards)
+        # Materialized contiguous shards, one per rank (``streaming_split`` would start a coordinator actor
+        # per step: ≈ 3 s here); every rank runs ``per_rank`` micro-batches (FSDP collectives).
+        shards, per_rank = batches.split_for_ranks(self.config.num_workers)
+        results = self._call("train", shards=shards, micro_batches_per_rank=per_rank)
         metrics.update({f"train/{key}": value for key, value in results[0].items()})
         self.state = replace(
             self.state, step=self.state.step + 1, weight_version=current_version + 1, consumed_shards=consumed

@@ -56,7 +56,7 @@ def fixing_policy(task: SweTask) -> Callable[[str], str]:
             tool_call("open_file", path=path),  # no such tool: the harness must answer with an error
             "I see the bug.\n" + tool_call("edit_file", path=path, old_str=old, new_str=new),
             tool_call("view_file", path=path),
-            tool_call("bash", command="git diff --stat"),
+            tool_call("bash", command="python -m pytest -q -p no:cacheprovider tests && git diff --stat"),
             "The fix is in place.\n" + tool_call("submit"),
         ]
     )

@@ -109,6 +109,8 @@ def test_adapter_widens_the_sandbox_for_the_program(slugify_task):
     assert spec.workspace_source == slugify_task.sandbox_spec().workspace_source
     with pytest.raises(ValueError, match="max_turns"):
         BlackBoxConfig(max_turns=0)
+    with pytest.raises(ValueError, match="home_dir"):
+        BlackBoxConfig(home_dir="/tmp")  # emptied before each run: must not be a top-level directory
     with pytest.raises(ValueError, match="argv"):
         AgentLaunch(argv=())
     with pytest.raises(ValueError, match="home_files"):

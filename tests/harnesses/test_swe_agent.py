@@ -60,6 +60,9 @@ async def test_scripted_policy_solves_a_builtin_task_end_to_end(
     # The malformed call was answered with an error the policy can read, and the run went on.
     tool_messages = [m for m in trajectory.messages if m["role"] == "tool"]
     assert any("unknown tool 'open_file'" in m["content"] for m in tool_messages)
+    # `bash` runs in the sandbox with the project's Python on PATH: the visible tests pass after the fix.
+    test_run = next(m["content"] for m in tool_messages if "passed" in m["content"])
+    assert test_run.startswith("exit code 0") and "failed" not in test_run
     assert "=== grading" in trajectory.log
 
 

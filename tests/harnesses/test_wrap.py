@@ -73,7 +73,7 @@ async def test_custom_agent_becomes_a_trajectory(scripted_proxy, slugify_task, s
 
 
 async def test_wrapper_classifies_how_the_agent_ended(scripted_proxy, slugify_task, sandbox_pool):
-    from harnesses.outcomes import TurnLimitReached
+    from components.rollout.failures import TurnLimitReached
 
     async def out_of_turns(ctx: AgentContext) -> None:
         raise TurnLimitReached("used all 3 turns")

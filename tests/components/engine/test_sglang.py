@@ -98,6 +98,14 @@ async def test_max_new_tokens_clamped_and_overflow_refused_client_side(client, f
     assert generate_bodies(fake_server) == [], "an overflowing prompt must not reach the server"
 
 
+async def test_server_side_length_refusal_is_a_context_overflow(fake_server):
+    # A client configured with a larger window than the server's: the server's 400 becomes the typed error.
+    engine = SGLangEngine(SGLangEngineConfig(base_url=fake_server.url, context_window=10_000))
+    with pytest.raises(ContextOverflowError):
+        await engine.generate([3] * 3000, SamplingParams(max_tokens=4))
+    await engine.aclose()
+
+
 async def test_missing_logprobs_is_an_error_naming_the_cause(client, fake_server):
     fake_server.state.drop_logprobs = True
     with pytest.raises(MissingLogprobsError, match="output_token_logprobs"):

@@ -85,15 +85,22 @@ async def test_python_registry_api(tokenizer, tmp_path):
         await registry.run_turn(
             session_id, TurnRequest(messages=(ChatMessage(role="tool", content="x", tool_call_id="c1"),))
         )
+    side_request = (
+        ChatMessage(role="system", content="Write a title."),
+        ChatMessage(role="user", content="hello"),
+    )
+    await registry.run_turn(session_id, TurnRequest(messages=side_request))  # e.g. a harness's title request
     trajectory = await registry.finalize(
         session_id, reward=0.5, status="timeout", failure_reason="ran out of time"
     )
     assert trajectory.status == TrajectoryStatus.TIMEOUT and trajectory.trainable
-    assert len(trajectory.segments) == 1
+    assert [s.reason.value for s in trajectory.segments] == ["start", "system_changed"]
     assert trajectory.segments[0].num_sampled_tokens == len(reply_ids(tokenizer, "first")) + len(
         reply_ids(tokenizer, "second")
     )
+    # The viewer's conversation is the main one, not the later side request.
     assert [m["role"] for m in trajectory.messages] == ["user", "assistant", "user", "assistant"]
+    assert trajectory.messages[-1]["content"] == "second"
     with pytest.raises(SessionNotFoundError):
         await registry.discard(session_id)
     assert len(TrajectoryStore(tmp_path).read_all().trajectories) == 1

@@ -137,3 +137,38 @@ async def test_after_weight_sync_engine_logprobs_equal_the_trainers(trainer, tin
         assert set(result.weight_versions) == {version}
     finally:
         await engine.aclose()
+
+
+async def test_disk_weight_sync_reloads_sglang_from_an_hf_folder(trainer, tiny_model_dir, tmp_path):
+    """SGLang path, against the engine team's protocol-faithful fake SGLang server (real HTTP)."""
+    import sys
+    from pathlib import Path
+
+    from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.engine.sglang import SGLangEngine, SGLangEngineConfig
+    from components.protocols import SamplingParams
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+    from fake_sglang import FakeSGLangServer
+
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, context_window=2048, eos_token_ids=())
+    )
+    try:
+        with FakeSGLangServer(engine, tiny_model_dir) as server:
+            client = await SGLangEngine.connect(SGLangEngineConfig(base_url=server.url))
+            try:
+                version = trainer.state.weight_version + 10
+                sync = WeightSync(WeightSyncConfig(mode="disk", weights_dir=tmp_path / "weights"), client)
+                await sync.push(trainer, version)
+                assert [p.name for p in (tmp_path / "weights").iterdir()] == [f"version-{version:08d}"]
+                sequence = [1, 504, 2231, 17, 9, 3000, 42, 77, 2, 11]
+                assert await engine.logprobs_of(sequence) == pytest.approx(
+                    list(trainer.score([sequence])[0]), abs=2e-5
+                )
+                result = await client.generate([1, 504, 2231], SamplingParams(max_tokens=3, seed=0))
+                assert set(result.weight_versions) == {version}
+            finally:
+                await client.aclose()
+    finally:
+        await engine.aclose()

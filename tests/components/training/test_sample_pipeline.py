@@ -136,23 +136,21 @@ def test_zero_advantage_groups_can_be_dropped_and_bad_input_is_refused():
 
 
 def test_ray_data_pipeline_matches_the_plain_one(ray_session, tmp_path):
-    store = TrajectoryStore(tmp_path)
-    trajectories = known_batch() + random_batch(num_groups=3, group_size=4, seed=7)
-    paths = [store.write(trajectories[:7]), store.write(trajectories[7:])]
-    config = SampleBatchConfig(max_tokens_per_micro_batch=32)
-    local = build_micro_batches_locally(paths, GRPO(), config, current_version=0)
-    distributed = build_micro_batches_with_ray(paths, GRPO(), config, current_version=0, world_size=2)
-    assert distributed.num_micro_batches % 2 == 0
-    table = distributed.dataset.to_arrow_refs()
     import pyarrow as pa
 
-    rows = pa.concat_tables(ray_session.get(table))
-    padding = rows.filter(pa.compute.equal(rows["num_sampled_tokens"], 0))
-    assert padding.num_rows == distributed.num_micro_batches - distributed.metrics["num_micro_batches"]
-    expected, got = (
-        segments_of(local.micro_batches),
-        segments_of(rows.filter(pa.compute.greater(rows["num_sampled_tokens"], 0))),
-    )
+    store = TrajectoryStore(tmp_path)
+    trajectories = known_batch() + random_batch(num_groups=3, group_size=4, seed=7)
+    corrupt = store.directory / "shard-corrupt.parquet"
+    corrupt.write_bytes(b"PAR1 torn")
+    paths = [store.write(trajectories[:7]), corrupt, store.write(trajectories[7:])]
+    config = SampleBatchConfig(max_tokens_per_micro_batch=32)
+    local = build_micro_batches_locally(paths, GRPO(), config, current_version=0)
+    distributed = build_micro_batches_with_ray(paths, GRPO(), config, current_version=0)
+    assert local.metrics["num_unreadable_shards"] == distributed.metrics["num_unreadable_shards"] == 1
+    shards, per_rank = distributed.split_for_ranks(2)
+    assert [s.count() for s in shards] == [per_rank, distributed.num_micro_batches - per_rank]
+    rows = pa.concat_tables([pa.concat_tables(ray_session.get(s.to_arrow_refs())) for s in shards])
+    expected, got = segments_of(local.micro_batches), segments_of(rows)
     assert expected.keys() == got.keys()
     for key, piece in expected.items():
         for column, values in piece.items():

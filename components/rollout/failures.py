@@ -1,5 +1,6 @@
-"""How an agent run's ending maps to a ``HarnessOutcome``: one place that decides which exception is the
-policy's doing (trainable) and which is the infrastructure's (excluded from training)."""
+"""How an agent run's ending maps to a trajectory status: the one place that decides which exception is the
+policy's doing (trainable) and which is the infrastructure's (excluded from training). Used by the harnesses
+(to report an outcome) and by the rollout runner (for harnesses that raise instead)."""
 
 from __future__ import annotations
 
@@ -63,11 +64,3 @@ def outcome_from_exception(
         metrics=dict(metrics or {}),
         log=(log + ("\n" if log else "") + trace) if trace else log,
     )
-
-
-def clip_text(text: str, max_chars: int) -> str:
-    """``text`` cut to at most about ``max_chars``, keeping its head and tail (where errors usually are)."""
-    if len(text) <= max_chars:
-        return text
-    half = max_chars // 2
-    return f"{text[:half]}\n… [{len(text) - 2 * half} characters elided] …\n{text[-half:]}"

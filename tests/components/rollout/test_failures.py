@@ -7,8 +7,9 @@ import openai
 import pytest
 
 from components.errors import ContextOverflowError, EngineError, SandboxError
+from components.rollout.failures import TurnLimitReached, classify_exception, outcome_from_exception
+from components.rollout.log_text import clip_text
 from components.trajectory import TrajectoryStatus
-from harnesses.outcomes import TurnLimitReached, classify_exception, clip_text, outcome_from_exception
 
 
 def _status_error(code: int, body: dict) -> openai.APIStatusError:
