@@ -5,7 +5,10 @@ number of new tokens per request (EOS disabled in both so that each produces exa
 Throughput = sampled tokens / wall time, prefill included, for 8 concurrent requests. The two are run
 alternately ``--repeats`` times in one process and the medians are compared (the machine is shared).
 
-    python benchmarks/engine_throughput.py [--quick] [--dtype float32|bfloat16|both]
+    python benchmarks/engine_throughput.py [--quick] [--dtype float32|bfloat16|both] [--mixed]
+
+``--mixed`` adds an agent-like load (16 requests of 16-128 new tokens): plain ``generate`` must run them as
+static batches to the longest request, the engine refills a slot whenever a request ends. Informational only.
 
 Last line: ``engine_throughput: <ratio>x (target >= 2x)`` for the first dtype measured.
 """
@@ -81,8 +84,36 @@ async def run_engine(engine: EmbeddedEngine, prompts: list[list[int]], new_token
     return total / elapsed
 
 
-def measure(dtype: str, model_dir: Path, new_tokens: int, repeats: int, threads: int) -> tuple[float, float]:
-    """Median tokens/s of (engine, hf generate) for one dtype."""
+MIXED_NEW_TOKENS = [16, 128, 32, 96, 24, 64, 16, 112, 48, 128, 16, 80, 32, 24, 128, 40]
+
+
+def run_hf_generate_mixed(model, tokenizer, prompts: list[list[int]], seed: int) -> float:
+    """Agent-like load for plain generate: 16 requests with different lengths, in arrival order as two static
+    batches of 8, each run to its longest request. Returns requested tokens / s."""
+    start = time.perf_counter()
+    for first in (0, BATCH):
+        batch_tokens = MIXED_NEW_TOKENS[first : first + BATCH]
+        run_hf_generate(model, tokenizer, prompts, max(batch_tokens), seed=seed + first)
+    return sum(MIXED_NEW_TOKENS) / (time.perf_counter() - start)
+
+
+async def run_engine_mixed(engine: EmbeddedEngine, prompts: list[list[int]], seed: int) -> float:
+    """The same 16 requests submitted at once; the engine refills a batch slot as soon as a request ends."""
+    requests = [
+        engine.generate(prompts[i % BATCH], SamplingParams(max_tokens=n, seed=seed + i))
+        for i, n in enumerate(MIXED_NEW_TOKENS)
+    ]
+    start = time.perf_counter()
+    results = await asyncio.gather(*requests)
+    elapsed = time.perf_counter() - start
+    assert [len(r.output_ids) for r in results] == MIXED_NEW_TOKENS
+    return sum(MIXED_NEW_TOKENS) / elapsed
+
+
+def measure(
+    dtype: str, model_dir: Path, new_tokens: int, repeats: int, threads: int, mixed: bool = False
+) -> tuple[float, float]:
+    """Median tokens/s of (engine, hf generate) for one dtype (and, with ``mixed``, the agent-like load)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
@@ -108,6 +139,15 @@ def measure(dtype: str, model_dir: Path, new_tokens: int, repeats: int, threads:
                 f"hf generate {hf_rates[-1]:.1f} tok/s",
                 flush=True,
             )
+        if mixed:
+            hf_mixed = run_hf_generate_mixed(model, tokenizer, prompts, seed=100)
+            engine_mixed = loop.run_until_complete(run_engine_mixed(engine, prompts, seed=100))
+            print(
+                f"  [{dtype}] mixed lengths (16 requests, {sum(MIXED_NEW_TOKENS)} tokens): engine "
+                f"{engine_mixed:.1f} tok/s vs hf generate in static batches {hf_mixed:.1f} tok/s "
+                f"-> {engine_mixed / hf_mixed:.2f}x",
+                flush=True,
+            )
     finally:
         engine.close()
         loop.close()
@@ -124,6 +164,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--mixed", action="store_true", help="also an agent-like load: 16 requests of different lengths"
+    )
     args = parser.parse_args()
     new_tokens = args.new_tokens or (24 if args.quick else 96)
     repeats = args.repeats or (2 if args.quick else 3)
@@ -134,7 +177,9 @@ def main() -> None:
     )
     ratios = {}
     for dtype in dtypes:
-        engine_rate, hf_rate = measure(dtype, model_dir, new_tokens, repeats, args.threads)
+        engine_rate, hf_rate = measure(
+            dtype, model_dir, new_tokens, repeats, args.threads, mixed=args.mixed and dtype == dtypes[0]
+        )
         ratios[dtype] = engine_rate / hf_rate
         print(
             f"{dtype}: engine {engine_rate:.1f} tok/s vs hf generate {hf_rate:.1f} tok/s -> {ratios[dtype]:.2f}x"

@@ -220,6 +220,7 @@ def model_ratio(model_dir: Path, *, num_requests: int, max_tokens: int) -> dict:
             direct_s += elapsed_direct
             proxy_s += elapsed_proxy
             pair_ratios.append(elapsed_proxy / elapsed_direct)
+            print(f"   pair {index}: direct {elapsed_direct:.2f} s, proxy {elapsed_proxy:.2f} s", flush=True)
             direct_tokens += len(result.output_ids)
             proxy_tokens += response["usage"]["completion_tokens"]
     server.stop_thread()

@@ -70,6 +70,10 @@ def make_batch(step: int, *, num_trajectories: int, tokens_per_segment: int) -> 
     return out
 
 
+def _runs(rates: list[float]) -> str:
+    return "steps: " + ", ".join(f"{rate:,.0f}" for rate in rates)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -163,16 +167,11 @@ def main() -> None:
     print(
         f"batch: {num_trajectories} trajectories × 2 segments × {tokens_per_segment} tokens; {steps} timed steps"
     )
-    print(
-        f"threads: plain loop {args.workers * args.threads}; trainer {args.workers} workers × {args.threads}"
-    )
-    print(f"trainer start-up (once): {start_s:.1f} s")
-    print(
-        f"plain single-process loop: {plain_rate:,.0f} tokens/s (steps: {', '.join(f'{r:,.0f}' for r in plain)})"
-    )
-    print(
-        f"FSDP2 trainer, end to end: {fsdp_rate:,.0f} tokens/s (steps: {', '.join(f'{r:,.0f}' for r in fsdp)})"
-    )
+    print(f"trainer: {args.workers} workers × {args.threads} thread(s); start-up (once): {start_s:.1f} s")
+    for threads, rates in sorted(plain_by_threads.items()):
+        print(f"plain loop, {threads} thread(s): {statistics.median(rates):,.0f} tokens/s ({_runs(rates)})")
+    print(f"baseline: the plain loop with {best_threads} thread(s)")
+    print(f"FSDP2 trainer, end to end: {fsdp_rate:,.0f} tokens/s ({_runs(fsdp)})")
     print(f"FSDP2 trainer, inside the workers' step: {statistics.median(inner):,.0f} tokens/s")
     print(f"trainer_throughput: {fsdp_rate / plain_rate:.2f}x (target >= 0.9x)")
 

@@ -81,8 +81,16 @@ class RayEngineClient:
     generated tokens, or ``refresh``); per-token versions in each ``GenerationResult`` are always exact.
     """
 
-    def __init__(self, actor: ActorHandle, *, context_window: int, weight_version: int = 0) -> None:
+    def __init__(
+        self, actor: ActorHandle, *, context_window: int | None = None, weight_version: int = 0
+    ) -> None:
+        """Without ``context_window`` this blocks on one actor call; in async code use ``connect``."""
         self.actor = actor
+        if context_window is None:
+            import ray
+
+            info = ray.get(actor.info.remote())
+            context_window, weight_version = info["context_window"], info["weight_version"]
         self._context_window = context_window
         self._weight_version = weight_version
 

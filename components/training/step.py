@@ -90,6 +90,37 @@ def _global_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     return float(norm)
 
 
+def _record_diagnostics(
+    totals: dict[str, float],
+    maxima: dict[str, float],
+    minima: dict[str, float],
+    *,
+    batch: MicroBatch,
+    mask: torch.Tensor,
+    train_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    entropy: torch.Tensor,
+) -> None:
+    """Add one micro-batch's train-vs-rollout statistics (pre-update train logprobs) to the step sums."""
+    train = train_logprobs.detach().double() * mask
+    rollout = rollout_logprobs.double() * mask
+    ratio = torch.exp(train - rollout) * mask
+    totals["num_tokens"] += batch.num_tokens
+    totals["num_sampled_tokens"] += float(mask.sum())
+    totals["entropy_sum"] += float((entropy * mask).sum())
+    totals["train_logprob_sum"] += float(train.sum())
+    totals["rollout_logprob_sum"] += float(rollout.sum())
+    totals["train_logprob_sq_sum"] += float((train * train).sum())
+    totals["rollout_logprob_sq_sum"] += float((rollout * rollout).sum())
+    totals["train_rollout_logprob_product_sum"] += float((train * rollout).sum())
+    totals["logprob_abs_diff_sum"] += float((train - rollout).abs().sum())
+    totals["is_ratio_sum"] += float(ratio.sum())
+    totals["is_ratio_sq_sum"] += float((ratio * ratio).sum())
+    if mask.sum() > 0:
+        maxima["is_ratio_max"] = max(maxima["is_ratio_max"], float(ratio[mask > 0].max()))
+        minima["is_ratio_min"] = min(minima["is_ratio_min"], float(ratio[mask > 0].min()))
+
+
 def run_train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -101,62 +132,80 @@ def run_train_step(
     device: torch.device | str = "cpu",
     loss_scale: float = 1.0,
     reference_model: torch.nn.Module | None = None,
+    num_updates: int = 1,
 ) -> dict[str, float]:
-    """Forward/backward every micro-batch, clip, step; return step metrics (reduced over ranks)."""
+    """Forward/backward every micro-batch, clip, step; return step metrics (reduced over ranks).
+
+    ``num_updates > 1`` (PPO-style): the micro-batches are split into that many contiguous mini-batches, each
+    one optimizer update; the policy before the first update is the proximal policy of the clipped ratio
+    (its logprobs come from one extra no-grad pass), so later updates are clipped against it. Each
+    mini-batch's loss is scaled by ``num_updates`` so an update sees about a full step's loss scale. Every
+    rank must pass the same number of micro-batches.
+    """
     started = time.perf_counter()
     model.train()
-    optimizer.zero_grad(set_to_none=True)
     totals = dict.fromkeys(_SUM_KEYS, 0.0)
     maxima = {"is_ratio_max": -math.inf}
     minima = {"is_ratio_min": math.inf}
-    for batch in micro_batches:
-        view = forward_sampled_tokens(model, batch, temperature=temperature, device=device)
-        ref_logprobs = None
-        if algorithm.needs_reference_logprobs:
-            if reference_model is None:
-                raise ValueError("algorithm needs reference logprobs but no reference model was built")
-            with torch.no_grad():
-                ref_logprobs = forward_sampled_tokens(
-                    reference_model, batch, temperature=temperature, device=device, with_entropy=False
-                ).logprobs
-        loss, stats = algorithm.loss(
-            logprobs=view.logprobs,
-            old_logprobs=view.old_logprobs,
-            advantages=view.advantages,
-            loss_mask=view.loss_mask,
-            weights=view.weights,
-            ref_logprobs=ref_logprobs,
-            sequence_ids=view.sequence_ids,
-        )
-        (loss * loss_scale).backward()
-        for key, value in stats.items():
-            if key != "num_tokens":
-                totals[key] = totals.get(key, 0.0) + float(value)
+    proximal: list[torch.Tensor | None] = [None] * len(micro_batches)
+    if num_updates > 1:
         with torch.no_grad():
-            mask = view.loss_mask
-            train = view.logprobs.detach().double() * mask
-            rollout = view.old_logprobs.double() * mask
-            ratio = torch.exp(train - rollout) * mask
+            proximal = [
+                forward_sampled_tokens(
+                    model, b, temperature=temperature, device=device, with_entropy=False
+                ).logprobs
+                for b in micro_batches
+            ]
+    per_update = -(-len(micro_batches) // num_updates) if micro_batches else 0
+    grad_norms = []
+    for update in range(num_updates):
+        indices = range(update * per_update, min((update + 1) * per_update, len(micro_batches)))
+        if not indices:
+            continue
+        optimizer.zero_grad(set_to_none=True)
+        for index in indices:
+            batch = micro_batches[index]
+            view = forward_sampled_tokens(model, batch, temperature=temperature, device=device)
+            ref_logprobs = None
+            if algorithm.needs_reference_logprobs:
+                if reference_model is None:
+                    raise ValueError("algorithm needs reference logprobs but no reference model was built")
+                with torch.no_grad():
+                    ref_logprobs = forward_sampled_tokens(
+                        reference_model, batch, temperature=temperature, device=device, with_entropy=False
+                    ).logprobs
+            loss, stats = algorithm.loss(
+                logprobs=view.logprobs,
+                old_logprobs=view.old_logprobs,
+                advantages=view.advantages,
+                loss_mask=view.loss_mask,
+                weights=view.weights,
+                ref_logprobs=ref_logprobs,
+                proximal_logprobs=proximal[index],
+                sequence_ids=view.sequence_ids,
+            )
+            (loss * (loss_scale * num_updates)).backward()
             totals["loss"] += float(loss.detach())
-            totals["num_tokens"] += batch.num_tokens
-            totals["num_sampled_tokens"] += float(mask.sum())
-            totals["entropy_sum"] += float((view.entropy * mask).sum())
-            totals["train_logprob_sum"] += float(train.sum())
-            totals["rollout_logprob_sum"] += float(rollout.sum())
-            totals["train_logprob_sq_sum"] += float((train * train).sum())
-            totals["rollout_logprob_sq_sum"] += float((rollout * rollout).sum())
-            totals["train_rollout_logprob_product_sum"] += float((train * rollout).sum())
-            totals["logprob_abs_diff_sum"] += float((train - rollout).abs().sum())
-            totals["is_ratio_sum"] += float(ratio.sum())
-            totals["is_ratio_sq_sum"] += float((ratio * ratio).sum())
-            if mask.sum() > 0:
-                maxima["is_ratio_max"] = max(maxima["is_ratio_max"], float(ratio[mask > 0].max()))
-                minima["is_ratio_min"] = min(minima["is_ratio_min"], float(ratio[mask > 0].min()))
-    _reduce(totals, maxima, minima)
-    grad_norm = _global_grad_norm(model, optimizer_config.max_grad_norm)
-    optimizer.step()
+            for key, value in stats.items():
+                if key != "num_tokens":
+                    totals[key] = totals.get(key, 0.0) + float(value)
+            with torch.no_grad():
+                _record_diagnostics(
+                    totals,
+                    maxima,
+                    minima,
+                    batch=batch,
+                    mask=view.loss_mask,
+                    train_logprobs=view.logprobs if proximal[index] is None else proximal[index],
+                    rollout_logprobs=view.old_logprobs,
+                    entropy=view.entropy,
+                )
+        grad_norms.append(_global_grad_norm(model, optimizer_config.max_grad_norm))
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    _reduce(totals, maxima, minima)
     elapsed_s = time.perf_counter() - started
+    grad_norm = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
     return summarize_step(totals, maxima, minima, grad_norm=grad_norm, elapsed_s=elapsed_s)
 
 

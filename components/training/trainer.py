@@ -7,8 +7,9 @@ coordinator actor and reports back to it. Each step's micro-batches come from th
 (``components.training.data``) as contiguous shards of the materialized dataset, handed to the live workers.
 
     trainer = Trainer(TrainerConfig(model_path=..., run_dir=...), algorithm=GRPO(GRPOConfig()))
-    metrics = trainer.step(shard_paths_or_trajectories, current_version=engine_version)
-    await push_weights(engine, trainer.full_state_dict_ref(), trainer.state.weight_version)
+    sync = WeightSync(WeightSyncConfig(mode="memory"), engine)      # engine: e.g. RayEngineClient
+    metrics = trainer.step(shard_paths_or_trajectories, current_version=engine.weight_version)
+    await sync.push(trainer, trainer.state.weight_version)
     trainer.shutdown()
 """
 
@@ -62,6 +63,7 @@ class TrainerConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     batching: SampleBatchConfig = field(default_factory=SampleBatchConfig)
     temperature: float = 1.0  # the rollouts' sampling temperature (logits are divided by it)
+    num_updates_per_step: int = 1  # optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)
     seed: int = 0
     checkpoint_every_steps: int = 0  # 0: only when save_checkpoint() is called
     keep_checkpoints: int = 2  # newest complete checkpoints kept (0: all)
@@ -79,6 +81,7 @@ class TrainerConfig:
         require_positive(self.cpus_per_worker, "cpus_per_worker")
         require_positive(self.torch_threads_per_worker, "torch_threads_per_worker")
         require_positive(self.temperature, "temperature")
+        require_positive(self.num_updates_per_step, "num_updates_per_step")
         require(self.checkpoint_every_steps >= 0, "checkpoint_every_steps", "must be >= 0")
         require(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
         require_positive(self.start_timeout_s, "start_timeout_s")
@@ -251,6 +254,7 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
                 device=device,
                 loss_scale=float(world_size),
                 reference_model=reference,
+                num_updates=config.num_updates_per_step,
             )
             result["num_micro_batches_rank0"] = float(len(batches))
         elif kind == "gather":
@@ -400,6 +404,7 @@ class Trainer:
         if self.config.checkpoint_every_steps and self.state.step % self.config.checkpoint_every_steps == 0:
             self.save_checkpoint()
         metrics["step_s"] = time.perf_counter() - started
+        metrics["tokens_per_s"] = metrics["train/num_tokens"] / metrics["step_s"]
         return metrics
 
     def full_state_dict_ref(self) -> Any:

@@ -1,0 +1,422 @@
+"""What every recipe shares: the run directory, Ray, the engine + proxy + trainer stack, and resume bookkeeping.
+
+A recipe builds its tasks, harness and grader, then drives ``RunStack`` step by step::
+
+    run = RunDirectory.create(config, recipe="swe_grpo")
+    async with RunStack.start(config, run, sandbox_paths=...) as stack:
+        for step in stack.ledger.pending_steps(config.num_steps):
+            trajectories, shard = await stack.rollout_or_load(step, runner, tasks)
+            train_metrics = await stack.train_and_sync(step, shard)
+
+Run directory (``runs/<recipe>-<time>`` unless ``--run-dir``): ``config.json``, ``trajectories/`` (one Parquet
+shard per step), ``metrics.jsonl``, ``checkpoints/step-N`` (HF folders + optimizer + ``trainer_state.json``),
+``logs/driver.log``, ``wandb/`` (offline unless logged in), ``learning_curves.png``, ``viewer/index.html``.
+
+Placement through Ray resources:
+  - engine: one ``EngineActor`` with ``engine_num_cpus`` CPUs and ``engine_num_gpus`` GPUs (``engine=embedded``);
+    with ``engine=sglang`` the SGLang servers run outside Ray and the recipe only talks HTTP to ``sglang_url``;
+  - proxy: session-shard actors and ``proxy_replicas`` Ray Serve replicas, 0 CPUs each (they wait on I/O);
+    ``proxy=local`` serves it from the driver process instead (one fewer moving part, no Serve start-up);
+  - sandboxes: the driver's bubblewrap pool keeps ``num_warm_sandboxes`` started (``sandbox_backend=e2b``: E2B's
+    cloud); on a multi-node cluster use ``sandboxes.ray_pool`` whose capacity is the ``sandbox_slots`` resource;
+  - trainer: ``trainer_workers`` Ray Train FSDP2 workers with ``trainer_cpus_per_worker`` CPUs (1 GPU each when
+    ``trainer_use_gpu``).
+
+Resume rule (same ``--run-dir``): the trainer restarts from the newest complete checkpoint, whose
+``consumed_shards`` lists the step shards already trained into it. Each step is then, in order: *done* when its
+shard was consumed (skipped), *stored* when its shard exists but was not consumed (trained again from the shard,
+never rolled out again), *new* otherwise (rolled out, written as one shard, trained). A shard is written
+atomically, so a crash mid-rollout leaves no partial step: its rollouts are redone. No trajectory is lost or
+duplicated, and the engine restarts from the checkpoint's weights and version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from components.config import require, require_non_negative, require_positive
+from components.models.registry import REPO_ROOT, resolve_model
+from components.recipe_config import config_to_json, option
+from components.trajectory import Trajectory
+from components.trajectory_store import TrajectoryStore
+
+logger = logging.getLogger("rein.recipe")
+
+# What `ray job submit --working-dir .` must not upload (Ray honours .gitignore too; this makes it explicit).
+WORKING_DIR_EXCLUDES = [".venv", ".models", ".agents", "runs", ".git", "**/__pycache__", "*.egg-info"]
+
+
+@dataclass(kw_only=True, frozen=True)
+class RunConfig:
+    """Fields every recipe has: model, run directory, steps, placement, engine, proxy, sandboxes, trainer."""
+
+    model: str = option(
+        "default", "policy: 'default' (SmolLM2-135M-Instruct), 'tiny' (test model) or an HF folder"
+    )
+    run_dir: str = option("", "run directory; '' makes runs/<recipe>-<time>; an existing one is resumed")
+    num_steps: int = option(2, "training steps (rollout → train → weight sync → log/checkpoint)")
+    group_size: int = option(2, "rollouts per task per step (one GRPO group)")
+    max_concurrency: int = option(4, "rollouts in flight at once")
+    temperature: float = option(1.0, "sampling temperature of the policy")
+    max_tokens: int = option(128, "cap on the tokens of one model reply")
+    algorithm: Literal["grpo", "dr_grpo"] = option("grpo", "policy-gradient algorithm: GRPO or Dr.GRPO")
+    learning_rate: float = option(1e-5, "AdamW learning rate")
+    max_tokens_per_micro_batch: int = option(1024, "token budget of one packed training row (bounds trainer memory)")
+    checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
+    seed: int = option(0, "seed of the trainer and of task selection")
+    engine: Literal["embedded", "sglang"] = option(
+        "embedded", "inference engine: embedded torch actor or SGLang"
+    )
+    sglang_url: str = option("", "SGLang server URL (engine=sglang), e.g. http://10.0.0.5:30000")
+    engine_num_cpus: float = option(1.0, "Ray CPUs reserved for the embedded engine actor")
+    engine_num_gpus: float = option(0.0, "Ray GPUs for the embedded engine actor (device cuda when > 0)")
+    engine_threads: int = option(1, "torch threads of the embedded engine")
+    engine_max_batch_size: int = option(8, "requests the embedded engine decodes together")
+    proxy: Literal["serve", "local"] = option(
+        "serve", "inference proxy: Ray Serve deployment or in the driver"
+    )
+    proxy_replicas: int = option(2, "Ray Serve replicas of the proxy (proxy=serve)")
+    sandbox_backend: Literal["bwrap", "e2b"] = option("bwrap", "sandboxes: local bubblewrap pool or E2B")
+    num_warm_sandboxes: int = option(2, "bubblewrap sandboxes kept started")
+    trainer_workers: int = option(2, "Ray Train FSDP2 workers")
+    trainer_cpus_per_worker: float = option(1.0, "Ray CPUs per trainer worker")
+    trainer_use_gpu: bool = option(False, "train on GPUs (one per worker, NCCL)")
+    ray_address: str = option(
+        "", "Ray cluster to join; '' joins $RAY_ADDRESS when set, else starts a local one"
+    )
+    ray_num_cpus: int = option(8, "logical CPUs of a local Ray instance (oversubscribing 2 cores is fine)")
+    wandb_mode: Literal["auto", "offline", "online", "disabled"] = option(
+        "auto", "wandb: offline unless logged in"
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("num_steps", "group_size", "max_concurrency", "max_tokens", "learning_rate"):
+            require_positive(getattr(self, name), name)
+        for name in (
+            "max_tokens_per_micro_batch",
+            "engine_threads",
+            "engine_max_batch_size",
+            "proxy_replicas",
+        ):
+            require_positive(getattr(self, name), name)
+        for name in ("trainer_workers", "trainer_cpus_per_worker", "ray_num_cpus"):
+            require_positive(getattr(self, name), name)
+        for name in ("temperature", "checkpoint_every_steps", "num_warm_sandboxes", "engine_num_cpus"):
+            require_non_negative(getattr(self, name), name)
+        require_non_negative(self.engine_num_gpus, "engine_num_gpus")
+        require(
+            self.engine != "sglang" or self.sglang_url.startswith(("http://", "https://")),
+            "sglang_url",
+            f"must be an http(s) URL when engine is 'sglang', got {self.sglang_url!r}",
+        )
+        if self.model not in ("default", "tiny"):
+            require((Path(self.model) / "config.json").exists(), "model", f"{self.model!r} is no HF folder")
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    """The one directory a run writes everything into."""
+
+    path: Path
+    recipe: str
+    model_path: Path
+
+    @classmethod
+    def create(cls, config: RunConfig, *, recipe: str) -> RunDirectory:
+        """Make (or reopen, to resume) the run directory; write ``config.json``; log to ``logs/driver.log``."""
+        path = Path(config.run_dir or REPO_ROOT / "runs" / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
+        path = path.resolve()
+        (path / "logs").mkdir(parents=True, exist_ok=True)
+        run = cls(path=path, recipe=recipe, model_path=resolve_model(config.model).resolve())
+        recorded = {"recipe": recipe, "model_path": str(run.model_path), **json.loads(config_to_json(config))}
+        (path / "config.json").write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+        handler = logging.FileHandler(path / "logs" / "driver.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
+        logging.getLogger().setLevel(logging.INFO)
+        for chatty in ("httpx", "httpx2", "httpcore"):  # one line per model call otherwise
+            logging.getLogger(chatty).setLevel(logging.WARNING)
+        return run
+
+
+def connect_ray(config: RunConfig) -> None:
+    """Join ``ray_address`` / ``$RAY_ADDRESS`` (e.g. under ``ray job submit``), or start a local Ray."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if ray.is_initialized():
+        return
+    address = config.ray_address or os.environ.get("RAY_ADDRESS", "")
+    # Workers import recipes' modules from the repository; on a cluster the job's working_dir provides them.
+    if address:  # a job's own runtime env (working_dir, env vars) applies; adding one here would replace it
+        ray.init(address=address, log_to_driver=False)
+    else:
+        env_vars = {
+            "RAY_AUTH_MODE": "disabled",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": str(REPO_ROOT),
+        }
+        ray.init(
+            num_cpus=config.ray_num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": env_vars},
+            object_store_memory=1024 * 1024 * 1024,
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class StepLedger:
+    """Which steps are done, stored (shard written, not trained into the checkpoint) or new (see module doc)."""
+
+    def __init__(self, store: TrajectoryStore, consumed_shards: Sequence[str]) -> None:
+        self.store = store
+        self.consumed = set(consumed_shards)
+        self.shards: dict[int, Path] = {}
+        for path in store.shard_paths():
+            trajectories = store.read_shard(path)
+            if trajectories:
+                self.shards.setdefault(trajectories[0].step, path)
+
+    def pending_steps(self, num_steps: int) -> list[int]:
+        """Steps not yet trained into the checkpoint, in order."""
+        return [step for step in range(num_steps) if self.shards.get(step, Path()).name not in self.consumed]
+
+    def stored_shard(self, step: int) -> Path | None:
+        """The shard of ``step`` written before a restart, if any."""
+        return self.shards.get(step)
+
+
+class RunStack:
+    """Engine + proxy + trainer + weight sync + sandboxes + trajectory store of one run."""
+
+    def __init__(self, config: RunConfig, run: RunDirectory) -> None:
+        self.config = config
+        self.run = run
+        self.store = TrajectoryStore(run.path)
+        self._cleanups: list[Callable[[], Awaitable[Any]]] = []
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def start(cls, config: RunConfig, run: RunDirectory, *, sandbox_paths: Sequence[str] = ()):
+        """Start everything (Ray first); stop it all on exit, crash or not."""
+        stack = cls(config, run)
+        try:
+            await stack._start(sandbox_paths)
+            yield stack
+        finally:
+            await stack.close()
+
+    async def _start(self, sandbox_paths: Sequence[str]) -> None:
+        from components.engine.embedded import EmbeddedEngineConfig
+        from components.engine.ray_actor import RayEngineClient, start_engine_actor
+        from components.training import (
+            GRPO,
+            GRPOConfig,
+            OptimizerConfig,
+            SampleBatchConfig,
+            Trainer,
+            TrainerConfig,
+            WeightSync,
+            WeightSyncConfig,
+            latest_checkpoint,
+        )
+
+        config, run = self.config, self.run
+        connect_ray(config)
+        checkpoint = latest_checkpoint(run.path / "checkpoints")
+        version = checkpoint.state.weight_version if checkpoint else 0
+        if config.engine == "embedded":  # start the engine actor while the trainer starts
+            actor = start_engine_actor(
+                EmbeddedEngineConfig(
+                    model_path=checkpoint.path if checkpoint else run.model_path,
+                    max_batch_size=config.engine_max_batch_size,
+                    num_threads=config.engine_threads,
+                    device="cuda" if config.engine_num_gpus > 0 else "cpu",
+                    initial_weight_version=version,
+                ),
+                num_cpus=config.engine_num_cpus,
+                num_gpus=config.engine_num_gpus,
+            )
+        algorithm = GRPOConfig.dr_grpo() if config.algorithm == "dr_grpo" else GRPOConfig()
+        self.trainer = Trainer(
+            TrainerConfig(
+                model_path=run.model_path,
+                run_dir=run.path,
+                num_workers=config.trainer_workers,
+                use_gpu=config.trainer_use_gpu,
+                cpus_per_worker=config.trainer_cpus_per_worker,
+                optimizer=OptimizerConfig(learning_rate=config.learning_rate),
+                batching=SampleBatchConfig(max_tokens_per_micro_batch=config.max_tokens_per_micro_batch),
+                temperature=config.temperature,
+                seed=config.seed,
+                resume=True,
+            ),
+            algorithm=GRPO(algorithm),
+        )
+        self._cleanups.append(lambda: _to_thread(self.trainer.shutdown))
+        if self.trainer.resumed_from:
+            logger.info("resumed from %s (state %s)", self.trainer.resumed_from, self.trainer.state)
+        if config.engine == "embedded":
+            self.engine = await RayEngineClient.connect(actor)
+            self._cleanups.append(lambda: actor.close.remote())
+            self.weight_sync = WeightSync(WeightSyncConfig(mode="memory"), self.engine)
+        else:
+            from components.engine.sglang import SGLangEngine, SGLangEngineConfig
+
+            self.engine = await SGLangEngine.connect(
+                SGLangEngineConfig(base_url=config.sglang_url, initial_weight_version=version)
+            )
+            self._cleanups.append(self.engine.aclose)
+            self.weight_sync = WeightSync(
+                WeightSyncConfig(mode="disk", weights_dir=run.path / "weights"), self.engine
+            )
+            if checkpoint:  # the server still serves whatever it was started with
+                await self.engine.update_weights_from_disk(str(checkpoint.path), version)
+        self.proxy_url, self.sessions = await self._start_proxy()
+        self.sandboxes = self._start_sandboxes(sandbox_paths)
+        self.ledger = StepLedger(self.store, self.trainer.state.consumed_shards)
+
+    async def _start_proxy(self) -> tuple[str, Any]:
+        from components.proxy.config import ProxyConfig
+
+        proxy_config = ProxyConfig(
+            port=0, default_max_tokens=self.config.max_tokens, max_completion_tokens=self.config.max_tokens
+        )
+        if self.config.proxy == "local":
+            from transformers import AutoTokenizer
+
+            from components.proxy.server import ProxyServer
+            from components.proxy.sessions import LocalSessionRegistry
+
+            tokenizer = AutoTokenizer.from_pretrained(self.run.model_path)
+            registry = LocalSessionRegistry(self.engine, tokenizer, proxy_config)
+            server = ProxyServer(registry, proxy_config)
+            url = await server.start()
+            self._cleanups.append(server.stop)
+            return url, registry
+        from ray import serve
+
+        from components.proxy.ray_sessions import start_session_shards
+        from components.proxy.serve import run_proxy_on_serve
+
+        serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
+        registry = start_session_shards(self.engine, self.run.model_path, proxy_config, num_shards=2)
+        app_name = f"rein-{self.run.path.name}"
+        url = await _to_thread(
+            run_proxy_on_serve,
+            registry,
+            proxy_config,
+            app_name=app_name,
+            route_prefix=f"/{self.run.path.name}",
+            num_replicas=self.config.proxy_replicas,
+        )
+        self._cleanups.append(lambda: _to_thread(serve.delete, app_name))  # Serve apps outlive a driver
+        return url, registry
+
+    def _start_sandboxes(self, read_only_paths: Sequence[str]) -> Any:
+        from sandboxes import SandboxBackendConfig, SandboxPoolConfig, make_sandbox_provider
+
+        provider = make_sandbox_provider(
+            SandboxBackendConfig(
+                backend=self.config.sandbox_backend,
+                pool=SandboxPoolConfig(
+                    num_warm=self.config.num_warm_sandboxes,
+                    read_only_paths=tuple(dict.fromkeys(read_only_paths)),
+                ),
+            )
+        )
+        self._cleanups.append(provider.close)
+        return provider
+
+    async def rollout_or_load(
+        self, step: int, runner: Any, tasks: Sequence[Any]
+    ) -> tuple[list[Trajectory], Path | None]:
+        """This step's trajectories and their shard: read back when stored before a restart, else rolled out
+        (``runner.run(tasks, step)``) and written as one shard."""
+        shard = self.ledger.stored_shard(step)
+        if shard is not None:
+            logger.info("step %d: training again from stored shard %s", step, shard.name)
+            return self.store.read_shard(shard), shard
+        trajectories = await runner.run(tasks, step)
+        return trajectories, self.store.write(trajectories)
+
+    async def train_and_sync(self, step: int, shard: Path | None) -> dict[str, float]:
+        """One optimizer step on the shard, then the new weights to the engine; checkpoint when due."""
+        trainer, version = self.trainer, self.trainer.state.weight_version
+        metrics: dict[str, float] = {"trained": 0.0}
+        if shard is not None:
+            metrics = await _to_thread(trainer.step, [shard], version)
+        if metrics.get("trained"):
+            metrics.update(await self.weight_sync.push(trainer, trainer.state.weight_version))
+        every = self.config.checkpoint_every_steps
+        if step + 1 == self.config.num_steps or (every and (step + 1) % every == 0):
+            started = time.perf_counter()
+            await _to_thread(trainer.save_checkpoint)
+            metrics["checkpoint_s"] = time.perf_counter() - started
+            logger.info("step %d: checkpoint written (trainer state %s)", step, trainer.state)
+        return metrics
+
+    async def close(self) -> None:
+        """Stop what was started, newest first; a failing cleanup never hides the others."""
+        while self._cleanups:
+            cleanup = self._cleanups.pop()
+            try:
+                await cleanup()
+            except Exception as error:
+                logger.warning("cleanup failed: %s", error)
+
+
+async def _to_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    import asyncio
+
+    return await asyncio.to_thread(function, *args, **kwargs)
+
+
+def tasks_for_step(tasks: Sequence[Any], *, step: int, num_tasks: int) -> list[Any]:
+    """``num_tasks`` tasks for ``step``, walking through ``tasks`` in order (wrapping around)."""
+    return [tasks[(step * num_tasks + index) % len(tasks)] for index in range(num_tasks)]
+
+
+def run_monitor(config: RunConfig, run: RunDirectory, stack: RunStack, *, rollouts_per_step: int) -> Any:
+    """The run's monitor (metrics.jsonl, wandb, progress, learning curves, viewer), starting at the resume step."""
+    from monitoring.run_monitor import RunMonitor, RunMonitorConfig
+
+    pending = stack.ledger.pending_steps(config.num_steps)
+    return RunMonitor(
+        RunMonitorConfig(
+            run_dir=run.path,
+            num_steps=config.num_steps,
+            rollouts_per_step=rollouts_per_step,
+            first_step=pending[0] if pending else config.num_steps,
+            run_config=json.loads(config_to_json(config)),
+            wandb_mode=config.wandb_mode,
+            model=run.model_path,
+        )
+    )
+
+
+def main_entry(main: Callable[[Any], Awaitable[Any]], config_class: type, description: str) -> None:
+    """Parse the command line into ``config_class`` and run ``main(config)``."""
+    import asyncio
+
+    from components.recipe_config import parse_config
+
+    config = parse_config(config_class, sys.argv[1:], description=description)
+    asyncio.run(main(config))

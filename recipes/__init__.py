@@ -1,0 +1,1 @@
+"""Recipes: short, linear training scripts (``python recipes/<name>.py --help``)."""

@@ -1,0 +1,44 @@
+"""GRPO with Claude Code as the agent: the unmodified ``claude`` CLI runs inside each task's bubblewrap sandbox,
+its only network path leads to the proxy session (``ANTHROPIC_BASE_URL``), and every token it is sent back is
+recorded for training. The loop is the SWE recipe's (``recipes/swe_grpo.py``); only the harness differs.
+
+    make setup-test                                        # installs the npm agents into .agents/
+    python recipes/claude_code_grpo.py                     # SmolLM2-135M, --bare Claude Code, 2 steps (CPU)
+    python recipes/claude_code_grpo.py --claude-code-bare false --model /path/to/long-context-model
+    python recipes/claude_code_grpo.py --help              # every field, its meaning and default
+
+``--bare`` (the default here) is Claude Code's documented minimal mode: ~1k prompt tokens instead of ~20k,
+which SmolLM2's 8k context window needs. Without it, use a model with a context window of 32k or more.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from components.launch import main_entry  # noqa: E402
+from components.recipe_config import option  # noqa: E402
+from recipes.swe_grpo import SweGrpoConfig, main  # noqa: E402
+
+
+@dataclass(kw_only=True, frozen=True)
+class ClaudeCodeGrpoConfig(SweGrpoConfig):
+    """The SWE GRPO run with Claude Code (every other field as in ``SweGrpoConfig``)."""
+
+    harness: Literal["swe_agent", "mini_swe_agent", "claude_code", "codex"] = option(
+        "claude_code", "the agent: claude_code here; any SWE harness works with the same loop"
+    )
+    max_turns: int = option(3, "Claude Code's --max-turns")
+    max_tokens: int = option(192, "cap on the tokens of one model reply (CLAUDE_CODE_MAX_OUTPUT_TOKENS)")
+
+
+async def claude_code_main(config: ClaudeCodeGrpoConfig) -> None:
+    await main(config, recipe="claude_code_grpo")
+
+
+if __name__ == "__main__":
+    main_entry(claude_code_main, ClaudeCodeGrpoConfig, __doc__)

@@ -1,0 +1,146 @@
+"""GRPO on the built-in SWE tasks: an agent fixes a bug in a bubblewrap sandbox, hidden tests grade it.
+
+    python recipes/swe_grpo.py                             # SmolLM2-135M, 2 tasks × 2 samples, 2 steps (CPU)
+    python recipes/swe_grpo.py --harness mini_swe_agent    # the same run with an unmodified black-box agent
+    python recipes/swe_grpo.py --engine sglang --sglang-url http://HOST:30000 --trainer-use-gpu true
+    python recipes/swe_grpo.py --help                      # every field, its meaning and default
+
+Each step: roll out ``num_tasks`` tasks × ``group_size`` samples (agent in a warm sandbox → proxy session →
+grade in a fresh sandbox) → write one trajectory shard → one GRPO step → push the new weights to the engine →
+log (and checkpoint). Placement, run directory and resume: see ``components/launch.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from components.config import require, require_positive  # noqa: E402
+from components.launch import (  # noqa: E402
+    RunConfig,
+    RunDirectory,
+    RunStack,
+    main_entry,
+    run_monitor,
+    tasks_for_step,
+)
+from components.protocols import Harness  # noqa: E402
+from components.recipe_config import option  # noqa: E402
+from components.rollout import RolloutConfig, RolloutRunner  # noqa: E402
+from components.tasks import SweGrader, load_builtin_tasks  # noqa: E402
+from components.tasks.swe import python_tool_paths  # noqa: E402
+from sandboxes import BwrapSandbox  # noqa: E402
+
+HARNESSES = ("swe_agent", "mini_swe_agent", "claude_code", "codex")
+
+
+@dataclass(kw_only=True, frozen=True)
+class SweGrpoConfig(RunConfig):
+    """The SWE GRPO run (fields shared by all recipes: see ``RunConfig``)."""
+
+    harness: Literal["swe_agent", "mini_swe_agent", "claude_code", "codex"] = option(
+        "swe_agent", "the agent: white-box swe_agent, or black-box mini_swe_agent / claude_code / codex"
+    )
+    claude_code_bare: bool = option(True, "claude_code: --bare mode (~1k prompt tokens instead of ~20k)")
+    num_tasks: int = option(2, "tasks (GRPO groups) per step, taken in order from the task list")
+    task_ids: tuple[str, ...] = option((), "comma-separated built-in task ids to train on (default: all 45)")
+    max_turns: int = option(3, "model calls per rollout")
+    max_tokens: int = option(192, "cap on the tokens of one model reply")
+    wall_time_s: float = option(300.0, "wall-clock bound of one agent run")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self.num_tasks, "num_tasks")
+        require_positive(self.max_turns, "max_turns")
+        require_positive(self.wall_time_s, "wall_time_s")
+        require(self.harness in HARNESSES, "harness", f"must be one of {HARNESSES}, got {self.harness!r}")
+
+
+def build_harness(config: SweGrpoConfig) -> tuple[Harness, tuple[str, ...]]:
+    """The harness the config names, and the host paths its sandboxes need read-only (kept warm by the pool)."""
+    if config.harness == "swe_agent":
+        from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
+
+        agent_config = SweAgentConfig(
+            max_turns=config.max_turns,
+            wall_time_s=config.wall_time_s,
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+        )
+        return SweAgentHarness(agent_config), python_tool_paths()
+    from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
+
+    if config.harness == "claude_code":
+        from harnesses.claude_code import ClaudeCodeAgent
+
+        agent = ClaudeCodeAgent(bare=config.claude_code_bare)
+    elif config.harness == "codex":
+        from harnesses.codex import CodexAgent
+
+        agent = CodexAgent()
+    else:
+        from harnesses.mini_swe_agent import MiniSweAgent
+
+        agent = MiniSweAgent()
+    harness = BlackBoxHarness(
+        agent,
+        BlackBoxConfig(
+            max_turns=config.max_turns, wall_time_s=config.wall_time_s, max_output_tokens=config.max_tokens
+        ),
+    )
+    return harness, (*python_tool_paths(), *agent.read_only_paths())
+
+
+def load_tasks(config: SweGrpoConfig) -> list:
+    """The built-in tasks, or those named by ``task_ids`` (an unknown id fails naming the field)."""
+    tasks = load_builtin_tasks()
+    if not config.task_ids:
+        return tasks
+    by_id = {task.task_id: task for task in tasks}
+    unknown = [task_id for task_id in config.task_ids if task_id not in by_id]
+    require(not unknown, "task_ids", f"unknown task ids {unknown}; known: {sorted(by_id)}")
+    return [by_id[task_id] for task_id in config.task_ids]
+
+
+async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
+    run = RunDirectory.create(config, recipe=recipe)
+    tasks = load_tasks(config)
+    harness, sandbox_paths = build_harness(config)
+    async with RunStack.start(config, run, sandbox_paths=sandbox_paths) as stack:
+        runner = RolloutRunner(
+            RolloutConfig(group_size=config.group_size, max_concurrency=config.max_concurrency),
+            harness=harness,
+            sandboxes=stack.sandboxes,
+            sessions=stack.sessions,
+            proxy_url=stack.proxy_url,
+            grader=SweGrader(
+                BwrapSandbox.create
+            ),  # grading gets fresh sandboxes of its own, never the agent's
+        )
+        rollouts_per_step = config.num_tasks * config.group_size
+        with run_monitor(config, run, stack, rollouts_per_step=rollouts_per_step) as monitor:
+            for step in stack.ledger.pending_steps(config.num_steps):
+                monitor.start_step(step)
+                started = time.monotonic()
+                step_tasks = tasks_for_step(tasks, step=step, num_tasks=config.num_tasks)
+                # 1. rollout (or, after a restart, the step's stored shard)
+                trajectories, shard = await stack.rollout_or_load(step, runner, step_tasks)
+                for trajectory in trajectories:
+                    monitor.rollout_finished(trajectory)
+                rollout_s = time.monotonic() - started
+                # 2. train, 3. sync weights to the engine, checkpoint when due
+                train_metrics = await stack.train_and_sync(step, shard)
+                # 4. log
+                monitor.end_step(
+                    step, trajectories, train_metrics=train_metrics, rollout_wall_time_s=rollout_s
+                )
+    print(f"run directory: {run.path}")
+
+
+if __name__ == "__main__":
+    main_entry(main, SweGrpoConfig, __doc__)

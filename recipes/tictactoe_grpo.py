@@ -1,0 +1,97 @@
+"""ART-style toy: the policy plays tic-tac-toe (as X, through a ``make_move`` tool) and learns with GRPO.
+
+    python recipes/tictactoe_grpo.py                       # SmolLM2-135M, a short run on CPU
+    python recipes/tictactoe_grpo.py --num-steps 30 --games-per-step 4 --group-size 4
+    python recipes/tictactoe_grpo.py --help                # every field, its meaning and default
+
+Each step: roll out ``games_per_step`` seeded games × ``group_size`` through the proxy → write one trajectory
+shard → one GRPO step → push the new weights to the engine → log (and checkpoint). Reward: win 1, draw 0.5,
+loss or illegal move 0. Placement, run directory and resume: see ``components/launch.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from components.config import require_positive  # noqa: E402
+from components.launch import RunConfig, RunDirectory, RunStack, main_entry, run_monitor  # noqa: E402
+from components.recipe_config import option  # noqa: E402
+from components.rollout import RolloutConfig, RolloutRunner  # noqa: E402
+from components.tasks.toys import TicTacToeConfig, TicTacToeEnv  # noqa: E402
+from harnesses.toy_agent import ToyAgentConfig, ToyAgentHarness, ToyGameTask  # noqa: E402
+
+
+@dataclass(kw_only=True, frozen=True)
+class TicTacToeGrpoConfig(RunConfig):
+    """The tic-tac-toe GRPO run (fields shared by all recipes: see ``RunConfig``)."""
+
+    num_steps: int = option(4, "training steps")
+    group_size: int = option(4, "games per seed per step (one GRPO group)")
+    max_concurrency: int = option(8, "games in flight at once")
+    max_tokens: int = option(48, "cap on the tokens of one model reply")
+    learning_rate: float = option(2e-5, "AdamW learning rate")
+    proxy: Literal["serve", "local"] = option(
+        "local", "inference proxy: Ray Serve deployment or in the driver"
+    )
+    games_per_step: int = option(2, "seeded games (GRPO groups) per step")
+    opponent: Literal["random", "perfect"] = option("random", "the opponent: random legal moves or minimax")
+    max_turns: int = option(6, "model calls per game (a game needs at most 5 moves)")
+    num_warm_sandboxes: int = option(2, "empty sandboxes kept started (the game runs in the harness)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self.games_per_step, "games_per_step")
+        require_positive(self.max_turns, "max_turns")
+
+
+def games_for_step(config: TicTacToeGrpoConfig, step: int) -> list[ToyGameTask]:
+    """This step's seeded games (new seeds every step, the same for every sample of a group)."""
+    make_env = functools.partial(TicTacToeEnv, TicTacToeConfig(opponent=config.opponent))
+    seeds = [config.seed * 100_000 + step * config.games_per_step + i for i in range(config.games_per_step)]
+    return [ToyGameTask(task_id=f"tictactoe-{seed}", make_env=make_env, seed=seed) for seed in seeds]
+
+
+async def main(config: TicTacToeGrpoConfig) -> None:
+    run = RunDirectory.create(config, recipe="tictactoe_grpo")
+    harness = ToyAgentHarness(
+        ToyAgentConfig(
+            max_turns=config.max_turns, max_tokens=config.max_tokens, temperature=config.temperature
+        )
+    )
+    async with RunStack.start(config, run) as stack:
+        runner = RolloutRunner(
+            RolloutConfig(group_size=config.group_size, max_concurrency=config.max_concurrency),
+            harness=harness,
+            sandboxes=stack.sandboxes,
+            sessions=stack.sessions,
+            proxy_url=stack.proxy_url,
+            grader=harness.reward,
+        )
+        rollouts_per_step = config.games_per_step * config.group_size
+        with run_monitor(config, run, stack, rollouts_per_step=rollouts_per_step) as monitor:
+            for step in stack.ledger.pending_steps(config.num_steps):
+                monitor.start_step(step)
+                started = time.monotonic()
+                # 1. rollout (or, after a restart, the step's stored shard)
+                trajectories, shard = await stack.rollout_or_load(step, runner, games_for_step(config, step))
+                for trajectory in trajectories:
+                    monitor.rollout_finished(trajectory)
+                rollout_s = time.monotonic() - started
+                # 2. train, 3. sync weights to the engine, checkpoint when due
+                train_metrics = await stack.train_and_sync(step, shard)
+                # 4. log
+                monitor.end_step(
+                    step, trajectories, train_metrics=train_metrics, rollout_wall_time_s=rollout_s
+                )
+    print(f"run directory: {run.path}")
+
+
+if __name__ == "__main__":
+    main_entry(main, TicTacToeGrpoConfig, __doc__)

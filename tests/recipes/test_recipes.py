@@ -1,0 +1,139 @@
+"""Each recipe runs end to end with the tiny model (real Ray, engine, proxy, bubblewrap, FSDP2 trainer) and
+leaves a complete run directory; a SIGKILLed run resumes from its checkpoint without losing or duplicating a
+trajectory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from recipe_runs import (
+    REPO_ROOT,
+    assert_complete_run,
+    latest_trainer_state,
+    recipe_command,
+    recipe_env,
+    run_recipe,
+    shard_steps,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+CLAUDE = REPO_ROOT / ".agents" / "node_modules" / ".bin" / "claude"
+
+
+def test_recipe_help_lists_every_field_and_bad_values_fail_fast():
+    from recipes.tictactoe_grpo import TicTacToeGrpoConfig
+
+    completed = subprocess.run(
+        recipe_command("tictactoe_grpo", "--help"),
+        capture_output=True,
+        text=True,
+        env=recipe_env(),
+        timeout=60,
+    )
+    assert completed.returncode == 0
+    for field in TicTacToeGrpoConfig.__dataclass_fields__:
+        assert f"--{field.replace('_', '-')}" in completed.stdout
+    assert "(default: 2e-05)" in completed.stdout  # learning_rate, with its meaning
+    bad = subprocess.run(
+        recipe_command("swe_grpo", "--group-size", "0"),
+        capture_output=True,
+        text=True,
+        env=recipe_env(),
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "group_size" in bad.stderr
+    bad = subprocess.run(
+        recipe_command("swe_grpo", "--engine", "sglang"),
+        capture_output=True,
+        text=True,
+        env=recipe_env(),
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "sglang_url" in bad.stderr
+
+
+def _wait_for(predicate, *, process: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert process.poll() is None, f"recipe exited early: {process.communicate()[0][-4000:]}"
+        assert time.monotonic() < deadline, "recipe did not get there in time"
+        time.sleep(0.2)
+
+
+def test_tictactoe_killed_run_resumes_without_lost_or_duplicated_trajectories(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    flags = (
+        "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", "4", "--group-size", "2",
+        "--games-per-step", "1", "--checkpoint-every-steps", "2", "--wandb-mode", "offline",
+    )  # fmt: skip
+    process = subprocess.Popen(
+        recipe_command("tictactoe_grpo", *flags),
+        cwd=REPO_ROOT,
+        env=recipe_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: the SIGKILL takes its local Ray with it
+    )
+    try:
+        # Step 1's checkpoint (steps 0-1 trained) exists and step 2's shard is written, not yet checkpointed.
+        _wait_for(lambda: len(shard_steps(run_dir)) >= 3, process=process, timeout_s=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    before = shard_steps(run_dir)
+    checkpointed = latest_trainer_state(run_dir)
+    assert len(checkpointed["consumed_shards"]) == 2 and checkpointed["step"] == 2
+
+    completed = run_recipe("tictactoe_grpo", *flags)
+
+    assert_complete_run(run_dir, num_steps=4, rollouts_per_step=2)
+    after = shard_steps(run_dir)
+    assert {name: after[name] for name in before} == before, "stored shards were changed or dropped"
+    assert sorted(step for step, _ in after.values()) == [0, 1, 2, 3]  # step 2 was not rolled out again
+    log = (run_dir / "logs" / "driver.log").read_text()
+    assert "resumed from" in log and "step-00000002" in log
+    assert "step 2: training again from stored shard" in log
+    assert latest_trainer_state(run_dir)["step"] == 4
+    assert "run directory" in completed.stdout
+
+
+def test_swe_recipe_one_step_with_the_white_box_agent(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    run_recipe(
+        "swe_grpo",
+        "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", "1", "--num-tasks", "1",
+        "--group-size", "2", "--max-turns", "2", "--proxy", "local", "--wandb-mode", "offline",
+    )  # fmt: skip
+    assert_complete_run(run_dir, num_steps=1, rollouts_per_step=2)
+
+
+@pytest.mark.skipif(not CLAUDE.exists(), reason="Claude Code not installed (make setup-test)")
+def test_claude_code_recipe_one_step(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    run_recipe(
+        "claude_code_grpo",
+        "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", "1", "--num-tasks", "1",
+        "--group-size", "2", "--max-turns", "2", "--proxy", "local", "--wandb-mode", "offline",
+        "--wall-time-s", "120",
+    )  # fmt: skip
+    assert_complete_run(run_dir, num_steps=1, rollouts_per_step=2)
+    harnesses = {row["harness"] for row in _trajectory_rows(run_dir)}
+    assert harnesses == {"claude-code"}
+
+
+def _trajectory_rows(run_dir: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    rows = []
+    for path in (run_dir / "trajectories").glob("*.parquet"):
+        rows += pq.read_table(path, columns=["harness", "status", "failure_reason"]).to_pylist()
+    return rows
