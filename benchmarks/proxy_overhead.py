@@ -273,7 +273,7 @@ def main() -> None:
         )
 
     model_name = "tiny" if args.quick else "default"
-    num_requests, max_tokens = (4, 32) if args.quick else (12, 64)
+    num_requests, max_tokens = (4, 32) if args.quick else (6, 24)
     ratio = model_ratio(resolve_model(model_name), num_requests=num_requests, max_tokens=max_tokens)
     print(
         f"-- {model_name} model, {num_requests} seeded requests x {max_tokens} max tokens, alternating paths: "

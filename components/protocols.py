@@ -59,7 +59,9 @@ class GenerationResult:
     weight_versions: tuple[int, ...]
     finish_reason: FinishReason
     num_prompt_tokens: int
-    # Per sampled token, per MoE layer, the expert ids routed to (R3 routing replay); None when not asked.
+    # R3 routing replay: per forwarded position (prompt + output tokens, minus the last sampled one, which is
+    # never fed back), per MoE layer, the top-k expert ids routed to - SGLang's [positions, layers, top_k]
+    # layout. None when not asked or not an MoE model.
     routed_experts: tuple[tuple[tuple[int, ...], ...], ...] | None = None
 
     def __post_init__(self) -> None:
