@@ -78,17 +78,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="tiny model, 3 steps (< 1 minute after start-up)"
-    )
+    parser.add_argument("--quick", action="store_true", help="tiny model (< 1 minute after start-up)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--steps", type=int, default=None)
     args = parser.parse_args()
     hidden, layers, num_trajectories, tokens_per_segment = (
-        (64, 2, 16, 256) if args.quick else (256, 4, 32, 512)
+        (64, 2, 16, 256) if args.quick else (128, 4, 12, 512)
     )
-    steps = args.steps or (3 if args.quick else 5)
+    steps = args.steps or 3
 
     import ray
     import torch

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import operator
 import threading
 import time
 import uuid
@@ -378,6 +379,12 @@ class Trainer:
         """One optimizer step on these shards / trajectories; ``current_version`` is the policy version the
         engine serves now (staleness is measured against it). The updated policy is version
         ``current_version + 1`` (``state.weight_version``). Returns the step's metrics."""
+        try:
+            current_version = operator.index(current_version)
+        except TypeError:
+            raise ValueError(f"current_version: must be an int, got {current_version!r}") from None
+        if current_version < 0:
+            raise ValueError(f"current_version: must be >= 0, got {current_version}")
         started = time.perf_counter()
         batches = build_micro_batches_with_ray(
             trajectories, self.algorithm, self.config.batching, current_version=current_version

@@ -172,3 +172,14 @@ async def test_disk_weight_sync_reloads_sglang_from_an_hf_folder(trainer, tiny_m
                 await client.aclose()
     finally:
         await engine.aclose()
+
+
+def test_bad_input_gets_a_clear_error(trainer, tmp_path):
+    with pytest.raises(ValueError, match="trajectories"):
+        trainer.step([], current_version=0)
+    with pytest.raises(ValueError, match="current_version"):
+        trainer.step(random_batch(seed=1), current_version=-1)
+    with pytest.raises(ValueError, match="model_path"):
+        TrainerConfig(model_path=tmp_path / "missing", run_dir=tmp_path)
+    with pytest.raises(ValueError, match="num_workers"):
+        TrainerConfig(model_path=trainer.config.model_path, run_dir=tmp_path, num_workers=0)

@@ -87,5 +87,9 @@ async def test_routing_replay_improves_train_rollout_agreement(tiny_moe_model_di
             )
     replayed, replayed_flips = disagreement(replay=True)
     rerouted, rerouted_flips = disagreement(replay=False)
+    print(
+        f"R3: mean |train - rollout| logprob {replayed:.2e} with replay, {rerouted:.2e} re-routed "
+        f"({rerouted_flips:.1%} of position×layer routes differ)"
+    )
     assert replayed_flips == 0 and rerouted_flips > 0.01
     assert replayed < 0.5 * rerouted, (replayed, rerouted, rerouted_flips)
