@@ -5,7 +5,7 @@ same GRPO loss, AdamW and clipping; ``--workers`` Ray Train workers with ``--thr
 against one process with workers × threads threads and with one thread (the faster is the baseline). Both sides are timed
 end to end per step: the plain loop builds micro-batches with pyarrow and runs the step; the trainer's
 ``step()`` includes its Ray Data pipeline and the command round trip to the live workers.
-Throughput = tokens / wall time, median over ``--steps`` steps after one warm-up step.
+Throughput = tokens / wall time, median over ``--steps`` steps after one warm-up step; each step runs\nthe plain loops and the trainer back to back (the machine is shared, its load drifts).
 
     python benchmarks/trainer_throughput.py [--quick]
 
@@ -105,31 +105,6 @@ def main() -> None:
         )
         num_parameters = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
 
-        # plain single-process loop, with the trainer's total number of threads and with one thread (on a
-        # busy shared machine more intra-op threads can be slower); the faster one is the baseline
-        plain_by_threads: dict[int, list[float]] = {}
-        for threads in sorted({args.workers * args.threads, 1}, reverse=True):
-            torch.set_num_threads(threads)
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-            optimizer = build_optimizer(model, optimizer_config)
-            rates = plain_by_threads.setdefault(threads, [])
-            for step, batch in enumerate(batches):
-                started = time.perf_counter()
-                local = build_micro_batches_locally(batch, GRPO(), batching, current_version=step)
-                metrics = run_train_step(
-                    model,
-                    optimizer,
-                    micro_batches_from_table(local.micro_batches),
-                    GRPO(),
-                    optimizer_config=optimizer_config,
-                )
-                if step > 0:
-                    rates.append(metrics["num_tokens"] / (time.perf_counter() - started))
-            del model, optimizer
-        torch.set_num_threads(1)
-        best_threads = max(plain_by_threads, key=lambda t: statistics.median(plain_by_threads[t]))
-        plain = plain_by_threads[best_threads]
-
         ray.init(
             num_cpus=max(os.cpu_count() or 1, args.workers + 1), include_dashboard=False, log_to_driver=False
         )
@@ -147,9 +122,34 @@ def main() -> None:
             algorithm=GRPO(),
         )
         start_s = time.perf_counter() - started
+        # plain single-process loops, with the trainer's total number of threads and with one thread (on a
+        # busy shared machine more intra-op threads can be slower; the faster is the baseline). Each step
+        # runs the plain loops and then the trainer back to back, so a shift in machine load hits all alike.
+        thread_counts = sorted({args.workers * args.threads, 1})
+        plain_models = {}
+        for threads in thread_counts:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            plain_models[threads] = (model, build_optimizer(model, optimizer_config))
+        plain_by_threads: dict[int, list[float]] = {threads: [] for threads in thread_counts}
         fsdp, inner = [], []
         try:
             for step, batch in enumerate(batches):
+                for threads, (model, optimizer) in plain_models.items():
+                    torch.set_num_threads(threads)
+                    started = time.perf_counter()
+                    local = build_micro_batches_locally(batch, GRPO(), batching, current_version=step)
+                    metrics = run_train_step(
+                        model,
+                        optimizer,
+                        micro_batches_from_table(local.micro_batches),
+                        GRPO(),
+                        optimizer_config=optimizer_config,
+                    )
+                    if step > 0:
+                        plain_by_threads[threads].append(
+                            metrics["num_tokens"] / (time.perf_counter() - started)
+                        )
+                torch.set_num_threads(1)
                 started = time.perf_counter()
                 metrics = trainer.step(batch, current_version=step)
                 if step > 0:
@@ -158,6 +158,8 @@ def main() -> None:
         finally:
             trainer.shutdown()
             ray.shutdown()
+        best_threads = max(plain_by_threads, key=lambda t: statistics.median(plain_by_threads[t]))
+        plain = plain_by_threads[best_threads]
     plain_rate, fsdp_rate = statistics.median(plain), statistics.median(fsdp)
     print(
         f"model: {num_parameters / 1e6:.1f}M parameters (hidden {hidden}, {layers} layers, vocab 49152), fp32, CPU"

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from components.config import require, require_non_negative, require_positive
-from components.models.registry import REPO_ROOT, resolve_model
+from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
 from components.recipe_config import config_to_json, option
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
@@ -71,7 +71,9 @@ class RunConfig:
     max_tokens: int = option(128, "cap on the tokens of one model reply")
     algorithm: Literal["grpo", "dr_grpo"] = option("grpo", "policy-gradient algorithm: GRPO or Dr.GRPO")
     learning_rate: float = option(1e-5, "AdamW learning rate")
-    max_tokens_per_micro_batch: int = option(1024, "token budget of one packed training row (bounds trainer memory)")
+    max_tokens_per_micro_batch: int = option(
+        1024, "token budget of one packed training row (bounds trainer memory)"
+    )
     checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
     seed: int = option(0, "seed of the trainer and of task selection")
     engine: Literal["embedded", "sglang"] = option(
@@ -100,16 +102,21 @@ class RunConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("num_steps", "group_size", "max_concurrency", "max_tokens", "learning_rate"):
-            require_positive(getattr(self, name), name)
-        for name in (
-            "max_tokens_per_micro_batch",
+        positive = (
+            "num_steps",
+            "group_size",
+            "max_concurrency",
+            "max_tokens",
+            "learning_rate",
             "engine_threads",
+        )
+        positive += (
+            "max_tokens_per_micro_batch",
             "engine_max_batch_size",
             "proxy_replicas",
-        ):
-            require_positive(getattr(self, name), name)
-        for name in ("trainer_workers", "trainer_cpus_per_worker", "ray_num_cpus"):
+            "trainer_workers",
+        )
+        for name in (*positive, "trainer_cpus_per_worker", "ray_num_cpus"):
             require_positive(getattr(self, name), name)
         for name in ("temperature", "checkpoint_every_steps", "num_warm_sandboxes", "engine_num_cpus"):
             require_non_negative(getattr(self, name), name)
@@ -119,7 +126,14 @@ class RunConfig:
             "sglang_url",
             f"must be an http(s) URL when engine is 'sglang', got {self.sglang_url!r}",
         )
-        if self.model not in ("default", "tiny"):
+        if self.model == "default":
+            require(
+                (default_model_dir() / "config.json").exists(),
+                "model",
+                f"the default model is missing at {default_model_dir()}: run `make setup`, or set REIN_MODELS_DIR "
+                "to the folder holding it (e.g. on a cluster, where the job's working dir has no .models)",
+            )
+        elif self.model != "tiny":
             require((Path(self.model) / "config.json").exists(), "model", f"{self.model!r} is no HF folder")
 
 
@@ -419,4 +433,8 @@ def main_entry(main: Callable[[Any], Awaitable[Any]], config_class: type, descri
     from components.recipe_config import parse_config
 
     config = parse_config(config_class, sys.argv[1:], description=description)
-    asyncio.run(main(config))
+    try:
+        asyncio.run(main(config))
+    except ValueError as error:  # a value only checkable at run time (e.g. an unknown task id): no traceback
+        logger.info("run stopped", exc_info=True)  # the traceback goes to logs/driver.log only
+        sys.exit(f"{Path(sys.argv[0]).name}: error: {error}")

@@ -108,8 +108,8 @@ def load_tasks(config: SweGrpoConfig) -> list:
 
 
 async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
-    run = RunDirectory.create(config, recipe=recipe)
     tasks = load_tasks(config)
+    run = RunDirectory.create(config, recipe=recipe)
     harness, sandbox_paths = build_harness(config)
     async with RunStack.start(config, run, sandbox_paths=sandbox_paths) as stack:
         runner = RolloutRunner(

@@ -65,17 +65,21 @@ class ShardedSessionRegistry:
         """Which shard owns ``session_id`` (stable across processes)."""
         return zlib.crc32(session_id.encode()) % len(self.shards)
 
-    async def _call(self, session_id: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def _invoke(self, routing_id: str, method: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``method`` on the shard owning session ``routing_id``; remote errors come back typed."""
         from ray.exceptions import RayTaskError
 
-        shard = self.shards[self.shard_index(session_id)]
+        shard = self.shards[self.shard_index(routing_id)]
         try:
-            return await shard.call.remote(method, session_id, *args, **kwargs)
+            return await shard.call.remote(method, *args, **kwargs)
         except RayTaskError as error:
             cause = getattr(error, "cause", None)
             if isinstance(cause, RemoteCallError):
                 raise from_remote(cause) from None
             raise
+
+    async def _call(self, session_id: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._invoke(session_id, method, session_id, *args, **kwargs)
 
     async def open_session(
         self,
@@ -88,23 +92,15 @@ class ShardedSessionRegistry:
     ) -> str:
         """Start recording a new session on its shard; returns its id."""
         session_id = validate_session_id(session_id) if session_id is not None else new_session_id()
-        from ray.exceptions import RayTaskError
-
-        shard = self.shards[self.shard_index(session_id)]
-        try:
-            return await shard.call.remote(
-                "open_session",
-                session_id=session_id,
-                task_id=task_id,
-                group_id=group_id,
-                harness=harness,
-                step=step,
-            )
-        except RayTaskError as error:
-            cause = getattr(error, "cause", None)
-            if isinstance(cause, RemoteCallError):
-                raise from_remote(cause) from None
-            raise
+        return await self._invoke(
+            session_id,
+            "open_session",
+            session_id=session_id,
+            task_id=task_id,
+            group_id=group_id,
+            harness=harness,
+            step=step,
+        )
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
         """See ``LocalSessionRegistry.run_turn``."""

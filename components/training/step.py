@@ -165,6 +165,8 @@ def run_train_step(
         optimizer.zero_grad(set_to_none=True)
         for index in indices:
             batch = micro_batches[index]
+            if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: one reduce-scatter per update
+                model.set_requires_gradient_sync(index == indices[-1])
             view = forward_sampled_tokens(model, batch, temperature=temperature, device=device)
             ref_logprobs = None
             if algorithm.needs_reference_logprobs:
