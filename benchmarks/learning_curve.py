@@ -110,16 +110,16 @@ def main() -> None:
     lines.append(
         f"start {start:.3f} → end {end:.3f} (delta {delta:+.3f}) over {len(rows)} steps, {wall_s:.0f} s"
     )
+    lines.append(
+        f"learning_curve: {delta:+.2f} mean reward in {wall_s / 60:.1f} min "
+        f"(target +{TARGET_DELTA} in <= {TARGET_MINUTES:.0f} min)"
+    )
     summary = "\n".join(lines)
-    print(summary)
     shown = " ".join(part if " " not in part else f"'{part}'" for part in command[1:])
     write_results(
         rows, command=f"python {shown}", wall_s=wall_s, delta=delta, summary=summary, quick=args.quick
     )
-    print(
-        f"learning_curve: {delta:+.2f} mean reward in {wall_s / 60:.1f} min "
-        f"(target +{TARGET_DELTA} in <= {TARGET_MINUTES:.0f} min)"
-    )
+    print(summary)  # its last line: learning_curve: ...
 
 
 if __name__ == "__main__":
