@@ -34,7 +34,8 @@ def recipe_flags(args: argparse.Namespace, run_dir: Path) -> list[str]:
     return [
         "--model", args.model, "--num-steps", str(args.num_steps), "--games-per-step", str(args.games_per_step),
         "--group-size", str(args.group_size), "--learning-rate", str(args.learning_rate),
-        "--max-turns", "6", "--max-tokens", "48", "--temperature", str(args.temperature),
+        "--max-turns", "6", "--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature),
+        "--accept-text-moves", "true",
         "--checkpoint-every-steps", "0",
         "--run-dir", str(run_dir), "--wandb-mode", "disabled",
     ]  # fmt: skip
@@ -85,11 +86,12 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="tiny model, one step")
     parser.add_argument("--model", default="default")
-    parser.add_argument("--num-steps", type=int, default=6)
-    parser.add_argument("--games-per-step", type=int, default=2)
+    parser.add_argument("--num-steps", type=int, default=7)
+    parser.add_argument("--games-per-step", type=int, default=3)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--learning-rate", type=float, default=2e-5)
-    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--learning-rate", type=float, default=5e-5)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--max-tokens", type=int, default=24, help="cap on one reply (a move is ~8 tokens)")
     parser.add_argument("--final-window", type=int, default=2, help="steps averaged for the end reward")
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="rein-learning-curve-")) / "run"

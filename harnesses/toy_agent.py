@@ -9,6 +9,15 @@ sessions and trajectories as the SWE tasks::
     harness = ToyAgentHarness(ToyAgentConfig(max_turns=12))
     tasks = [ToyGameTask(task_id=f"tictactoe-{seed}", make_env=TicTacToeEnv, seed=seed) for seed in range(8)]
     runner = RolloutRunner(config, harness=harness, grader=harness.reward, ...)
+
+``accept_text_moves`` (off by default): a reply with no tool call is read as a move written as text when the
+game offers ``text_move(text) -> ToolCall | None`` (tic-tac-toe: ``<move>B2</move>`` or a bare cell name, as
+in ART's own tic-tac-toe example); the observation then comes back as a user message, followed by
+``text_move_instruction``. For models whose chat template has no tool support (SmolLM2), where
+``offer_tools=False`` also leaves the tool schemas out of the prompt. A reply with neither a tool call nor a
+readable move gets ``NO_MOVE_REMINDER`` (or, when text moves are read, the instruction again).
+``example_turns`` are (user, assistant) demonstration pairs put after the system prompt (a few-shot
+example of the reply format; prompt tokens, never trained on).
 """
 
 from __future__ import annotations
@@ -64,6 +73,12 @@ class ToyAgentConfig:
     system_prompt: str = "You are playing a game. Make each move by calling a tool."
     max_retries: int = 1
     max_log_chars: int = 50_000
+    accept_text_moves: bool = False  # read a move written as text when a reply has no tool call
+    text_move_instruction: str = "Reply with one empty cell, like <move>B2</move>."
+    offer_tools: bool = True  # send the game's tool schemas (False: text moves only; needs accept_text_moves)
+    example_turns: tuple[
+        tuple[str, str], ...
+    ] = ()  # (user, assistant) demonstrations after the system prompt
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "wall_time_s", "max_tokens", "max_log_chars"):
@@ -71,6 +86,9 @@ class ToyAgentConfig:
         require_non_negative(self.temperature, "temperature")
         require_non_negative(self.max_retries, "max_retries")
         require(bool(self.model), "model", "must be a non-empty model name")
+        require(
+            self.offer_tools or self.accept_text_moves, "offer_tools", "False needs accept_text_moves=True"
+        )
 
 
 class ToyGameReward:
@@ -108,7 +126,13 @@ class ToyAgentHarness:
         config = self.config
         env = task.make_env()
         started = time.monotonic()
-        counters = {"num_turns": 0, "num_moves": 0, "num_text_only_replies": 0, "num_response_tokens": 0}
+        counters = {
+            "num_turns": 0,
+            "num_moves": 0,
+            "num_text_moves": 0,
+            "num_text_only_replies": 0,
+            "num_response_tokens": 0,
+        }
         log_lines: list[str] = []
 
         def metrics() -> dict[str, float]:
@@ -146,15 +170,27 @@ class ToyAgentHarness:
             log=clip_text("\n".join(log_lines), config.max_log_chars),
         )
 
+    def _with_instruction(self, observation: str, text_move: Callable[[str], ToolCall | None] | None) -> str:
+        """The observation, plus the text-move instruction when text moves are read."""
+        if text_move is None or not self.config.text_move_instruction:
+            return observation
+        return f"{observation}\n{self.config.text_move_instruction}"
+
     async def _play(
         self, client: AsyncOpenAI, env: ToyEnvironment, seed: int, counters: dict[str, int], log: list[str]
     ) -> bool:
         config = self.config
-        tools = [spec.to_openai() for spec in env.tools()]
+        tools = [spec.to_openai() for spec in env.tools()] if config.offer_tools else []
         observation = env.reset(seed)
+        text_move = getattr(env, "text_move", None) if config.accept_text_moves else None
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": config.system_prompt},
-            {"role": "user", "content": observation},
+            *(
+                {"role": role, "content": text}
+                for user_text, reply in config.example_turns
+                for role, text in (("user", user_text), ("assistant", reply))
+            ),
+            {"role": "user", "content": self._with_instruction(observation, text_move)},
         ]
         log.append(observation)
         while counters["num_turns"] < config.max_turns:
@@ -162,9 +198,9 @@ class ToyAgentHarness:
             response = await client.chat.completions.create(
                 model=config.model,
                 messages=messages,
-                tools=tools,
                 max_tokens=config.max_tokens,
                 temperature=config.temperature,
+                **({"tools": tools} if tools else {}),
             )
             if response.usage is not None:
                 counters["num_response_tokens"] += response.usage.completion_tokens
@@ -182,8 +218,19 @@ class ToyAgentHarness:
                 ]
             messages.append(assistant)
             if not calls:
-                counters["num_text_only_replies"] += 1
-                messages.append({"role": "user", "content": NO_MOVE_REMINDER})
+                move = text_move(message.content or "") if text_move is not None else None
+                if move is None:
+                    counters["num_text_only_replies"] += 1
+                    reminder = config.text_move_instruction if text_move is not None else ""
+                    messages.append({"role": "user", "content": reminder or NO_MOVE_REMINDER})
+                    continue
+                observation, done = env.step(move)
+                counters["num_moves"] += 1
+                counters["num_text_moves"] += 1
+                log.append(f"> (text) {move.name} {move.arguments}\n{observation}")
+                if done:
+                    return True
+                messages.append({"role": "user", "content": self._with_instruction(observation, text_move)})
                 continue
             for call in calls:
                 observation, done = env.step(

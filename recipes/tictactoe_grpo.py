@@ -6,7 +6,9 @@
 
 Each step: roll out ``games_per_step`` seeded games × ``group_size`` through the proxy → write one trajectory
 shard → one GRPO step → push the new weights to the engine → log (and checkpoint). Reward: win 1, draw 0.5,
-loss or illegal move 0. Placement, run directory and resume: see ``components/launch.py``.
+loss or illegal move 0. ``--accept-text-moves`` (on by default) plays by text (no tool schemas), since the
+default model's chat template has no tool support (see ``harnesses/toy_agent.py``).
+Placement, run directory and resume: see ``components/launch.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from components.launch import RunConfig, RunDirectory, RunStack, main_entry, run
 from components.recipe_config import option  # noqa: E402
 from components.rollout import RolloutConfig, RolloutRunner  # noqa: E402
 from components.tasks.toys import TicTacToeConfig, TicTacToeEnv  # noqa: E402
+from components.tasks.toys.tictactoe import cell_name  # noqa: E402
+from components.tito.messages import ToolCall  # noqa: E402
 from harnesses.toy_agent import ToyAgentConfig, ToyAgentHarness, ToyGameTask  # noqa: E402
+
+TOOL_SYSTEM_PROMPT = "You are playing a game. Make each move by calling a tool."
+TEXT_MOVE_SYSTEM_PROMPT = (
+    "You are playing tic-tac-toe as X. Make each move by writing one empty cell as <move>B2</move>."
+)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -44,11 +53,24 @@ class TicTacToeGrpoConfig(RunConfig):
     opponent: Literal["random", "perfect"] = option("random", "the opponent: random legal moves or minimax")
     max_turns: int = option(6, "model calls per game (a game needs at most 5 moves)")
     num_warm_sandboxes: int = option(2, "empty sandboxes kept started (the game runs in the harness)")
+    accept_text_moves: bool = option(
+        True,
+        "play by text: moves written as <move>B2</move> or a bare cell, no tool schemas in the prompt",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive(self.games_per_step, "games_per_step")
         require_positive(self.max_turns, "max_turns")
+
+
+def text_move_example() -> tuple[str, str]:
+    """One demonstrated turn for the text-move prompt: a mid-game board (not a training seed) and a legal reply."""
+    env = TicTacToeEnv()
+    env.reset(seed=-1)
+    observation, _ = env.step(ToolCall(id="example", name="make_move", arguments='{"cell": "B2"}'))
+    cell = next(cell_name(i) for i in (0, 2, 6, 8, 1, 3, 5, 7) if env.board[i] == " ")
+    return f"{observation}\n{ToyAgentConfig.text_move_instruction}", f"<move>{cell}</move>"
 
 
 def games_for_step(config: TicTacToeGrpoConfig, step: int) -> list[ToyGameTask]:
@@ -62,7 +84,13 @@ async def main(config: TicTacToeGrpoConfig) -> None:
     run = RunDirectory.create(config, recipe="tictactoe_grpo")
     harness = ToyAgentHarness(
         ToyAgentConfig(
-            max_turns=config.max_turns, max_tokens=config.max_tokens, temperature=config.temperature
+            max_turns=config.max_turns,
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+            accept_text_moves=config.accept_text_moves,
+            offer_tools=not config.accept_text_moves,  # the tool schemas only confuse a model without tool support
+            example_turns=(text_move_example(),) if config.accept_text_moves else (),
+            system_prompt=TEXT_MOVE_SYSTEM_PROMPT if config.accept_text_moves else TOOL_SYSTEM_PROMPT,
         )
     )
     async with RunStack.start(config, run) as stack:

@@ -91,3 +91,52 @@ async def test_illegal_move_ends_the_game_and_turn_limit_is_kept(scripted_proxy,
     assert second.status == TrajectoryStatus.TURN_LIMIT and second.trainable
     assert second.reward == second.metrics["game_reward"]
     assert second.metrics["num_text_only_replies"] >= 1
+
+
+def first_free_cell_as_text(prompt: str) -> str:
+    """The same strategy, written as text (no tool call): ``<move>A1</move>``."""
+    board = last_board(prompt)
+    index = board.index("")
+    return f"I play <move>{'ABC'[index // 3]}{index % 3 + 1}</move>."
+
+
+async def test_text_moves_are_played_only_when_accepted(scripted_proxy, sandbox_pool):
+    seeds = [0, 1]
+    tasks = [ToyGameTask(task_id=f"tictactoe-{seed}", make_env=TicTacToeEnv, seed=seed) for seed in seeds]
+    accepting = ToyAgentHarness(
+        ToyAgentConfig(
+            max_turns=10,
+            accept_text_moves=True,
+            offer_tools=False,
+            example_turns=(("An example turn.", "<move>C3</move>"),),
+        )
+    )
+    strict = ToyAgentHarness(ToyAgentConfig(max_turns=3))
+    prompts_seen: list[str] = []
+
+    def policy(prompt: str) -> str:
+        prompts_seen.append(prompt)
+        return first_free_cell_as_text(prompt)
+
+    async with scripted_proxy(policy) as proxy:
+        played = await _runner(proxy, accepting, sandbox_pool).run(tasks, step=0)
+        ignored = await _runner(proxy, strict, sandbox_pool).run(tasks[:1], step=1)
+    for trajectory in played:
+        seed = int(trajectory.task_id.rsplit("-", 1)[1])
+        assert trajectory.status == TrajectoryStatus.OK, trajectory.failure_reason
+        assert trajectory.reward == replay_first_free_cell(seed)  # the same game as with tool calls
+        assert trajectory.metrics["num_text_moves"] == trajectory.metrics["num_moves"] >= 3
+        assert trajectory.metrics["num_text_only_replies"] == 0
+        prompts = [m["content"] for m in trajectory.messages if m["role"] == "user"][1:]  # after the example
+        assert prompts and all("Empty cells:" in p and "<move>B2</move>" in p for p in prompts)
+    text_only_prompts = prompts_seen[: sum(int(t.metrics["num_turns"]) for t in played)]
+    assert all("make_move" not in p and "An example turn." in p for p in text_only_prompts)  # no tool schemas
+    assert "make_move" in prompts_seen[-1]  # the strict harness offers its tools
+    (strict_game,) = ignored
+    assert strict_game.status == TrajectoryStatus.TURN_LIMIT and strict_game.reward == 0.0
+    assert strict_game.metrics["num_moves"] == 0 and strict_game.metrics["num_text_only_replies"] == 3
+
+
+def test_text_only_play_needs_text_moves():
+    with pytest.raises(ValueError, match="offer_tools"):
+        ToyAgentConfig(offer_tools=False)

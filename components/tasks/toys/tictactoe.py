@@ -2,12 +2,15 @@
 
 Cells are named by row letter and column number: ``A1`` (top left) ... ``C3`` (bottom right).
 Reward: win 1.0, draw 0.5, loss 0.0; an illegal or malformed move ends the game with 0.0.
+Every observation lists the empty cells. ``text_move`` reads a move written as text (``<move>B2</move>`` or
+the first cell name in the reply) for agents that play without tool calls (ART's own tic-tac-toe does so).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -34,6 +37,10 @@ MAKE_MOVE = ToolSpec(
         "required": ["cell"],
     },
 )
+
+
+MOVE_TAG = re.compile(r"<move>\s*([A-Ca-c][1-3])\s*</move>")
+CELL_WORD = re.compile(r"\b([A-Ca-c][1-3])\b")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,9 +124,9 @@ class TicTacToeEnv:
         if self.config.first_player == "opponent":
             opening = f"Your opponent (O) opened with {cell_name(self._opponent_move())}.\n"
         return (
-            "Let's play tic-tac-toe. You are X, your opponent is O. Take turns placing your mark with the "
-            "make_move tool; three in a row (across, down or diagonal) wins. Cells are A1 (top left) to C3 "
-            "(bottom right). An illegal move loses the game.\n" + opening + self.render()
+            "Let's play tic-tac-toe. You are X, your opponent is O. Take turns placing your mark; three in a row "
+            "(across, down or diagonal) wins. Cells are A1 (top left) to C3 "
+            "(bottom right). An illegal move loses the game.\n" + opening + self.render_with_empty_cells()
         )
 
     def step(self, tool_call: ToolCall) -> tuple[str, bool]:
@@ -138,7 +145,8 @@ class TicTacToeEnv:
         if self._finished():
             return f"Your opponent played {cell_name(reply)}.\n" + self._final_message(), True
         return (
-            f"You played {cell_name(cell)}; your opponent played {cell_name(reply)}.\n{self.render()}",
+            f"You played {cell_name(cell)}; your opponent played {cell_name(reply)}.\n"
+            + self.render_with_empty_cells(),
             False,
         )
 
@@ -155,6 +163,18 @@ class TicTacToeEnv:
             if row < 2:
                 rows.append("  ---+---+---")
         return "\n".join(rows)
+
+    def render_with_empty_cells(self) -> str:
+        """The board and the list of empty (legal) cells."""
+        empty = ", ".join(cell_name(cell) for cell in range(9) if self.board[cell] == " ")
+        return f"{self.render()}\nEmpty cells: {empty}."
+
+    def text_move(self, text: str) -> ToolCall | None:
+        """A move written as text: the cell in ``<move>B2</move>``, else the first cell name; None if none."""
+        match = MOVE_TAG.search(text) or CELL_WORD.search(text)
+        if match is None:
+            return None
+        return ToolCall(id="text-move", name=MAKE_MOVE.name, arguments=json.dumps({"cell": match.group(1)}))
 
     def _requested_cell(self, tool_call: ToolCall) -> int | str:
         """The cell index, or a string explaining why the call is not a legal move."""

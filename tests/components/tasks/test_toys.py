@@ -115,6 +115,25 @@ def test_random_opponent_is_seeded():
     assert len({game(seed) for seed in range(10)}) > 1
 
 
+def test_text_move_reads_a_tagged_or_bare_cell():
+    env = TicTacToeEnv()
+    observation = env.reset(seed=0)
+    assert "Empty cells: A1, A2, A3, B1, B2, B3, C1, C2, C3." in observation
+
+    def cell(text: str) -> str | None:
+        move = env.text_move(text)
+        return None if move is None else json.loads(move.arguments)["cell"]
+
+    assert cell("I think <move> b2 </move> is best, not A1") == "b2"  # the tag wins over an earlier bare cell
+    assert cell("A1, a very short answer!") == "A1"
+    assert cell("make_move(C3)") == "C3"
+    assert cell("no cell here, D6 or AB12") is None
+    observation, done = env.step(env.text_move("<move>B2</move>"))
+    assert (
+        not done and env.board[4] == "X" and "Empty cells:" in observation and "B2" not in observation[-40:]
+    )
+
+
 def test_tictactoe_config_validation():
     with pytest.raises(ValueError, match="opponent"):
         TicTacToeConfig(opponent="genius")
