@@ -47,6 +47,7 @@ $(MODEL_DIR)/config.json: $(VENV)/.installed
 
 # Unmodified real agents for the black-box harness tests (npm registry).
 $(AGENTS_DIR)/.installed:
+	command -v npm >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm; }
 	mkdir -p $(AGENTS_DIR)
 	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) @anthropic-ai/claude-code @openai/codex
 	touch $@
