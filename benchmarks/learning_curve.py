@@ -36,7 +36,7 @@ def recipe_flags(args: argparse.Namespace, run_dir: Path) -> list[str]:
         "--group-size", str(args.group_size), "--learning-rate", str(args.learning_rate),
         "--max-turns", "6", "--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature),
         "--accept-text-moves", "true",
-        "--checkpoint-every-steps", "0",
+        "--checkpoint-every-steps", "0", "--trainer-workers", str(args.trainer_workers),
         "--run-dir", str(run_dir), "--wandb-mode", "disabled",
     ]  # fmt: skip
 
@@ -92,6 +92,7 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=5e-5)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--max-tokens", type=int, default=24, help="cap on one reply (a move is ~8 tokens)")
+    parser.add_argument("--trainer-workers", type=int, default=1, help="FSDP2 ranks (1 halves the memory)")
     parser.add_argument("--final-window", type=int, default=2, help="steps averaged for the end reward")
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="rein-learning-curve-")) / "run"
