@@ -32,6 +32,7 @@ from components.proxy.json_fields import (
     get_number,
     get_stop,
     get_str,
+    read_tool_spec,
     require_list,
     require_object,
 )
@@ -173,16 +174,7 @@ def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
         raw = require_object(raw, where)
         if raw.get("type", "custom") != "custom":
             continue
-        schema = raw.get("input_schema")
-        tools.append(
-            ToolSpec(
-                name=get_str(raw, "name", where),
-                description=get_str(raw, "description", where, default=""),
-                parameters=require_object(schema, f"{where}.input_schema")
-                if schema is not None
-                else {"type": "object", "properties": {}},
-            )
-        )
+        tools.append(read_tool_spec(raw, where, schema_key="input_schema"))
     return tuple(tools)
 
 

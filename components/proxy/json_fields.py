@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from components.proxy.errors import InvalidRequestError
+from components.tito.messages import ToolSpec
 
 _MISSING = object()
 
@@ -147,3 +148,16 @@ def json_text(value: Any, where: str) -> str:
     if isinstance(value, dict):
         return json.dumps(value, ensure_ascii=False)
     raise InvalidRequestError(f"{where}: expected a JSON string or object, got {_kind(value)}")
+
+
+def read_tool_spec(declaration: dict[str, Any], where: str, *, schema_key: str) -> ToolSpec:
+    """One tool declaration (``name``, ``description``, a JSON schema under ``schema_key``) → a ``ToolSpec``;
+    a missing schema means a tool without parameters."""
+    schema = declaration.get(schema_key)
+    return ToolSpec(
+        name=get_str(declaration, "name", where),
+        description=get_str(declaration, "description", where, default=""),
+        parameters=require_object(schema, f"{where}.{schema_key}")
+        if schema is not None
+        else {"type": "object", "properties": {}},
+    )

@@ -27,6 +27,7 @@ from components.proxy.json_fields import (
     get_stop,
     get_str,
     json_text,
+    read_tool_spec,
     require_list,
     require_object,
 )
@@ -140,16 +141,7 @@ def parse_tools(value: Any, where: str) -> tuple[ToolSpec, ...]:
         if raw.get("type", "function") != "function":
             continue
         function = require_object(raw.get("function"), f"{tool_where}.function")
-        parameters = function.get("parameters")
-        tools.append(
-            ToolSpec(
-                name=get_str(function, "name", f"{tool_where}.function"),
-                description=get_str(function, "description", f"{tool_where}.function", default=""),
-                parameters=require_object(parameters, f"{tool_where}.function.parameters")
-                if parameters is not None
-                else {"type": "object", "properties": {}},
-            )
-        )
+        tools.append(read_tool_spec(function, f"{tool_where}.function", schema_key="parameters"))
     return tuple(tools)
 
 

@@ -30,6 +30,7 @@ from components.proxy.json_fields import (
     get_list,
     get_number,
     get_str,
+    read_tool_spec,
     require_list,
     require_object,
 )
@@ -167,16 +168,7 @@ def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
         raw = require_object(raw, where)
         if raw.get("type") != "function":
             continue
-        parameters = raw.get("parameters")
-        tools.append(
-            ToolSpec(
-                name=get_str(raw, "name", where),
-                description=get_str(raw, "description", where, default=""),
-                parameters=require_object(parameters, f"{where}.parameters")
-                if parameters is not None
-                else {"type": "object", "properties": {}},
-            )
-        )
+        tools.append(read_tool_spec(raw, where, schema_key="parameters"))
     return tuple(tools)
 
 
