@@ -32,6 +32,7 @@ class SamplingParams:
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k truncation (the distribution is components.sampling's)
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
@@ -41,6 +42,7 @@ class SamplingParams:
         require_positive(self.max_tokens, "max_tokens")
         require_non_negative(self.temperature, "temperature")
         require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p!r}")
+        require(self.top_k >= 0, "top_k", f"must be >= 0 (0: no top-k truncation), got {self.top_k!r}")
 
 
 class FinishReason(StrEnum):
