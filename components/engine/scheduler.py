@@ -1,0 +1,460 @@
+"""The embedded engine's continuous-batching scheduler: one background thread that owns the model.
+
+Each iteration it (1) runs queued control jobs (weight updates, teacher-forced scoring) between steps, (2) advances
+one chunk of prefill for newly admitted requests, and (3) runs one decode step for every running request.
+Requests join and leave the running batch between steps: rows are left-padded to a common length in a KV cache
+that grows in place, and a boolean attention mask hides each row's padding. Prefill computes logits for the last
+position only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from components.engine.kv_cache import BatchKVCache
+from components.engine.moe_routing import RouterCapture
+from components.engine.sampler import sample_tokens
+from components.errors import EngineError
+from components.protocols import FinishReason, GenerationResult, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from components.engine.embedded import EmbeddedEngineConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request as the scheduler tracks it."""
+
+    prompt: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    generator: torch.Generator
+    future: asyncio.Future
+    stop_ids: frozenset[int]
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
+    routed_experts: list[tuple[tuple[int, ...], ...]] | None = None
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_forwarded(self) -> int:
+        """Tokens whose KV is in the cache: the prompt and every output token but the last (pending) one."""
+        return len(self.prompt) + max(len(self.output_ids) - 1, 0)
+
+    def abandoned(self) -> bool:
+        return self.future.done()
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(
+            output_ids=tuple(self.output_ids),
+            logprobs=tuple(self.logprobs),
+            weight_versions=tuple(self.weight_versions),
+            finish_reason=self.finish_reason or FinishReason.ABORT,
+            num_prompt_tokens=len(self.prompt),
+            routed_experts=tuple(self.routed_experts) if self.routed_experts is not None else None,
+        )
+
+
+def resolve_future(future: asyncio.Future, value: Any) -> None:
+    """Set a future's result or exception from the scheduler thread (no-op if it was cancelled meanwhile)."""
+
+    def setter() -> None:
+        if future.done():
+            return
+        if isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+    try:
+        future.get_loop().call_soon_threadsafe(setter)
+    except RuntimeError:  # the caller's event loop is closed: nobody is waiting any more
+        pass
+
+
+@dataclass(eq=False)
+class _PrefillGroup:
+    """Requests being prefilled together (left-padded), one chunk of positions per scheduler iteration."""
+
+    requests: list[Request]
+    sequences: list[list[int]]  # what to prefill per row
+    cache: BatchKVCache
+    padded_ids: torch.Tensor  # [rows, length]
+    row_valid: torch.Tensor  # [rows, length]
+    positions: torch.Tensor  # [rows, length]
+    chunk_length: int
+    offset: int = 0
+    last_logits: torch.Tensor | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.offset >= self.padded_ids.shape[1]
+
+
+@dataclass(eq=False)
+class _Job:
+    run: Callable[[], Any]
+    future: asyncio.Future
+
+
+class BatchScheduler:
+    """Owns the model on one background thread: admission, chunked prefill, batched decode, control jobs."""
+
+    def __init__(
+        self,
+        *,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        config: EmbeddedEngineConfig,
+        device: torch.device,
+        pad_token_id: int,
+        router_capture: RouterCapture,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.device = device
+        self.pad_token_id = pad_token_id
+        self.routing = router_capture
+        self.weight_version = config.initial_weight_version
+        # transformers >= 5.20 names the KV cache argument ``cache``; older models call it ``past_key_values``.
+        forward_parameters = inspect.signature(model.forward).parameters
+        self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
+
+        self._lock = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._jobs: deque[_Job] = deque()
+        self._running: list[Request] = []
+        self._running_cache: BatchKVCache | None = None
+        self._prefill: _PrefillGroup | None = None
+        self._closed = False
+        self._num_decode_steps = 0
+        self._peak_batch_size = 0
+        self._thread = threading.Thread(target=self._scheduler_loop, name="rein-embedded-engine", daemon=True)
+        self._thread.start()
+
+    # --- called from the event loop ------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Queue a request (its future resolves with its ``GenerationResult``)."""
+        with self._lock:
+            if self._closed:
+                raise EngineError("the engine is closed")
+            self._waiting.append(request)
+            self._lock.notify()
+
+    async def run_between_steps(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the scheduler thread between two steps and return its result."""
+        loop = asyncio.get_running_loop()
+        job = _Job(run=fn, future=loop.create_future())
+        with self._lock:
+            if self._closed:
+                raise EngineError("the engine is closed")
+            self._jobs.append(job)
+            self._lock.notify()
+        return await job.future
+
+    def close(self) -> None:
+        """Stop the thread; requests still in flight finish with ``FinishReason.ABORT``."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join(timeout=60)
+
+    def stats(self) -> dict[str, int]:
+        """Queue lengths and counters."""
+        with self._lock:
+            return {
+                "num_waiting": len(self._waiting),
+                "num_running": len(self._running),
+                "num_prefilling": len(self._prefill.requests) if self._prefill else 0,
+                "num_decode_steps": self._num_decode_steps,
+                "peak_batch_size": self._peak_batch_size,
+                "weight_version": self.weight_version,
+            }
+
+    # --- the thread ----------------------------------------------------------------------------------------
+
+    def _scheduler_loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._lock:
+                    while not (self._closed or self._jobs or self._waiting or self._running or self._prefill):
+                        self._lock.wait()
+                    if self._closed:
+                        break
+                    jobs = list(self._jobs)
+                    self._jobs.clear()
+                for job in jobs:
+                    try:
+                        resolve_future(job.future, job.run())
+                    except Exception as error:  # noqa: BLE001 - reported to the caller
+                        resolve_future(job.future, error)
+                try:
+                    self._admit()
+                    if self._prefill is not None:
+                        self._advance_prefill()
+                    if self._running:
+                        self._decode_step()
+                except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the engine
+                    logger.exception("embedded engine step failed")
+                    self._fail_all(EngineError(f"embedded engine step failed: {error!r}"))
+            self._abort_all()
+
+    def _fail_all(self, error: Exception) -> None:
+        requests = list(self._running) + (self._prefill.requests if self._prefill else [])
+        self._running, self._running_cache, self._prefill = [], None, None
+        self.routing.clear()
+        for request in requests:
+            resolve_future(request.future, error)
+
+    def _abort_all(self) -> None:
+        with self._lock:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            jobs = list(self._jobs)
+            self._jobs.clear()
+        for request in [*self._running, *(self._prefill.requests if self._prefill else []), *waiting]:
+            request.finish_reason = FinishReason.ABORT
+            resolve_future(request.future, request.result())
+        for job in jobs:
+            resolve_future(job.future, EngineError("the engine is closed"))
+        self._running, self._running_cache, self._prefill = [], None, None
+
+    # --- admission and prefill -----------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        """Start prefilling waiting requests when there is room (one prefill group at a time)."""
+        if self._prefill is not None:
+            return
+        free = self.config.max_batch_size - len(self._running)
+        group: list[Request] = []
+        with self._lock:
+            while self._waiting and len(group) < free:
+                candidate = self._waiting[0]
+                if candidate.abandoned():
+                    self._waiting.popleft()
+                    continue
+                if group and not self._worth_padding(group, candidate):
+                    break
+                group.append(self._waiting.popleft())
+        if group:
+            self._prefill = self._new_prefill_group(group, [r.prompt for r in group])
+
+    def _worth_padding(self, group: list[Request], candidate: Request) -> bool:
+        lengths = [len(r.prompt) for r in group] + [len(candidate.prompt)]
+        padded = len(lengths) * max(lengths)
+        return padded <= 2 * sum(lengths) or padded <= self.config.prefill_chunk_tokens
+
+    def _new_prefill_group(self, requests: list[Request], sequences: list[list[int]]) -> _PrefillGroup:
+        length = max(len(s) for s in sequences)
+        rows = len(sequences)
+        padded = torch.full((rows, length), self.pad_token_id, dtype=torch.long)
+        valid = torch.zeros((rows, length), dtype=torch.bool)
+        for row, sequence in enumerate(sequences):
+            padded[row, length - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
+            valid[row, length - len(sequence) :] = True
+        positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+        return _PrefillGroup(
+            requests=requests,
+            sequences=sequences,
+            cache=BatchKVCache(rows, self.device),
+            padded_ids=padded.to(self.device),
+            row_valid=valid.to(self.device),
+            positions=positions.to(self.device),
+            chunk_length=max(16, self.config.prefill_chunk_tokens // rows),
+        )
+
+    def _prefill_chunk(self, group: _PrefillGroup) -> None:
+        """Forward the next chunk of the group's positions (logits of the last position only)."""
+        start, end = group.offset, min(group.offset + group.chunk_length, group.padded_ids.shape[1])
+        rows = group.padded_ids.shape[0]
+        chunk_valid = group.row_valid[:, start:end]
+        cache = group.cache
+        cache.valid = torch.cat([cache.valid, chunk_valid], dim=1)
+        query = torch.arange(start, end, device=self.device)
+        key = torch.arange(0, end, device=self.device)
+        causal = key[None, :] <= query[:, None]  # [chunk, keys]
+        mask = causal[None] & cache.valid[:, None, :]
+        mask |= key[None, None, :] == query[None, :, None]  # a padding query attends to itself: no NaN rows
+        output = self.model(
+            input_ids=group.padded_ids[:, start:end],
+            position_ids=group.positions[:, start:end],
+            attention_mask=mask[:, None],
+            **{self._cache_argument: cache.cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        routing = self.routing.take(rows, end - start)
+        if routing is not None:
+            self._record_prefill_routing(group, routing, start, end)
+        group.offset = end
+        group.last_logits = output.logits[:, -1, :]
+
+    def _record_prefill_routing(
+        self, group: _PrefillGroup, routing: torch.Tensor, start: int, end: int
+    ) -> None:
+        length = group.padded_ids.shape[1]
+        for row, request in enumerate(group.requests):
+            if request.routed_experts is None:
+                continue
+            first_real = length - len(group.sequences[row])
+            lo = max(start, first_real)
+            for column, position_routing in zip(
+                range(lo, end), routing[row, lo - start :].tolist(), strict=True
+            ):
+                position = column - first_real
+                entry = tuple(tuple(experts) for experts in position_routing)
+                if position < len(request.routed_experts):
+                    request.routed_experts[position] = entry  # recomputed after a weight update
+                else:
+                    request.routed_experts.append(entry)
+
+    def _advance_prefill(self) -> None:
+        group = self._prefill
+        assert group is not None
+        if all(r.abandoned() for r in group.requests):
+            self._prefill = None
+            return
+        self._prefill_chunk(group)
+        if not group.done:
+            return
+        self._prefill = None
+        assert group.last_logits is not None
+        self._sample_and_append(group.requests, group.last_logits)
+        keep = [row for row, r in enumerate(group.requests) if r.finish_reason is None and not r.abandoned()]
+        self._finish([r for r in group.requests if r.finish_reason is not None])
+        if not keep:
+            return
+        if len(keep) < len(group.requests):
+            group.cache.keep_rows(keep)
+        survivors = [group.requests[row] for row in keep]
+        if self._running_cache is None or not self._running:
+            self._running, self._running_cache = survivors, group.cache
+        else:
+            self._running_cache = BatchKVCache.merge(self._running_cache, group.cache)
+            self._running = self._running + survivors
+
+    # --- decode ------------------------------------------------------------------------------------------
+
+    def _decode_step(self) -> None:
+        live = [row for row, r in enumerate(self._running) if not r.abandoned()]
+        if len(live) < len(self._running):
+            self._drop_rows(live)
+            if not self._running:
+                return
+        cache = self._running_cache
+        assert cache is not None
+        rows = len(self._running)
+        self._num_decode_steps += 1
+        self._peak_batch_size = max(self._peak_batch_size, rows)
+        pending = torch.tensor(
+            [r.output_ids[-1] for r in self._running], dtype=torch.long, device=self.device
+        )
+        positions = torch.tensor(
+            [r.num_forwarded for r in self._running], dtype=torch.long, device=self.device
+        )
+        cache.valid = torch.cat(
+            [cache.valid, torch.ones((rows, 1), dtype=torch.bool, device=self.device)], dim=1
+        )
+        output = self.model(
+            input_ids=pending[:, None],
+            position_ids=positions[:, None],
+            attention_mask=cache.valid[:, None, None, :],
+            **{self._cache_argument: cache.cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        routing = self.routing.take(rows, 1)
+        if routing is not None:
+            for row, request in enumerate(self._running):
+                if request.routed_experts is not None:
+                    request.routed_experts.append(tuple(tuple(e) for e in routing[row, 0].tolist()))
+        self._sample_and_append(self._running, output.logits[:, -1, :])
+        finished = [r for r in self._running if r.finish_reason is not None]
+        if finished:
+            self._finish(finished)
+            self._drop_rows([row for row, r in enumerate(self._running) if r.finish_reason is None])
+
+    def _drop_rows(self, keep: list[int]) -> None:
+        if not keep:
+            self._running, self._running_cache = [], None
+            return
+        assert self._running_cache is not None
+        self._running_cache.keep_rows(keep)
+        self._running = [self._running[row] for row in keep]
+
+    def _finish(self, requests: list[Request]) -> None:
+        for request in requests:
+            resolve_future(request.future, request.result())
+
+    def _sample_and_append(self, requests: list[Request], logits: torch.Tensor) -> None:
+        """Sample one token per row, record its logprob and version, and decide whether the row is finished."""
+        tokens, logprobs = sample_tokens(
+            logits, [r.params for r in requests], [r.generator for r in requests]
+        )
+        for request, token, logprob in zip(requests, tokens, logprobs, strict=True):
+            request.output_ids.append(token)
+            request.logprobs.append(logprob)
+            request.weight_versions.append(self.weight_version)
+            request.finish_reason = self._finish_reason(request, token)
+
+    def _finish_reason(self, request: Request, token: int) -> FinishReason | None:
+        if token in request.stop_ids:
+            return FinishReason.STOP
+        stop_strings = request.params.stop_strings
+        if stop_strings:
+            window = max(len(s) for s in stop_strings) + 4
+            tail = self.tokenizer.decode(request.output_ids[-window:], skip_special_tokens=False)
+            previous = self.tokenizer.decode(request.output_ids[-window:-1], skip_special_tokens=False)
+            if any(s in tail and s not in previous for s in stop_strings):
+                return FinishReason.STOP
+        if len(request.output_ids) >= request.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    # --- control jobs (run between steps, on the scheduler thread) ------------------------------------------
+
+    def apply_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load new weights; with ``recompute_kv_on_update``, recompute the KV of every in-flight request."""
+        own = self.model.state_dict()
+        for name, tensor in state_dict.items():
+            own[name].copy_(tensor.detach().to(own[name].device))
+        self.weight_version = int(version)
+        if not self.config.recompute_kv_on_update:
+            return
+        if self._prefill is not None:  # restart: its KV so far came from the old weights
+            group = self._prefill
+            self._prefill = self._new_prefill_group(group.requests, group.sequences)
+        if self._running:
+            sequences = [r.prompt + r.output_ids[:-1] for r in self._running]
+            group = self._new_prefill_group(list(self._running), sequences)
+            while not group.done:
+                self._prefill_chunk(group)
+            self._running_cache = group.cache
+
+    def score(self, ids: list[int], start: int) -> tuple[float, ...]:
+        """Teacher-forced logprobs of ``ids[start:]`` under the current weights (no KV cache)."""
+        output = self.model(
+            input_ids=torch.tensor([ids], dtype=torch.long, device=self.device),
+            use_cache=False,
+            logits_to_keep=len(ids) - start + 1,
+        )
+        self.routing.clear()
+        logprobs = torch.log_softmax(output.logits[0, :-1].float(), dim=-1)
+        targets = torch.tensor(ids[start:], dtype=torch.long, device=self.device)
+        return tuple(logprobs.gather(1, targets[:, None])[:, 0].tolist())
