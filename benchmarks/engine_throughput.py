@@ -18,13 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
 from components.models.registry import resolve_model  # noqa: E402

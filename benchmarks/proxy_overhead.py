@@ -30,13 +30,11 @@ import asyncio
 import os
 import socket
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 

@@ -17,18 +17,14 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "harnesses"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from scripted_policies import fixing_policy  # noqa: E402
-
 from components.engine.scripted import ScriptedEngine  # noqa: E402
+from components.engine.scripted_policies import fixing_policy  # noqa: E402
 from components.models.registry import default_model_dir  # noqa: E402
 from components.proxy.config import ProxyConfig  # noqa: E402
 from components.proxy.server import ProxyServer  # noqa: E402

@@ -17,11 +17,7 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.protocols import SandboxLimits, SandboxSpec  # noqa: E402
 from sandboxes.bwrap import BwrapSandbox, BwrapSandboxConfig, run_once_cold  # noqa: E402

@@ -17,14 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.models.registry import default_model_dir  # noqa: E402
 from components.models.tiny import build_tiny_model  # noqa: E402

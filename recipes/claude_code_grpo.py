@@ -13,16 +13,12 @@ which SmolLM2's 8k context window needs. Without it, use a model with a context 
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from components.launch import main_entry  # noqa: E402
-from components.recipe_config import option  # noqa: E402
-from recipes.swe_grpo import SweGrpoConfig, main  # noqa: E402
+from components.launch import main_entry
+from components.recipe_config import option
+from recipes.swe_grpo import SweGrpoConfig, main
 
 
 @dataclass(kw_only=True, frozen=True)

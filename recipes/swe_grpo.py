@@ -12,16 +12,12 @@ log (and checkpoint). Placement, run directory and resume: see ``components/laun
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from components.config import require, require_positive  # noqa: E402
-from components.launch import (  # noqa: E402
+from components.config import require, require_positive
+from components.launch import (
     RunConfig,
     RunDirectory,
     RunStack,
@@ -29,12 +25,12 @@ from components.launch import (  # noqa: E402
     run_monitor,
     tasks_for_step,
 )
-from components.protocols import Harness  # noqa: E402
-from components.recipe_config import option  # noqa: E402
-from components.rollout import RolloutConfig, RolloutRunner  # noqa: E402
-from components.tasks import SweGrader, load_builtin_tasks  # noqa: E402
-from components.tasks.swe import python_tool_paths  # noqa: E402
-from sandboxes import BwrapSandbox  # noqa: E402
+from components.protocols import Harness
+from components.recipe_config import option
+from components.rollout import RolloutConfig, RolloutRunner
+from components.tasks import SweGrader, load_builtin_tasks
+from components.tasks.swe import python_tool_paths
+from sandboxes import BwrapSandbox
 
 HARNESSES = ("swe_agent", "mini_swe_agent", "claude_code", "codex")
 

@@ -14,22 +14,18 @@ Placement, run directory and resume: see ``components/launch.py``.
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from components.config import require_positive  # noqa: E402
-from components.launch import RunConfig, RunDirectory, RunStack, main_entry, run_monitor  # noqa: E402
-from components.recipe_config import option  # noqa: E402
-from components.rollout import RolloutConfig, RolloutRunner  # noqa: E402
-from components.tasks.toys import TicTacToeConfig, TicTacToeEnv  # noqa: E402
-from components.tasks.toys.tictactoe import cell_name  # noqa: E402
-from components.tito.messages import ToolCall  # noqa: E402
-from harnesses.toy_agent import ToyAgentConfig, ToyAgentHarness, ToyGameTask  # noqa: E402
+from components.config import require_positive
+from components.launch import RunConfig, RunDirectory, RunStack, main_entry, run_monitor
+from components.recipe_config import option
+from components.rollout import RolloutConfig, RolloutRunner
+from components.tasks.toys import TicTacToeConfig, TicTacToeEnv
+from components.tasks.toys.tictactoe import cell_name
+from components.tito.messages import ToolCall
+from harnesses.toy_agent import ToyAgentConfig, ToyAgentHarness, ToyGameTask
 
 TOOL_SYSTEM_PROMPT = "You are playing a game. Make each move by calling a tool."
 TEXT_MOVE_SYSTEM_PROMPT = (

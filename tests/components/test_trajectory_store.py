@@ -146,10 +146,7 @@ def test_corrupt_and_torn_shards_are_reported_not_fatal(tmp_path: Path, caplog):
 
 WRITER = textwrap.dedent(
     """
-    import sys
-    sys.path.insert(0, {root!r})
-    sys.path.insert(0, {tests!r})
-    from test_trajectory_store import make_trajectory
+    from tests.components.test_trajectory_store import make_trajectory
     from components.trajectory_store import TrajectoryStore
     store = TrajectoryStore({run_dir!r})
     i = 0
@@ -167,11 +164,10 @@ def test_sigkill_at_random_moments_never_exposes_partial_shards(tmp_path: Path):
     rng = random.Random(1234)
     acknowledged = 0
     for kill in range(20):
-        script = WRITER.format(
-            root=str(root), tests=str(Path(__file__).parent), run_dir=str(tmp_path), kill=kill
-        )
+        script = WRITER.format(run_dir=str(tmp_path), kill=kill)
         process = subprocess.Popen(
             [sys.executable, "-c", script],
+            cwd=root,  # ``python -c`` imports from the working directory: the ``tests`` package
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONHASHSEED": "0"},

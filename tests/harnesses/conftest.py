@@ -1,6 +1,6 @@
 """Fixtures for the harness tests (defined in ``harness_fixtures``, shared with the rollout-runner tests)."""
 
-from harness_fixtures import (  # noqa: F401
+from tests.harnesses.harness_fixtures import (  # noqa: F401
     builtin_tasks,
     sandbox_pool,
     scripted_proxy,

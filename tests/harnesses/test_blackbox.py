@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
-from harness_fixtures import running_proxy
 
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TRAINABLE_STATUSES, TrajectoryStatus
@@ -29,6 +28,7 @@ from harnesses.blackbox import (
 from harnesses.claude_code import ClaudeCodeAgent
 from harnesses.codex import CodexAgent
 from harnesses.mini_swe_agent import MiniSweAgent
+from tests.harnesses.harness_fixtures import running_proxy
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -43,7 +43,9 @@ class ShellAgent:
     def read_only_paths(self) -> tuple[str, ...]:
         return ()
 
-    def launch(self, *, prompt: str, base_url: str, home: str, config: BlackBoxConfig) -> AgentLaunch:
+    def launch(
+        self, *, prompt: str, base_url: str, api_key: str, home: str, config: BlackBoxConfig
+    ) -> AgentLaunch:
         return AgentLaunch(
             argv=("bash", "-c", self.script, "agent", prompt),
             env={"AGENT_BASE_URL": base_url},
@@ -68,7 +70,9 @@ async def test_adapter_writes_home_passes_url_and_keeps_exit_and_logs(slugify_ta
     )
     sandbox = await sandbox_pool.acquire(slugify_task.sandbox_spec())
     try:
-        outcome = await harness.run(task=slugify_task, sandbox=sandbox, base_url="http://127.0.0.1:1/s/abc/")
+        outcome = await harness.run(
+            task=slugify_task, sandbox=sandbox, base_url="http://127.0.0.1:1/s/abc/", api_key="x"
+        )
         workspace = await sandbox.exec(["ls", "-A"])
     finally:
         await sandbox_pool.release(sandbox)
@@ -91,7 +95,9 @@ async def test_adapter_enforces_wall_time(slugify_task, sandbox_pool):
     )
     sandbox = await sandbox_pool.acquire(slugify_task.sandbox_spec())
     try:
-        outcome = await harness.run(task=slugify_task, sandbox=sandbox, base_url="http://127.0.0.1:1/s/abc")
+        outcome = await harness.run(
+            task=slugify_task, sandbox=sandbox, base_url="http://127.0.0.1:1/s/abc", api_key="x"
+        )
     finally:
         await sandbox_pool.release(sandbox)
     assert outcome.status == TrajectoryStatus.TIMEOUT

@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from scripted_policies import fixing_policy, step_policy, tool_call
 
+from components.engine.scripted_policies import fixing_policy, step_policy, tool_call
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
 from harnesses.swe_agent import SweAgentConfig, SweAgentHarness

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from scripted_policies import tool_call
 
+from components.engine.scripted_policies import tool_call
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks.toys import Game2048Env, TicTacToeEnv
 from components.tito.messages import ToolCall

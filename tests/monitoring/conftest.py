@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from monitoring_run_builder import build_trajectories, train_logprob_rows
 
 from components.trajectory_store import TrajectoryStore
 from monitoring.train_logprobs import write_train_logprobs
+from tests.monitoring.monitoring_run_builder import build_trajectories, train_logprob_rows
 
 
 @pytest.fixture(scope="session")

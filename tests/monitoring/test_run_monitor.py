@@ -8,13 +8,13 @@ import json
 import re
 
 import pytest
-from monitoring_run_builder import build_trajectories
 from PIL import Image
 from rich.console import Console
 
 from components.trajectory_store import TrajectoryStore
 from monitoring.logger import read_metrics, wandb_offline_history
 from monitoring.run_monitor import RunMonitor, RunMonitorConfig, train_metric_names
+from tests.monitoring.monitoring_run_builder import build_trajectories
 
 
 def run_steps(monitor: RunMonitor, store: TrajectoryStore, steps: dict[int, list]) -> list[dict]:

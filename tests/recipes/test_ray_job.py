@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from recipe_runs import REPO_ROOT, assert_complete_run, recipe_env
 
 from components.launch import WORKING_DIR_EXCLUDES
+from tests.recipes.recipe_runs import REPO_ROOT, assert_complete_run, recipe_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from recipe_runs import (
+
+from tests.recipes.recipe_runs import (
     REPO_ROOT,
     assert_complete_run,
     latest_trainer_state,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sandbox_test_support import RAY_POOL_CONFIG, SandboxFactory
 
 from sandboxes.pool import SandboxPool, SandboxPoolConfig
+from tests.sandboxes.sandbox_test_support import RAY_POOL_CONFIG, SandboxFactory
 
 
 @pytest.fixture(scope="module")

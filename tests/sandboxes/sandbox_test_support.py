@@ -8,13 +8,12 @@ import signal
 import sys
 from pathlib import Path
 
-from fake_e2b_sdk import FakeAsyncSandbox
-
 from components.protocols import SandboxLimits, SandboxSpec
 from sandboxes.bwrap import BwrapSandbox
 from sandboxes.e2b import E2BSandbox, E2BSandboxConfig
 from sandboxes.pool import SandboxPool, SandboxPoolConfig
 from sandboxes.ray_pool import RaySandboxPoolConfig
+from tests.sandboxes.fake_e2b_sdk import FakeAsyncSandbox
 
 HOST_PYTHON = os.path.realpath(sys.executable)
 RAY_POOL_CONFIG = RaySandboxPoolConfig(pool=SandboxPoolConfig(num_warm=2), name_prefix="test-contract-pool")

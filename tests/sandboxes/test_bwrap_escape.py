@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_test_support import HOST_PYTHON, SMALL_LIMITS, processes_of_uid
 
 from components.protocols import SandboxLimits, SandboxSpec
 from sandboxes.bwrap import BwrapSandbox
+from tests.sandboxes.sandbox_test_support import HOST_PYTHON, SMALL_LIMITS, processes_of_uid
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,12 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_test_support import (
-    SMALL_LIMITS,
-    kill_from_outside,
-    process_uids,
-    processes_of_uid,
-)
 
 from components.errors import SandboxError
 from components.protocols import SandboxLimits, SandboxSpec
@@ -23,6 +17,12 @@ from sandboxes.bwrap import BwrapSandbox, BwrapSandboxConfig
 from sandboxes.e2b import E2BSandboxProvider
 from sandboxes.pool import SandboxPool, SandboxPoolConfig
 from sandboxes.provider import SandboxBackendConfig, make_sandbox_provider
+from tests.sandboxes.sandbox_test_support import (
+    SMALL_LIMITS,
+    kill_from_outside,
+    process_uids,
+    processes_of_uid,
+)
 
 
 def child_bwraps() -> list[int]:

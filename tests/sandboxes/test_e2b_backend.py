@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from fake_e2b_sdk import FakeAsyncSandbox
-from sandbox_test_support import FAKE_E2B_CONFIG
 
 from components.errors import SandboxError
 from components.protocols import SandboxSpec
 from sandboxes.e2b import E2BSandbox, E2BSandboxConfig
 from sandboxes.provider import SandboxBackendConfig, make_sandbox_provider
+from tests.sandboxes.fake_e2b_sdk import FakeAsyncSandbox
+from tests.sandboxes.sandbox_test_support import FAKE_E2B_CONFIG
 
 
 async def test_create_passes_template_timeout_and_no_internet():

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-# ``tests/components`` has no __init__.py; keep the real ``components`` package first on sys.path.
-_REPO_ROOT = str(Path(__file__).resolve().parents[3])
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(0, _REPO_ROOT)
+import pytest
 
-import pytest  # noqa: E402
-
-from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
+from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 
 
 @pytest.fixture(scope="module")

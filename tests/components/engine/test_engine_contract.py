@@ -6,7 +6,6 @@ import asyncio
 import math
 
 import pytest
-from fake_sglang import FakeSGLangServer
 from safetensors.torch import load_file
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
@@ -14,6 +13,7 @@ from components.engine.ray_actor import RayEngineClient, start_engine_actor
 from components.engine.sglang import SGLangEngine, SGLangEngineConfig
 from components.errors import ContextOverflowError
 from components.protocols import FinishReason, InferenceEngine, SamplingParams
+from tests.components.engine.fake_sglang import FakeSGLangServer
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -7,13 +7,13 @@ import json
 
 import numpy as np
 import pytest
-from fake_sglang import FakeSGLangServer
 from safetensors.torch import load_file
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from components.engine.sglang import SGLangEngine, SGLangEngineConfig, serialize_named_tensors
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError
 from components.protocols import FinishReason, InferenceEngine, SamplingParams
+from tests.components.engine.fake_sglang import FakeSGLangServer
 
 pytestmark = pytest.mark.timeout(180)
 

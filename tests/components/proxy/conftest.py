@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
-# ``tests/components`` (no __init__.py) would otherwise shadow the ``components`` package as a namespace
-# package when pytest puts ``tests/`` on sys.path; the repository root first makes the real package win.
-_REPO_ROOT = str(Path(__file__).resolve().parents[3])
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(0, _REPO_ROOT)
+import pytest
 
-from collections.abc import Callable, Iterator  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-
-from components.engine.scripted import ScriptedEngine  # noqa: E402
-from components.proxy.config import ProxyConfig  # noqa: E402
-from components.proxy.server import ProxyServer  # noqa: E402
-from components.proxy.sessions import LocalSessionRegistry  # noqa: E402
+from components.engine.scripted import ScriptedEngine
+from components.proxy.config import ProxyConfig
+from components.proxy.server import ProxyServer
+from components.proxy.sessions import LocalSessionRegistry
 
 
 @dataclass

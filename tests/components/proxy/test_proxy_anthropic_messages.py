@@ -5,7 +5,8 @@ from __future__ import annotations
 import anthropic
 import httpx
 import pytest
-from proxy_helpers import assert_one_segment_record, reply_ids, tool_call_text
+
+from tests.components.proxy.proxy_helpers import assert_one_segment_record, reply_ids, tool_call_text
 
 READ_TOOL = {
     "name": "Read",

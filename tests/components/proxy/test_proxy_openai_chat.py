@@ -5,7 +5,13 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from proxy_helpers import BASH_TOOL_OPENAI, assert_one_segment_record, reply_ids, tool_call_text
+
+from tests.components.proxy.proxy_helpers import (
+    BASH_TOOL_OPENAI,
+    assert_one_segment_record,
+    reply_ids,
+    tool_call_text,
+)
 
 
 def test_chat_completion_and_record(start_proxy, tokenizer):

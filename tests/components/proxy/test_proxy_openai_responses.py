@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 import openai
-from proxy_helpers import assert_one_segment_record, reply_ids, tool_call_text
+
+from tests.components.proxy.proxy_helpers import assert_one_segment_record, reply_ids, tool_call_text
 
 SHELL_TOOL = {
     "type": "function",

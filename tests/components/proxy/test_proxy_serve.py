@@ -9,13 +9,13 @@ import anthropic
 import numpy as np
 import openai
 import pytest
-from proxy_helpers import reply_ids
 
 from components.engine.scripted import ScriptedEngine
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import SessionNotFoundError
 from components.trajectory import TrajectoryStatus
 from components.trajectory_store import TrajectoryStore
+from tests.components.proxy.proxy_helpers import reply_ids
 
 NUM_SESSIONS = 32
 NUM_TURNS = 3

@@ -9,7 +9,6 @@ import anthropic
 import httpx
 import openai
 import pytest
-from proxy_helpers import DelayedEngine, reply_ids
 
 from components.engine.scripted import EchoEngine, ScriptedEngine
 from components.errors import ContextOverflowError
@@ -19,6 +18,7 @@ from components.proxy.sessions import LocalSessionRegistry, TurnRequest
 from components.tito.messages import ChatMessage
 from components.trajectory import TrajectoryStatus
 from components.trajectory_store import TrajectoryStore
+from tests.components.proxy.proxy_helpers import DelayedEngine, reply_ids
 
 
 def test_http_session_lifecycle_writes_trajectory(start_proxy, tokenizer, tmp_path):

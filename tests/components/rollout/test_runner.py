@@ -12,15 +12,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from harness_fixtures import running_proxy
-from scripted_policies import step_policy, tool_call
 
+from components.engine.scripted_policies import step_policy, tool_call
 from components.errors import SandboxError
 from components.protocols import HarnessOutcome, RewardResult, Sandbox, SandboxSpec, Task
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
 from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
 from harnesses.wrap import AgentContext, agent_harness
+from tests.harnesses.harness_fixtures import running_proxy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -183,7 +183,7 @@ async def test_harness_that_never_returns_is_cut_off(scripted_proxy, slugify_tas
     class StuckHarness:
         name = "stuck"
 
-        async def run(self, *, task, sandbox, base_url) -> HarnessOutcome:
+        async def run(self, *, task, sandbox, base_url, api_key) -> HarnessOutcome:
             await asyncio.sleep(3600)
 
     async with scripted_proxy(["hi"]) as proxy:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from training_synthetic import random_batch
 
 from components.training.checkpoint import latest_checkpoint
 from components.training.data import SampleBatchConfig, build_micro_batches_locally, micro_batches_from_table
@@ -13,6 +12,7 @@ from components.training.grpo import GRPO
 from components.training.step import OptimizerConfig, build_optimizer, run_train_step
 from components.training.trainer import Trainer, TrainerConfig
 from components.training.weight_sync import WeightSync, WeightSyncConfig
+from tests.components.training.training_synthetic import random_batch
 
 OPTIMIZER = OptimizerConfig(learning_rate=1e-3, max_grad_norm=1.0)
 BATCHING = SampleBatchConfig(max_tokens_per_micro_batch=40)
@@ -141,15 +141,10 @@ async def test_after_weight_sync_engine_logprobs_equal_the_trainers(trainer, tin
 
 async def test_disk_weight_sync_reloads_sglang_from_an_hf_folder(trainer, tiny_model_dir, tmp_path):
     """SGLang path, against the engine team's protocol-faithful fake SGLang server (real HTTP)."""
-    import sys
-    from pathlib import Path
-
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
     from components.engine.sglang import SGLangEngine, SGLangEngineConfig
     from components.protocols import SamplingParams
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-    from fake_sglang import FakeSGLangServer
+    from tests.components.engine.fake_sglang import FakeSGLangServer
 
     engine = EmbeddedEngine(
         EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, context_window=2048, eos_token_ids=())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from training_synthetic import make_segment, make_trajectory, random_batch
 
 from components.training.data import (
     SampleBatchConfig,
@@ -16,6 +15,7 @@ from components.training.data import (
 from components.training.grpo import GRPO
 from components.trajectory import TrajectoryStatus
 from components.trajectory_store import TrajectoryStore
+from tests.components.training.training_synthetic import make_segment, make_trajectory, random_batch
 
 STD_OF_ONE_ZERO = np.sqrt(0.5)  # sample std of rewards [1, 0]
 

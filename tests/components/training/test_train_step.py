@@ -4,11 +4,11 @@ policy, and the step is deterministic on CPU."""
 from __future__ import annotations
 
 import torch
-from training_synthetic import random_batch
 
 from components.training.data import SampleBatchConfig, build_micro_batches_locally, micro_batches_from_table
 from components.training.grpo import GRPO
 from components.training.step import OptimizerConfig, build_optimizer, run_train_step
+from tests.components.training.training_synthetic import random_batch
 
 
 def step_metrics(model_dir, *, num_updates: int, learning_rate: float) -> tuple[dict, dict]:
