@@ -207,6 +207,7 @@ class _Session:
     overflowed: bool = False
     overflow_message: str = ""
     num_engine_errors: int = 0
+    last_engine_error: str = ""  # the runner's evidence when an agent stopped because the engine failed
 
 
 class LocalSessionRegistry:
@@ -293,8 +294,9 @@ class LocalSessionRegistry:
                 session.overflowed = True
                 session.overflow_message = str(error)
                 raise
-            except Exception:
+            except Exception as error:
                 session.num_engine_errors += 1
+                session.last_engine_error = f"{type(error).__name__}: {error}"
                 raise
             reply = session.tito.complete(turn, result)
             if reply.finish_reason == "length" and self._cut_by_proxy(request, max_tokens, turn.max_tokens):
@@ -336,6 +338,8 @@ class LocalSessionRegistry:
             "session_id": session_id,
             "status": TrajectoryStatus.CONTEXT_OVERFLOW.value if session.overflowed else "open",
             "num_turns": session.num_turns,
+            "num_engine_errors": session.num_engine_errors,
+            "last_engine_error": session.last_engine_error,
             "num_segments": len(segments),
             "segments": [segment_to_json(s) for s in segments],
         }

@@ -289,9 +289,11 @@ class RolloutRunner:
         ):
             rollout.fail(TrajectoryStatus.CONTEXT_OVERFLOW, "the conversation outgrew the context window")
         elif described.get("num_engine_errors", 0) and rollout.status == TrajectoryStatus.AGENT_ERROR:
+            # A black-box agent only sees an HTTP 5xx and exits in its own way; the proxy saw the cause.
             rollout.fail(
                 TrajectoryStatus.ENGINE_ERROR,
-                f"engine failed {described['num_engine_errors']} time(s); the agent then stopped: "
+                f"engine failed {described['num_engine_errors']} time(s) "
+                f"(last: {described.get('last_engine_error', '')}); the agent then stopped: "
                 f"{rollout.failure_reason}",
             )
 
