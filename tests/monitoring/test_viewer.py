@@ -20,6 +20,7 @@ from components.trajectory_store import TrajectoryStore
 from monitoring import viewer
 from monitoring.train_logprobs import write_train_logprobs
 from monitoring.viewer import ViewerLimits, build_page_data, serve_viewer, write_viewer
+from tests.required_tools import require_tool
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
@@ -43,9 +44,13 @@ ALL_IDS = {
     "traj-grading-error",
 }
 
-needs_chromium = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(), reason="chromium not installed (make setup-test)"
-)
+needs_chromium = pytest.mark.usefixtures("chromium")
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    """Headless Chromium (skips locally, fails under CI=true when it is missing)."""
+    return require_tool(CHROMIUM, "run `make setup-test` (apt-get install chromium)")
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from tests.recipes.recipe_runs import (
     run_recipe,
     shard_steps,
 )
+from tests.required_tools import require_tool
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -107,8 +108,8 @@ def test_tictactoe_killed_run_resumes_without_lost_or_duplicated_trajectories(tm
     assert "run directory" in completed.stdout
 
 
-@pytest.mark.skipif(not CLAUDE.exists(), reason="Claude Code not installed (make setup-test)")
 def test_claude_code_recipe_one_step(tmp_path, tiny_model_dir):
+    require_tool(CLAUDE, "run `make setup-test` (npm install of the agents)")
     run_dir = tmp_path / "run"
     run_recipe(
         "claude_code_grpo",

@@ -16,6 +16,7 @@ import pytest
 from components.proxy.config import ProxyConfig
 from components.proxy.server import ProxyServer
 from components.proxy.sessions import LocalSessionRegistry
+from tests.required_tools import require_tool
 
 AGENTS_BIN = Path(__file__).resolve().parents[3] / ".agents" / "node_modules" / ".bin"
 AGENT_TIMEOUT_S = 420
@@ -39,10 +40,7 @@ def tiny_proxy(tiny_model_dir):
 
 
 def _binary(name: str) -> Path:
-    path = AGENTS_BIN / name
-    if not path.exists():
-        pytest.skip(f"{path} is not installed: run `make .agents/.installed` (npm install of the agents)")
-    return path
+    return require_tool(AGENTS_BIN / name, "run `make .agents/.installed` (npm install of the agents)")
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
@@ -141,9 +139,7 @@ def test_codex(tiny_proxy, tmp_path):
 
 
 def test_mini_swe_agent(tiny_proxy, tmp_path):
-    mini = Path(sys.prefix) / "bin" / "mini"
-    if not mini.exists():
-        pytest.skip(f"{mini} is not installed: pip install mini-swe-agent (the test extra)")
+    mini = require_tool(Path(sys.prefix) / "bin" / "mini", "pip install mini-swe-agent (the test extra)")
     session_id = tiny_proxy.call(lambda: tiny_proxy.registry.open_session(harness="mini-swe-agent"))
     home = tmp_path / "home"
     trajectory_file = tmp_path / "mini.traj.json"
