@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from components.config import require, require_non_negative, require_positive
+from components.loop import LoopConfig
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
 from components.recipe_config import config_to_json, option
 from components.trajectory import Trajectory
@@ -67,6 +68,15 @@ class RunConfig:
     num_steps: int = option(2, "training steps (rollout → train → weight sync → log/checkpoint)")
     group_size: int = option(2, "rollouts per task per step (one GRPO group)")
     max_concurrency: int = option(4, "rollouts in flight at once")
+    rollout_mode: Literal["sync", "async", "partial"] = option(
+        "sync",
+        "sync: roll out, then train (the reference); async: rollouts stay in flight across steps, the trainer "
+        "takes complete groups as they come; partial: step n+1 rolls out while step n trains, in-flight "
+        "rollouts continue on new weights (see components/loop.py)",
+    )
+    max_staleness: int = option(
+        1, "async/partial: drop (and count) a group whose oldest sampled token is more versions behind"
+    )
     temperature: float = option(1.0, "sampling temperature of the policy")
     max_tokens: int = option(128, "cap on the tokens of one model reply")
     algorithm: Literal["grpo", "dr_grpo"] = option("grpo", "policy-gradient algorithm: GRPO or Dr.GRPO")
@@ -121,6 +131,7 @@ class RunConfig:
         for name in ("temperature", "checkpoint_every_steps", "num_warm_sandboxes", "engine_num_cpus"):
             require_non_negative(getattr(self, name), name)
         require_non_negative(self.engine_num_gpus, "engine_num_gpus")
+        LoopConfig.of(self)  # rollout_mode, max_staleness: a bad value names its field
         require(
             self.engine != "sglang" or self.sglang_url.startswith(("http://", "https://")),
             "sglang_url",

@@ -76,6 +76,7 @@ class RunProgress:
         self.step = first_step
         self._reset_step_stats(rollouts_per_step)
         self._train_metrics: dict[str, float] = {}
+        self.pipeline: tuple[int, int] | None = None  # (rollouts in flight, complete groups buffered)
 
     def _reset_step_stats(self, num_rollouts: int) -> None:
         self.num_rollouts = num_rollouts
@@ -114,6 +115,8 @@ class RunProgress:
             f"failures {failure_text}",
             f"{_format(self.tokens_per_s, 1)} tok/s",
         ]
+        if self.pipeline is not None:
+            parts.append(f"in flight {self.pipeline[0]} | buffered groups {self.pipeline[1]}")
         parts += [f"{label} {_format(value, 4)}" for label, value in self._train_metrics.items()]
         return " | ".join(parts)
 
@@ -183,6 +186,13 @@ class RunProgress:
             )
             self._plain(self.summary())
 
+    def pipeline_changed(self, *, in_flight: int, buffered: int) -> None:
+        """The overlapped loops' producer state: rollouts in flight, complete groups waiting for the trainer."""
+        require_non_negative(in_flight, "in_flight")
+        require_non_negative(buffered, "buffered")
+        with self._lock:
+            self.pipeline = (in_flight, buffered)
+
     def message(self, text: str) -> None:
         """A free-form line above the display (or in the log)."""
         with self._lock:
@@ -203,6 +213,8 @@ class RunProgress:
                 f"[bold]failures[/] {sum(self.failures.values())}",
                 f"[bold]tok/s[/] {_format(self.tokens_per_s, 1)}",
             ]
+            if self.pipeline is not None:
+                cells += [f"[bold]in flight[/] {self.pipeline[0]}", f"[bold]buffered[/] {self.pipeline[1]}"]
             stats.add_row(*(Text.from_markup(cell) for cell in cells))
             extra = [f"[bold]{k}[/] {v}" for k, v in sorted(self.failures.items())]
             extra += [f"[bold]{label}[/] {_format(value, 4)}" for label, value in self._train_metrics.items()]

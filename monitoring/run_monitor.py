@@ -107,6 +107,10 @@ class RunMonitor:
         """One rollout ended (any status)."""
         self.progress.rollout_finished(trajectory)
 
+    def pipeline_changed(self, *, in_flight: int, buffered: int) -> None:
+        """Rollouts in flight and complete groups buffered (``async`` / ``partial`` loops), for the display."""
+        self.progress.pipeline_changed(in_flight=in_flight, buffered=buffered)
+
     def end_step(
         self,
         step: int,

@@ -3,16 +3,17 @@
     python recipes/swe_grpo.py                             # SmolLM2-135M, 2 tasks × 2 samples, 2 steps (CPU)
     python recipes/swe_grpo.py --harness mini_swe_agent    # the same run with an unmodified black-box agent
     python recipes/swe_grpo.py --engine sglang --sglang-url http://HOST:30000 --trainer-use-gpu true
+    python recipes/swe_grpo.py --rollout-mode async --max-staleness 2   # rollouts overlap training
     python recipes/swe_grpo.py --help                      # every field, its meaning and default
 
 Each step: roll out ``num_tasks`` tasks × ``group_size`` samples (agent in a warm sandbox → proxy session →
 grade in a fresh sandbox) → write one trajectory shard → one GRPO step → push the new weights to the engine →
-log (and checkpoint). Placement, run directory and resume: see ``components/launch.py``.
+log (and checkpoint) — in ``rollout_mode`` sync; async and partial overlap rollouts and training (the loop
+all recipes share: ``components/loop.py``). Placement, run directory and resume: see ``components/launch.py``.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,9 +23,9 @@ from components.launch import (
     RunDirectory,
     RunStack,
     main_entry,
-    run_monitor,
     tasks_for_step,
 )
+from components.loop import run_recipe_loop
 from components.protocols import Harness
 from components.recipe_config import option
 from components.rollout import RolloutConfig, RolloutRunner
@@ -118,23 +119,9 @@ async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
                 BwrapSandbox.create
             ),  # grading gets fresh sandboxes of its own, never the agent's
         )
-        rollouts_per_step = config.num_tasks * config.group_size
-        with run_monitor(config, run, stack, rollouts_per_step=rollouts_per_step) as monitor:
-            for step in stack.ledger.pending_steps(config.num_steps):
-                monitor.start_step(step)
-                started = time.monotonic()
-                step_tasks = tasks_for_step(tasks, step=step, num_tasks=config.num_tasks)
-                # 1. rollout (or, after a restart, the step's stored shard)
-                trajectories, shard = await stack.rollout_or_load(step, runner, step_tasks)
-                for trajectory in trajectories:
-                    monitor.rollout_finished(trajectory)
-                rollout_s = time.monotonic() - started
-                # 2. train, 3. sync weights to the engine, checkpoint when due
-                train_metrics = await stack.train_and_sync(step, shard)
-                # 4. log
-                monitor.end_step(
-                    step, trajectories, train_metrics=train_metrics, rollout_wall_time_s=rollout_s
-                )
+        await run_recipe_loop(
+            config, run, stack, runner, lambda step: tasks_for_step(tasks, step=step, num_tasks=config.num_tasks)
+        )
     print(f"run directory: {run.path}")
 
 

@@ -5,7 +5,9 @@
     python recipes/tictactoe_grpo.py --help                # every field, its meaning and default
 
 Each step: roll out ``games_per_step`` seeded games × ``group_size`` through the proxy → write one trajectory
-shard → one GRPO step → push the new weights to the engine → log (and checkpoint). Reward: win 1, draw 0.5,
+shard → one GRPO step → push the new weights to the engine → log (and checkpoint); ``--rollout-mode async``
+or ``partial`` overlaps rollouts and training (the loop all recipes share: ``components/loop.py``).
+Reward: win 1, draw 0.5,
 loss or illegal move 0. ``--accept-text-moves`` (on by default) plays by text (no tool schemas), since the
 default model's chat template has no tool support (see ``harnesses/toy_agent.py``).
 Placement, run directory and resume: see ``components/launch.py``.
@@ -14,12 +16,12 @@ Placement, run directory and resume: see ``components/launch.py``.
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
 from typing import Literal
 
 from components.config import require_positive
-from components.launch import RunConfig, RunDirectory, RunStack, main_entry, run_monitor
+from components.launch import RunConfig, RunDirectory, RunStack, main_entry
+from components.loop import run_recipe_loop
 from components.recipe_config import option
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks.toys import TicTacToeConfig, TicTacToeEnv
@@ -98,22 +100,7 @@ async def main(config: TicTacToeGrpoConfig) -> None:
             proxy_url=stack.proxy_url,
             grader=harness.reward,
         )
-        rollouts_per_step = config.games_per_step * config.group_size
-        with run_monitor(config, run, stack, rollouts_per_step=rollouts_per_step) as monitor:
-            for step in stack.ledger.pending_steps(config.num_steps):
-                monitor.start_step(step)
-                started = time.monotonic()
-                # 1. rollout (or, after a restart, the step's stored shard)
-                trajectories, shard = await stack.rollout_or_load(step, runner, games_for_step(config, step))
-                for trajectory in trajectories:
-                    monitor.rollout_finished(trajectory)
-                rollout_s = time.monotonic() - started
-                # 2. train, 3. sync weights to the engine, checkpoint when due
-                train_metrics = await stack.train_and_sync(step, shard)
-                # 4. log
-                monitor.end_step(
-                    step, trajectories, train_metrics=train_metrics, rollout_wall_time_s=rollout_s
-                )
+        await run_recipe_loop(config, run, stack, runner, functools.partial(games_for_step, config))
     print(f"run directory: {run.path}")
 
 

@@ -1,0 +1,470 @@
+"""The one recipe loop: every recipe builds its bricks (tasks, harness, grader → a ``RolloutRunner``) and hands
+them to ``run_recipe_loop``, which runs the steps in the mode ``rollout_mode`` names.
+
+``sync`` (the reference)::
+
+    engine  |== rollouts step 0 ==|            |== rollouts step 1 ==|
+    trainer |                     |== train 0 ==|push|                |== train 1 ==|push|
+
+  Each step rolls out its groups, writes them as one shard, trains, pushes the weights; the engine idles while
+  the trainer trains and the trainer idles while the slowest rollout finishes.
+
+``async``::
+
+    engine  |== g0 ==|== g2 ====|== g4 ==|== g6 ==|...     (max_concurrency rollouts always in flight)
+            |== g1 =========|== g3 ==|== g5 =====|...
+    trainer |  wait  |== train 0 (g0,g1) ==|push|== train 1 (g2,g3) ==|push|...
+
+  A producer keeps ``max_concurrency`` rollouts in flight across steps; each GRPO group is committed (one
+  atomic shard) the moment its last member finishes; the trainer steps as soon as ``groups_per_step`` complete
+  groups are buffered, in the order they completed, and pushes the new weights while rollouts keep running.
+  The producer runs at most ``max_staleness`` steps ahead of the trainer; a group whose oldest sampled token
+  lags the trainer's version by more than ``max_staleness`` (a slow group overtaken by faster ones) is dropped,
+  counted (``staleness/groups_dropped``) and recorded in the ledger — never silently trained.
+
+``partial``::
+
+    engine  |== step 0 groups ==|== step 1 groups ==...==|== step 2 groups ==|
+    trainer |                   |== train 0 ==|push|     |== train 1 ==|push|
+
+  Rollouts of step n+1 start while step n trains (one step ahead); steps train their own groups in order (as
+  ``sync``); a rollout still generating when new weights arrive continues with them (the engine re-prefills
+  in-flight requests and stamps every token with its version), so no rollout is thrown away.
+
+In both overlapped modes every sampled token carries the version that produced it, and the trainer's truncated
+importance-sampling weights are computed per token from those behaviour logprobs.
+
+Resume (same ``--run-dir``), overlapped modes: which shard went into which step, and which were dropped, is the
+``trajectory_ledger`` in the checkpoint's trainer state, written together with the weights it describes.
+On restart, committed groups not in the ledger go back into the buffer (trained exactly once, after the
+restart); groups that were in flight (never committed) are rolled out again; the engine starts from the
+checkpoint's weights and version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from components.config import require, require_non_negative
+from components.protocols import Task
+from components.rollout.buffer import (
+    LEDGER_KEY,
+    Group,
+    GroupBuffer,
+    TrajectoryLedger,
+    group_id_for,
+    group_index,
+    split_stale,
+    staleness_histogram,
+)
+from components.trajectory import Trajectory
+from components.trajectory_store import CorruptShard, TrajectoryStore
+
+logger = logging.getLogger("rein.loop")
+
+RolloutMode = Literal["sync", "async", "partial"]
+ROLLOUT_MODES: tuple[str, ...] = ("sync", "async", "partial")
+STALENESS_DROP_REASON = "stale"
+
+TasksForStep = Callable[[int], Sequence[Task]]
+
+
+@dataclass(kw_only=True, frozen=True)
+class LoopConfig:
+    """What the loop itself needs (a recipe's ``RunConfig`` carries these fields)."""
+
+    rollout_mode: RolloutMode = "sync"
+    max_staleness: int = 1
+    num_steps: int = 2
+    group_size: int = 2
+    max_concurrency: int = 4
+    checkpoint_every_steps: int = 1
+
+    def __post_init__(self) -> None:
+        require(
+            self.rollout_mode in ROLLOUT_MODES,
+            "rollout_mode",
+            f"must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}",
+        )
+        require_non_negative(self.max_staleness, "max_staleness")
+        require(
+            self.rollout_mode != "partial" or self.max_staleness >= 1,
+            "max_staleness",
+            "must be >= 1 in rollout_mode partial (step n+1's rollouts start under step n's weights)",
+        )
+
+    @classmethod
+    def of(cls, config: Any) -> LoopConfig:
+        return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
+
+    @property
+    def steps_ahead(self) -> int:
+        """How many steps' groups the producer may hold open (started, not yet taken by the trainer): a group
+        started while step k trains is trained at step k + steps_ahead at the latest, so in order its
+        staleness stays within ``steps_ahead`` versions."""
+        if self.rollout_mode == "partial":
+            return 1
+        return max(1, self.max_staleness)
+
+
+def checkpoint_due(step: int, *, num_steps: int, every: int) -> bool:
+    return step + 1 == num_steps or bool(every and (step + 1) % every == 0)
+
+
+async def run_recipe_loop(
+    config: Any, run: Any, stack: Any, runner: Any, tasks_for_step: TasksForStep
+) -> None:
+    """Run the recipe's steps in ``config.rollout_mode`` (see the module doc), with the run's monitor."""
+    loop_config = LoopConfig.of(config)
+    groups_per_step = len(tasks_for_step(0))
+    require(groups_per_step > 0, "tasks", "a step needs at least one task")
+    if loop_config.rollout_mode == "sync":
+        await _run_sync(config, run, stack, runner, tasks_for_step, loop_config, groups_per_step)
+    else:
+        await OverlappedLoop(config, run, stack, runner, tasks_for_step, loop_config, groups_per_step).run()
+
+
+def _monitor(config: Any, run: Any, *, rollouts_per_step: int, first_step: int) -> Any:
+    from components.recipe_config import config_to_json
+    from monitoring.run_monitor import RunMonitor, RunMonitorConfig
+
+    return RunMonitor(
+        RunMonitorConfig(
+            run_dir=run.path,
+            num_steps=config.num_steps,
+            rollouts_per_step=rollouts_per_step,
+            first_step=min(first_step, config.num_steps),
+            run_config=json.loads(config_to_json(config)),
+            wandb_mode=config.wandb_mode,
+            model=run.model_path,
+        )
+    )
+
+
+def _slot_occupancy(trajectories: Sequence[Trajectory], *, max_concurrency: int, wall_s: float) -> float:
+    """The fraction of the rollout slots' time spent rolling out (1 - engine idle fraction)."""
+    busy = sum(t.metrics.get("rollout_wall_time_s", 0.0) for t in trajectories)
+    return min(1.0, busy / (max_concurrency * wall_s)) if wall_s > 0 else 0.0
+
+
+def _timing_metrics(
+    trajectories: Sequence[Trajectory],
+    *,
+    max_concurrency: int,
+    wall_s: float,
+    train_s: float,
+    trained_tokens: float,
+) -> dict[str, float]:
+    return {
+        "pipeline/trainer_idle_fraction": max(0.0, 1.0 - train_s / wall_s) if wall_s > 0 else 0.0,
+        "pipeline/engine_idle_fraction": 1.0
+        - _slot_occupancy(trajectories, max_concurrency=max_concurrency, wall_s=wall_s),
+        "pipeline/rollouts_per_min": 60.0 * len(trajectories) / wall_s if wall_s > 0 else 0.0,
+        "pipeline/trained_tokens_per_s": trained_tokens / wall_s if wall_s > 0 else 0.0,
+    }
+
+
+async def _run_sync(
+    config: Any,
+    run: Any,
+    stack: Any,
+    runner: Any,
+    tasks_for_step: TasksForStep,
+    loop_config: LoopConfig,
+    groups_per_step: int,
+) -> None:
+    """Today's strict loop: roll out → one shard → train → push → log (and checkpoint); see ``launch.py``."""
+    pending = stack.ledger.pending_steps(config.num_steps)
+    first_step = pending[0] if pending else config.num_steps
+    rollouts_per_step = groups_per_step * config.group_size
+    with _monitor(config, run, rollouts_per_step=rollouts_per_step, first_step=first_step) as monitor:
+        for step in pending:
+            monitor.start_step(step)
+            started = time.monotonic()
+            # 1. rollout (or, after a restart, the step's stored shard)
+            trajectories, shard = await stack.rollout_or_load(step, runner, tasks_for_step(step))
+            for trajectory in trajectories:
+                monitor.rollout_finished(trajectory)
+            rollout_s = time.monotonic() - started
+            # 2. train, 3. sync weights to the engine, checkpoint when due
+            train_metrics = await stack.train_and_sync(step, shard)
+            wall_s = time.monotonic() - started
+            pipeline = _timing_metrics(
+                trajectories,
+                max_concurrency=config.max_concurrency,
+                wall_s=wall_s,
+                train_s=wall_s - rollout_s,
+                trained_tokens=float(train_metrics.get("train/num_tokens", 0.0)),
+            )
+            pipeline.update(staleness_histogram([0] * groups_per_step))
+            # 4. log
+            monitor.end_step(
+                step,
+                trajectories,
+                train_metrics=train_metrics,
+                rollout_wall_time_s=rollout_s,
+                extra_metrics=pipeline,
+            )
+
+
+class OverlappedLoop:
+    """``async`` and ``partial``: a rollout producer and the trainer, joined by a buffer of complete groups."""
+
+    def __init__(
+        self,
+        config: Any,
+        run: Any,
+        stack: Any,
+        runner: Any,
+        tasks_for_step: TasksForStep,
+        loop_config: LoopConfig,
+        groups_per_step: int,
+    ) -> None:
+        self.config = config
+        self.run_dir = run
+        self.stack = stack
+        self.runner = runner
+        self.tasks_for_step = tasks_for_step
+        self.loop_config = loop_config
+        self.groups_per_step = groups_per_step
+        self.store: TrajectoryStore = stack.store
+        self.buffer = GroupBuffer(loop_config.group_size)
+        self.ledger = TrajectoryLedger.from_state(stack.trainer.state.extra)
+        self.changed = asyncio.Condition()
+        self.open_groups: set[int] = set()  # admitted, not yet trained or dropped
+        self.redo: list[int] = []  # groups in flight at a crash (never committed): rolled out again
+        self.next_index = 0
+        self.groups_wanted = 0  # more groups the producer must still start
+        self.in_flight = 0  # rollouts
+        self.committed_since_step: list[Trajectory] = []
+        self.dropped_groups = 0
+
+    # --- resume --------------------------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Rebuild the buffer from the store: committed groups not in the ledger wait to be trained; groups
+        whose index was given out but never committed were in flight at the crash and are redone."""
+        settled = self.ledger.settled() | set(self.stack.trainer.state.consumed_shards)
+        seen: set[int] = set()
+        for path, item in self.store.iter_shards():
+            if isinstance(item, CorruptShard) or not item:
+                continue
+            index = group_index(item[0].group_id)
+            if index is None:
+                require(
+                    path.name in settled,
+                    "rollout_mode",
+                    f"{self.run_dir.path} holds shards of a sync run that are not trained yet; resume it in "
+                    "rollout_mode sync",
+                )
+                continue
+            seen.add(index)
+            if path.name not in settled:
+                self.buffer.add_group(item, path)
+                self.open_groups.add(index)
+        self.next_index = max(seen, default=-1) + 1
+        self.redo = [index for index in range(self.next_index) if index not in seen]
+        self.open_groups.update(self.redo)
+        remaining = (self.config.num_steps - self.ledger.steps_done) * self.groups_per_step
+        self.groups_wanted = max(0, remaining - len(self.open_groups))
+        if self.buffer.depth or self.redo:
+            logger.info(
+                "resume: %d committed groups to train, %d interrupted groups rolled out again",
+                self.buffer.depth,
+                len(self.redo),
+            )
+
+    # --- producer ------------------------------------------------------------------------------------------
+    def _task_of(self, index: int) -> Task:
+        return self.tasks_for_step(index // self.groups_per_step)[index % self.groups_per_step]
+
+    def _admissible(self) -> bool:
+        limit = self.loop_config.steps_ahead * self.groups_per_step
+        return len(self.open_groups) < limit
+
+    async def _next_group(self) -> int | None:
+        """The next group to roll out, once the producer is allowed to run that far ahead; None when done."""
+        async with self.changed:
+            while True:
+                if self.redo:
+                    return self.redo.pop(0)
+                if self.groups_wanted <= 0:
+                    return None
+                if self._admissible():
+                    index = self.next_index
+                    self.next_index += 1
+                    self.groups_wanted -= 1
+                    self.open_groups.add(index)
+                    return index
+                await self.changed.wait()
+
+    async def _roll_out_group(self, index: int, slots: asyncio.Semaphore) -> None:
+        try:
+            task = self._task_of(index)
+            group_id = group_id_for(index, task.task_id)
+            self.in_flight += self.loop_config.group_size
+            try:
+                trajectories = await self.runner.run([task], index // self.groups_per_step)
+            finally:
+                self.in_flight -= self.loop_config.group_size
+            trajectories = [replace(t, group_id=group_id) for t in trajectories]
+            shard = await asyncio.to_thread(self.store.write, trajectories)  # atomic: the group is committed
+            async with self.changed:
+                self.buffer.add_group(trajectories, shard)
+                self.committed_since_step.extend(trajectories)
+                self.changed.notify_all()
+        finally:
+            slots.release()
+
+    async def produce(self) -> None:
+        """Keep ``max_concurrency`` rollouts (whole groups) in flight until every needed group is started."""
+        groups_at_once = max(1, self.loop_config.max_concurrency // self.loop_config.group_size)
+        slots = asyncio.Semaphore(groups_at_once)
+        running: set[asyncio.Task] = set()
+        try:
+            while True:
+                await slots.acquire()
+                index = await self._next_group()
+                if index is None:
+                    slots.release()
+                    break
+                job = asyncio.create_task(self._roll_out_group(index, slots))
+                running.add(job)
+                job.add_done_callback(running.discard)
+            if running:
+                await asyncio.gather(*running)
+        finally:
+            for job in running:
+                job.cancel()
+
+    # --- trainer -------------------------------------------------------------------------------------------
+    async def _collect_step(self) -> tuple[list[Group], list[int], float]:
+        """This step's fresh groups (waiting as needed), the staleness of every group looked at, seconds waited."""
+        fresh: list[Group] = []
+        staleness: list[int] = []
+        started = time.monotonic()
+        ordered = self.loop_config.rollout_mode == "partial"
+        async with self.changed:
+            while True:
+                if ordered:  # the next groups_per_step indices, whether started yet or not
+                    upcoming = range(self.next_index, self.next_index + self.groups_per_step)
+                    wanted = [*sorted(self.open_groups), *upcoming][: self.groups_per_step]
+                    groups = self.buffer.take_indices(wanted) or []
+                else:
+                    groups = self.buffer.take(self.groups_per_step - len(fresh))
+                if groups:
+                    version = self.stack.trainer.state.weight_version
+                    split = split_stale(
+                        groups, current_version=version, max_staleness=self.loop_config.max_staleness
+                    )
+                    staleness += split.staleness
+                    fresh += split.fresh
+                    for group in groups:
+                        self.open_groups.discard(group.index)
+                    if split.stale:
+                        self._drop(split.stale)
+                    self.changed.notify_all()
+                    if ordered or len(fresh) >= self.groups_per_step:
+                        return fresh, staleness, time.monotonic() - started
+                await self.changed.wait()
+
+    def _drop(self, stale: Sequence[Group]) -> None:
+        self.ledger.record_dropped((s for g in stale for s in g.shards), STALENESS_DROP_REASON)
+        self.dropped_groups += len(stale)
+        logger.info("dropped %d groups beyond max_staleness %d", len(stale), self.loop_config.max_staleness)
+        if self.loop_config.rollout_mode == "async":
+            self.groups_wanted += len(stale)  # the trainer still gets groups_per_step fresh groups
+
+    async def _train(self, step: int, groups: Sequence[Group]) -> dict[str, float]:
+        """Record the step in the ledger (checkpointed with the weights), train, push, checkpoint when due."""
+        trainer, shards = self.stack.trainer, [s for g in groups for s in g.shards]
+        self.ledger.record_step(step, shards)
+        trainer.state = replace(
+            trainer.state, extra={**trainer.state.extra, LEDGER_KEY: self.ledger.to_state()}
+        )
+        metrics: dict[str, float] = {"trained": 0.0}
+        if shards:
+            metrics = await asyncio.to_thread(trainer.step, shards, trainer.state.weight_version)
+        if metrics.get("trained"):
+            # The producer keeps rolling out meanwhile; in-flight requests continue on the new weights.
+            metrics.update(await self.stack.weight_sync.push(trainer, trainer.state.weight_version))
+        if checkpoint_due(step, num_steps=self.config.num_steps, every=self.config.checkpoint_every_steps):
+            started = time.perf_counter()
+            await asyncio.to_thread(trainer.save_checkpoint)
+            metrics["checkpoint_s"] = time.perf_counter() - started
+            logger.info("step %d: checkpoint written (trainer state step %d)", step, trainer.state.step)
+        return metrics
+
+    async def run(self) -> None:
+        self.recover()
+        first_step = self.ledger.steps_done
+        rollouts_per_step = self.groups_per_step * self.loop_config.group_size
+        producer = asyncio.create_task(self.produce())
+        try:
+            with _monitor(
+                self.config, self.run_dir, rollouts_per_step=rollouts_per_step, first_step=first_step
+            ) as (monitor):
+                step_started = time.monotonic()
+                for step in range(first_step, self.config.num_steps):
+                    monitor.start_step(step)
+                    waiter = asyncio.create_task(self._collect_step())
+                    while not waiter.done():
+                        if producer.done() and producer.exception() is not None:
+                            waiter.cancel()
+                            raise producer.exception()  # type: ignore[misc]
+                        monitor.pipeline_changed(in_flight=self.in_flight, buffered=self.buffer.depth)
+                        watched = {waiter} if producer.done() else {waiter, producer}
+                        await asyncio.wait(watched, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                    groups, staleness, waited_s = waiter.result()
+                    trajectories = [t for g in groups for t in g.trajectories]
+                    for trajectory in trajectories:
+                        monitor.rollout_finished(trajectory)
+                    buffer_depth = self.buffer.depth
+                    train_started = time.monotonic()
+                    train_metrics = await self._train(step, groups)
+                    now = time.monotonic()
+                    committed, self.committed_since_step = self.committed_since_step, []
+                    extra = _timing_metrics(
+                        committed,
+                        max_concurrency=self.loop_config.max_concurrency,
+                        wall_s=now - step_started,
+                        train_s=now - train_started,
+                        trained_tokens=float(train_metrics.get("train/num_tokens", 0.0)),
+                    )
+                    extra.update(staleness_histogram(staleness))
+                    extra["staleness/groups_dropped"] = float(self.dropped_groups)
+                    extra["pipeline/buffer_depth"] = float(buffer_depth)
+                    extra["pipeline/rollouts_in_flight"] = float(self.in_flight)
+                    extra["pipeline/trainer_wait_s"] = waited_s
+                    monitor.end_step(
+                        step,
+                        trajectories,
+                        train_metrics=train_metrics,
+                        rollout_wall_time_s=waited_s,
+                        extra_metrics=extra,
+                    )
+                    self.dropped_groups = 0
+                    step_started = now
+        finally:
+            if not producer.done():
+                producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await producer
+        leftover = self.buffer.depth + self.buffer.num_partial
+        if leftover:
+            logger.warning("%d committed groups were left untrained at the end of the run", leftover)
+
+
+def shard_steps_of(ledger_state: dict[str, Any]) -> dict[int, list[str]]:
+    """The ledger's step → shard names (for tools and tests reading ``trainer_state.json``)."""
+    return TrajectoryLedger.from_state({LEDGER_KEY: ledger_state}).step_shards
+
+
+__all__ = ["LoopConfig", "ROLLOUT_MODES", "RolloutMode", "run_recipe_loop", "checkpoint_due", "Path"]
