@@ -3,7 +3,8 @@
 This file holds the public face (config, ``EmbeddedEngine``: loading, validation, the ``InferenceEngine``
 methods). The parts live next to it: ``scheduler.py`` (the thread that owns the model: admission, chunked
 prefill, batched decode, weight updates between steps), ``kv_cache.py`` (the left-padded batch KV cache),
-``sampler.py`` (temperature / top-p sampling and the logprobs it reports), ``moe_routing.py`` (router hooks).
+``sampler.py`` (temperature / top-p sampling and the logprobs it reports), ``moe_routing.py`` (router hooks),
+``prefix_cache.py`` (the KV of finished sequences, reused by the next request sharing their prefix).
 
 What each output field means:
 - ``output_ids``: the sampled ids, including the token that ended the completion (EOS, a stop token id, or
@@ -17,6 +18,10 @@ What each output field means:
   in-flight request is recomputed with the new weights first, so a token of version v is exactly what the
   version-v policy gives for the whole prefix. Without recomputation, old-version KV entries are kept (as
   SGLang does when it keeps requests in flight).
+  A weight update also empties the prefix cache, and KV that mixes versions is never stored, so a reused prefix
+  always comes from the weights that sample the new tokens.
+- Prefix cache (``kv_cache_gb``): a request that starts with the ids of a recently finished sequence reuses
+  that sequence's KV and prefills only the rest; its logprobs equal a cold run's up to float rounding (<= 1e-5).
 - ``routed_experts`` (MoE models, ``return_routed_experts=True``): for every forwarded position, i.e. the
   prompt tokens followed by the output tokens except the last sampled one, one tuple per MoE layer (in layer
   order) of the top-k expert ids the router chose for that position, in router order. Same layout as
@@ -59,6 +64,9 @@ class EmbeddedEngineConfig:
     num_threads: int | None = None  # torch intra-op threads (CPU); None leaves torch's default
     prefill_chunk_tokens: int = 512  # prompt tokens (summed over rows) prefilled per scheduler iteration
     recompute_kv_on_update: bool = True  # re-prefill in-flight requests with new weights on update_weights
+    # Memory budget (GiB) of the prefix cache: the KV of recently finished sequences, reused by a next request
+    # that starts with the same ids (an agent's next turn). Least recently used entries go first; 0 disables it.
+    kv_cache_gb: float = 1.0
     initial_weight_version: int = 0
     # Ids that always end a completion. None: the model's EOS ids (generation config / config); () disables.
     eos_token_ids: tuple[int, ...] | None = None
@@ -76,6 +84,7 @@ class EmbeddedEngineConfig:
         )
         if self.num_threads is not None:
             require_positive(self.num_threads, "num_threads")
+        require(self.kv_cache_gb >= 0, "kv_cache_gb", f"must be >= 0 (0 disables), got {self.kv_cache_gb}")
         require(
             self.prefill_chunk_tokens >= 16,
             "prefill_chunk_tokens",

@@ -18,10 +18,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from components.engine.kv_cache import BatchKVCache
+from components.engine.kv_cache import BatchKVCache, growable_layer_class
 from components.engine.moe_routing import RouterCapture
+from components.engine.prefix_cache import CachedSequence, PrefixCache, PrefixHit
 from components.engine.sampler import sample_tokens
 from components.errors import EngineError
 from components.protocols import FinishReason, GenerationResult, SamplingParams
@@ -49,6 +51,9 @@ class Request:
     weight_versions: list[int] = field(default_factory=list)
     routed_experts: list[tuple[tuple[int, ...], ...]] | None = None
     finish_reason: FinishReason | None = None
+    # The weight version that computed every KV entry of this request; None once they mix versions (a weight
+    # update without recomputation): such KV is never stored in the prefix cache.
+    kv_weight_version: int | None = None
 
     @property
     def num_forwarded(self) -> int:
@@ -91,8 +96,10 @@ class _PrefillGroup:
     """Requests being prefilled together (left-padded), one chunk of positions per scheduler iteration."""
 
     requests: list[Request]
-    sequences: list[list[int]]  # what to prefill per row
-    cache: BatchKVCache
+    sequences: list[list[int]]  # what to prefill per row (after its cached prefix)
+    prefix_lengths: list[int]  # per row, positions whose KV came from the prefix cache
+    cache: BatchKVCache  # starts with ``cached_length`` columns: the cached prefixes, left-padded
+    cached_length: int
     padded_ids: torch.Tensor  # [rows, length]
     row_valid: torch.Tensor  # [rows, length]
     positions: torch.Tensor  # [rows, length]
@@ -131,6 +138,7 @@ class BatchScheduler:
         self.pad_token_id = pad_token_id
         self.routing = router_capture
         self.weight_version = config.initial_weight_version
+        self.prefix_cache = PrefixCache(int(config.kv_cache_gb * 2**30))
         # transformers >= 5.20 names the KV cache argument ``cache``; older models call it ``past_key_values``.
         forward_parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
@@ -185,6 +193,7 @@ class BatchScheduler:
                 "num_decode_steps": self._num_decode_steps,
                 "peak_batch_size": self._peak_batch_size,
                 "weight_version": self.weight_version,
+                **self.prefix_cache.stats(),
             }
 
     # --- the thread ----------------------------------------------------------------------------------------
@@ -243,40 +252,121 @@ class BatchScheduler:
             return
         free = self.config.max_batch_size - len(self._running)
         group: list[Request] = []
+        hits: list[PrefixHit | None] = []
         with self._lock:
             while self._waiting and len(group) < free:
                 candidate = self._waiting[0]
                 if candidate.abandoned():
                     self._waiting.popleft()
                     continue
-                if group and not self._worth_padding(group, candidate):
+                hit = self.prefix_cache.lookup(
+                    candidate.prompt,
+                    self.weight_version,
+                    need_routing=candidate.routed_experts is not None,
+                )
+                if group and not self._worth_padding(group, hits, candidate, hit):
                     break
                 group.append(self._waiting.popleft())
+                hits.append(hit)
         if group:
-            self._prefill = self._new_prefill_group(group, [r.prompt for r in group])
+            for hit in hits:
+                self.prefix_cache.record_use(hit)
+            self._prefill = self._new_prefill_group(group, [r.prompt for r in group], hits)
 
-    def _worth_padding(self, group: list[Request], candidate: Request) -> bool:
-        lengths = [len(r.prompt) for r in group] + [len(candidate.prompt)]
+    def _worth_padding(
+        self,
+        group: list[Request],
+        hits: list[PrefixHit | None],
+        candidate: Request,
+        candidate_hit: PrefixHit | None,
+    ) -> bool:
+        lengths = [
+            len(r.prompt) - (hit.length if hit else 0)
+            for r, hit in zip([*group, candidate], [*hits, candidate_hit], strict=True)
+        ]
         padded = len(lengths) * max(lengths)
         return padded <= 2 * sum(lengths) or padded <= self.config.prefill_chunk_tokens
 
-    def _new_prefill_group(self, requests: list[Request], sequences: list[list[int]]) -> _PrefillGroup:
-        length = max(len(s) for s in sequences)
-        rows = len(sequences)
+    def _new_prefill_group(
+        self,
+        requests: list[Request],
+        sequences: list[list[int]],
+        hits: list[PrefixHit | None] | None = None,
+    ) -> _PrefillGroup:
+        """A group that prefills ``sequences`` (one per request), reusing the cached prefix of each hit."""
+        hits = hits if hits is not None else [None] * len(requests)
+        prefix_lengths = [hit.length if hit else 0 for hit in hits]
+        suffixes = [sequence[skip:] for sequence, skip in zip(sequences, prefix_lengths, strict=True)]
+        length = max(len(s) for s in suffixes)
+        rows = len(suffixes)
         padded = torch.full((rows, length), self.pad_token_id, dtype=torch.long)
         valid = torch.zeros((rows, length), dtype=torch.bool)
-        for row, sequence in enumerate(sequences):
-            padded[row, length - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
-            valid[row, length - len(sequence) :] = True
-        positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+        for row, suffix in enumerate(suffixes):
+            padded[row, length - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            valid[row, length - len(suffix) :] = True
+        positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0) + torch.tensor(prefix_lengths)[:, None]
+        for request, hit in zip(requests, hits, strict=True):
+            request.kv_weight_version = self.weight_version
+            if hit is not None and request.routed_experts is not None:
+                assert hit.entry.routed_experts is not None
+                request.routed_experts[:] = hit.entry.routed_experts[: hit.length]
         return _PrefillGroup(
             requests=requests,
-            sequences=sequences,
-            cache=BatchKVCache(rows, self.device),
+            sequences=suffixes,
+            prefix_lengths=prefix_lengths,
+            cache=self._cache_from_prefixes(hits, extra_capacity=length + 64),
+            cached_length=max(prefix_lengths),
             padded_ids=padded.to(self.device),
             row_valid=valid.to(self.device),
             positions=positions.to(self.device),
             chunk_length=max(16, self.config.prefill_chunk_tokens // rows),
+        )
+
+    def _cache_from_prefixes(self, hits: list[PrefixHit | None], extra_capacity: int) -> BatchKVCache:
+        """A batch cache holding each hit's cached positions, left-padded to the longest (empty if no hits)."""
+        rows = len(hits)
+        cache = BatchKVCache(rows, self.device)
+        present = [hit for hit in hits if hit is not None]
+        if not present:
+            return cache
+        cached_length = max(hit.length for hit in present)
+        cache.valid = torch.zeros((rows, cached_length), dtype=torch.bool, device=self.device)
+        sample = present[0].entry
+        num_layers, num_heads, _, key_dim = sample.keys.shape
+        value_dim = sample.values.shape[3]
+        capacity = cached_length + extra_capacity
+        keys = sample.keys.new_zeros((num_layers, rows, num_heads, capacity, key_dim))
+        values = sample.values.new_zeros((num_layers, rows, num_heads, capacity, value_dim))
+        for row, hit in enumerate(hits):
+            if hit is None:
+                continue
+            first = cached_length - hit.length
+            cache.valid[row, first:] = True
+            keys[:, row, :, first:cached_length] = hit.entry.keys[:, :, : hit.length]
+            values[:, row, :, first:cached_length] = hit.entry.values[:, :, : hit.length]
+        layer_class = growable_layer_class()
+        for layer_index in range(num_layers):
+            layer = layer_class()
+            layer.set_buffers(keys[layer_index], values[layer_index], cached_length)
+            cache.cache.layers.append(layer)
+        return cache
+
+    def _remember(self, request: Request, cache: BatchKVCache, row: int) -> None:
+        """Store a finished request's KV in the prefix cache (only if one weight version computed all of it)."""
+        if not self.prefix_cache.enabled or request.kv_weight_version != self.weight_version:
+            return
+        columns = cache.valid[row].nonzero()[:, 0]
+        assert len(columns) == request.num_forwarded, "a row's valid KV columns are its forwarded tokens"
+        layers = cache.layers()
+        routing = request.routed_experts
+        self.prefix_cache.store(
+            CachedSequence(
+                token_ids=np.asarray(request.prompt + request.output_ids[:-1], dtype=np.int64),
+                keys=torch.stack([layer.keys[row].index_select(1, columns) for layer in layers]),
+                values=torch.stack([layer.values[row].index_select(1, columns) for layer in layers]),
+                weight_version=self.weight_version,
+                routed_experts=tuple(routing[: request.num_forwarded]) if routing is not None else None,
+            )
         )
 
     def _prefill_chunk(self, group: _PrefillGroup) -> None:
@@ -286,8 +376,9 @@ class BatchScheduler:
         chunk_valid = group.row_valid[:, start:end]
         cache = group.cache
         cache.valid = torch.cat([cache.valid, chunk_valid], dim=1)
-        query = torch.arange(start, end, device=self.device)
-        key = torch.arange(0, end, device=self.device)
+        shift = group.cached_length  # cache columns before the first prefilled one
+        query = torch.arange(shift + start, shift + end, device=self.device)
+        key = torch.arange(0, shift + end, device=self.device)
         causal = key[None, :] <= query[:, None]  # [chunk, keys]
         mask = causal[None] & cache.valid[:, None, :]
         mask |= key[None, None, :] == query[None, :, None]  # a padding query attends to itself: no NaN rows
@@ -317,7 +408,7 @@ class BatchScheduler:
             for column, position_routing in zip(
                 range(lo, end), routing[row, lo - start :].tolist(), strict=True
             ):
-                position = column - first_real
+                position = group.prefix_lengths[row] + column - first_real
                 entry = tuple(tuple(experts) for experts in position_routing)
                 if position < len(request.routed_experts):
                     request.routed_experts[position] = entry  # recomputed after a weight update
@@ -336,6 +427,9 @@ class BatchScheduler:
         self._prefill = None
         assert group.last_logits is not None
         self._sample_and_append(group.requests, group.last_logits)
+        for row, request in enumerate(group.requests):
+            if request.finish_reason is not None:
+                self._remember(request, group.cache, row)
         keep = [row for row, r in enumerate(group.requests) if r.finish_reason is None and not r.abandoned()]
         self._finish([r for r in group.requests if r.finish_reason is not None])
         if not keep:
@@ -386,6 +480,9 @@ class BatchScheduler:
                     request.routed_experts.append(tuple(tuple(e) for e in routing[row, 0].tolist()))
         self._sample_and_append(self._running, output.logits[:, -1, :])
         finished = [r for r in self._running if r.finish_reason is not None]
+        for row, request in enumerate(self._running):
+            if request.finish_reason is not None:
+                self._remember(request, cache, row)
         if finished:
             self._finish(finished)
             self._drop_rows([row for row, r in enumerate(self._running) if r.finish_reason is None])
@@ -435,11 +532,17 @@ class BatchScheduler:
         for name, tensor in state_dict.items():
             own[name].copy_(tensor.detach().to(own[name].device))
         self.weight_version = int(version)
+        self.prefix_cache.clear()  # KV of the old weights is never reused for the new ones
+        in_flight = [*self._running, *(self._prefill.requests if self._prefill else [])]
         if not self.config.recompute_kv_on_update:
+            for request in in_flight:
+                request.kv_weight_version = None  # old-version KV stays: this request's KV now mixes versions
             return
-        if self._prefill is not None:  # restart: its KV so far came from the old weights
+        if (
+            self._prefill is not None
+        ):  # restart from the whole prompt: its KV so far came from the old weights
             group = self._prefill
-            self._prefill = self._new_prefill_group(group.requests, group.sequences)
+            self._prefill = self._new_prefill_group(group.requests, [r.prompt for r in group.requests])
         if self._running:
             sequences = [r.prompt + r.output_ids[:-1] for r in self._running]
             group = self._new_prefill_group(list(self._running), sequences)
