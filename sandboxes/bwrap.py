@@ -42,8 +42,10 @@ import base64
 import contextlib
 import itertools
 import json
+import logging
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import sys
@@ -59,8 +61,17 @@ from components.config import require, require_positive
 from components.errors import SandboxError
 from components.protocols import ExecResult, SandboxLimits, SandboxSpec
 from sandboxes.archive import directory_archive, extract_single_entry
+from sandboxes.cgroups import (
+    CgroupHierarchy,
+    CgroupLimits,
+    SandboxCgroup,
+    detect_hierarchy,
+    prepare_parents,
+)
+from sandboxes.errors import SandboxFileRefusedError, SandboxLeaseEndedError
 from sandboxes.proxy_bridge import ProxyBridge, parse_loopback_proxy_url
 
+logger = logging.getLogger(__name__)
 SUPERVISOR_SOURCE = Path(__file__).with_name("supervisor.py")
 SUPERVISOR_INSIDE = "/opt/rein/supervisor.py"
 PROXY_DIR_INSIDE = "/run/rein"
@@ -98,6 +109,28 @@ class BwrapSandboxConfig:
     temp_root: str = ""  # where per-sandbox host directories go (default: the system temp dir)
     num_create_attempts: int = 3
     close_grace_s: float = 2.0  # after stdin closes, how long the supervisor gets to exit before SIGKILL
+    # Kernel resource control. "cgroup": a cgroup per sandbox enforces SandboxLimits.memory_mb for everything
+    # the sandbox uses together (its processes, its tmpfs files, the supervisor), max_processes (plus
+    # supervisor_tasks for the supervisor's threads) and cpu_cores; creating a sandbox raises
+    # CgroupUnavailableError where the host cannot (no root, no delegated subtree). "rlimit": per-command
+    # rlimits only (RLIMIT_AS per process, RLIMIT_NPROC per sandbox uid): several processes or tmpfs files
+    # together can exceed memory_mb. Choose it knowingly.
+    resource_control: str = "cgroup"
+    cgroup_root: str = "/sys/fs/cgroup"
+    cgroup_parent: str = "rein"  # the parent cgroup's name (see sandboxes/cgroups.py for where it goes)
+    cpu_cores: float = 1.0  # CPU time per sandbox, in cores (cgroup quota); 0 = no quota
+    supervisor_tasks: int = 48  # tasks (threads) the supervisor may use on top of max_processes
+    max_inodes: int = 131_072  # files + directories per writable tmpfs (/workspace, /tmp, $HOME, /dev/shm)
+    max_read_bytes: int = 64 * 1024 * 1024  # read_file: a larger file raises SandboxFileRefusedError
+    max_download_bytes: int = 64 * 1024 * 1024  # download: file bytes per call
+    max_download_entries: int = 100_000  # download: files + directories per call
+    max_proxy_connections: int = 32  # concurrent connections through the proxy path, per sandbox
+    # Image sandboxes (sandboxes/image.py) set these two; host sandboxes leave them empty.
+    # root_dir: an unpacked image root filesystem; ``host_paths`` are then taken from it (``root_dir + path``)
+    # instead of from the host's ``/``. The supervisor still runs the host's Python (bound at its own path).
+    root_dir: str = ""
+    # Absolute top-level paths made symlinks to the workspace (an image's repository path, e.g. /testbed).
+    workspace_aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -107,8 +140,21 @@ class BwrapSandboxConfig:
             "max_output_bytes",
             "shm_mb",
             "close_grace_s",
+            "supervisor_tasks",
+            "max_inodes",
+            "max_read_bytes",
+            "max_download_bytes",
+            "max_download_entries",
+            "max_proxy_connections",
         ):
             require_positive(getattr(self, name), name)
+        require(
+            self.resource_control in ("cgroup", "rlimit"),
+            "resource_control",
+            f"must be 'cgroup' or 'rlimit', got {self.resource_control!r}",
+        )
+        require(self.cpu_cores >= 0, "cpu_cores", f"must be >= 0, got {self.cpu_cores}")
+        require(bool(self.cgroup_parent), "cgroup_parent", "must not be empty")
         require(
             self.num_create_attempts >= 1,
             "num_create_attempts",
@@ -146,6 +192,45 @@ def _remove_stale_host_dirs(temp_root: str) -> None:
                 continue
             if not os.path.exists(f"/proc/{parts[2]}"):
                 shutil.rmtree(os.path.join(temp_root, name), ignore_errors=True)
+
+
+_hierarchies: dict[tuple[str, str], CgroupHierarchy] = {}
+
+
+def cgroup_hierarchy(config: BwrapSandboxConfig) -> CgroupHierarchy | None:
+    """The cgroup layout ``config``'s sandboxes use (None for ``resource_control="rlimit"``), checked once per
+    process: ``CgroupUnavailableError`` says which controller is missing or not writable."""
+    if config.resource_control != "cgroup":
+        return None
+    key = (config.cgroup_root, config.cgroup_parent)
+    if key not in _hierarchies:
+        hierarchy = detect_hierarchy(root=config.cgroup_root, parent_name=config.cgroup_parent)
+        prepare_parents(hierarchy)
+        _remove_stale_cgroups(hierarchy)
+        _hierarchies[key] = hierarchy
+    return _hierarchies[key]
+
+
+def _remove_stale_cgroups(hierarchy: CgroupHierarchy) -> None:
+    """Kill and remove the cgroups of sandboxes whose owning process died without closing them."""
+    for parent in hierarchy.parents.values():
+        with contextlib.suppress(OSError):
+            for name in os.listdir(parent):
+                parts = name.split("-")
+                if len(parts) >= 3 and parts[0] == "bwrap" and parts[1].isdigit():
+                    if not os.path.exists(f"/proc/{parts[1]}"):
+                        with contextlib.suppress(OSError, SandboxError):
+                            stale = SandboxCgroup(hierarchy, name)
+                            stale.kill()
+                            stale.remove()
+
+
+def _cgroup_limits(config: BwrapSandboxConfig, limits: SandboxLimits) -> CgroupLimits:
+    return CgroupLimits(
+        memory_bytes=limits.memory_mb * 1024 * 1024,
+        max_tasks=limits.max_processes + config.supervisor_tasks,
+        cpu_cores=config.cpu_cores or None,
+    )
 
 
 def _child_pids(pid: int) -> list[int]:
@@ -194,6 +279,8 @@ class BwrapSandbox:
         self._bridge: ProxyBridge | None = None
         self._dead_reason = ""
         self._closed = False
+        self._lease_ended = False  # set by revoke(): every later call raises SandboxLeaseEndedError
+        self.cgroup: SandboxCgroup | None = None  # None with resource_control="rlimit"
 
     # ------------------------------------------------------------------------------------------------------
     # Creation
@@ -206,8 +293,15 @@ class BwrapSandbox:
         """Start a sandbox for ``spec`` (workspace copied in, proxy path set up); retried on start failures."""
         spec = spec or SandboxSpec()
         validate_spec(spec)
+        config = config or BwrapSandboxConfig()
+        # An image spec on a host-root config would silently run on the wrong root: refuse it.
+        require(
+            (spec.root_image is None) == (not config.root_dir),
+            "root_image",
+            "needs an image sandbox (sandboxes/image.py) and a host sandbox needs none",
+        )
         sandbox = await cls.start_generic(
-            config or BwrapSandboxConfig(),
+            config,
             workspace_mb=spec.limits.workspace_mb,
             read_only_paths=spec.read_only_paths,
         )
@@ -223,6 +317,7 @@ class BwrapSandbox:
         cls, config: BwrapSandboxConfig, *, workspace_mb: int, read_only_paths: tuple[str, ...] = ()
     ) -> BwrapSandbox:
         """Start an empty sandbox with these mounts; ``prepare``/``prepare_in_background`` give it a spec."""
+        cgroup_hierarchy(config)  # CgroupUnavailableError here, not retried: no attempt could do better
         last_error: SandboxError | None = None
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(config.num_create_attempts),
@@ -254,16 +349,20 @@ class BwrapSandbox:
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
             "--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1",
         ]  # fmt: skip
+        root = config.root_dir.rstrip("/")  # "" = the host's own root
         for path in config.host_paths:
-            if os.path.islink(path):
-                argv += ["--symlink", os.readlink(path), path]
-            elif os.path.isdir(path):
-                argv += ["--ro-bind", path, path]
+            source = root + path
+            if path.count("/") > 1:  # a nested image path (/opt/conda): its parent readable, not 0700
+                argv += ["--perms", "0755", "--dir", os.path.dirname(path)]
+            if os.path.islink(source):
+                argv += ["--symlink", os.readlink(source), path]
+            elif os.path.isdir(source):
+                argv += ["--ro-bind", source, path]
         for path in MASKED_ETC_FILES:
-            if os.path.isfile(path):
+            if os.path.isfile(root + path):
                 argv += ["--ro-bind", "/dev/null", path]
         for path in MASKED_ETC_DIRS:
-            if os.path.isdir(path):
+            if os.path.isdir(root + path):
                 argv += ["--tmpfs", path]
         size = str(self.workspace_mb * 1024 * 1024)
         argv += [
@@ -289,18 +388,39 @@ class BwrapSandbox:
                     made_dirs.add(name)
                     argv += ["--perms", "0755", "--dir", name]
             argv += ["--ro-bind", path, path]
+        for alias in config.workspace_aliases:
+            argv += ["--symlink", WORKSPACE, alias]
         argv += ["--chdir", WORKSPACE]
         for key, value in BASE_ENV.items():
             argv += ["--setenv", key, value]
-        argv += ["--", config.python, "-I", "-S", SUPERVISOR_INSIDE, str(self.host_uid)]
+        argv += ["--", config.python, "-I", "-S", SUPERVISOR_INSIDE, str(self.host_uid), str(config.max_inodes)]
         return argv
+
+    def _launch_argv(self) -> list[str]:
+        """``bwrap_argv``, started inside this sandbox's cgroup: a tiny shell writes its own pid into every
+        hierarchy's ``cgroup.procs`` and execs bwrap, so bwrap and everything it ever starts are members from
+        their first instruction (cheaper than a Python ``preexec_fn``, which forbids vfork)."""
+        argv = self.bwrap_argv()
+        if self.cgroup is None:
+            return argv
+        join = " && ".join(f"echo $$ > {shlex.quote(path)}" for path in self.cgroup.procs_files)
+        return ["/bin/sh", "-c", f'{join} && exec "$@"', "rein-cgroup-join", *argv]
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
+        if not os.access(self.config.bwrap_path, os.X_OK):  # the cgroup-joining shell would only say "127"
+            raise SandboxError(
+                f"could not start bwrap: {self.config.bwrap_path} is not an executable", sandbox_id=self.sandbox_id
+            )
+        hierarchy = cgroup_hierarchy(self.config)
+        if hierarchy is not None:
+            self.cgroup = SandboxCgroup.create(
+                hierarchy, self.sandbox_id, _cgroup_limits(self.config, SandboxLimits())
+            )
         try:
             self._process = await asyncio.create_subprocess_exec(
-                *self.bwrap_argv(),
+                *self._launch_argv(),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -362,18 +482,28 @@ class BwrapSandbox:
 
     def compatible_with(self, spec: SandboxSpec) -> bool:
         """Whether this sandbox's mounts can serve ``spec`` (same workspace size, a superset of its paths)."""
-        return spec.limits.workspace_mb == self.workspace_mb and set(spec.read_only_paths) <= set(
-            self.read_only_paths
+        return (
+            spec.limits.workspace_mb == self.workspace_mb
+            and set(spec.read_only_paths) <= set(self.read_only_paths)
+            and (spec.root_image is None) == (not self.config.root_dir)
         )
 
     async def prepare(self, spec: SandboxSpec) -> None:
-        """Adopt ``spec``: copy its workspace in and open its proxy path."""
+        """Adopt ``spec``: apply its limits, copy its workspace in and open its proxy path."""
         self.spec = spec
+        self._apply_limits(spec.limits)
         if spec.proxy_url is not None:
             host, port = parse_loopback_proxy_url(spec.proxy_url)
-            self._bridge = ProxyBridge(os.path.join(self._host_dir, "proxy.sock"), host, port)
+            self._bridge = ProxyBridge(
+                os.path.join(self._host_dir, "proxy.sock"),
+                host,
+                port,
+                max_connections=self.config.max_proxy_connections,
+            )
             await self._bridge.start()
-            await self._request({"op": "proxy_listen", "port": port})
+            await self._request(
+                {"op": "proxy_listen", "port": port, "max_connections": self.config.max_proxy_connections}
+            )
         if spec.workspace_source is not None:
             archive = await asyncio.to_thread(directory_archive, Path(spec.workspace_source))
             await self._request(
@@ -381,20 +511,26 @@ class BwrapSandbox:
             )
 
     def prepare_in_background(self, spec: SandboxSpec) -> None:
-        """Adopt ``spec`` without waiting; the next call on the sandbox waits for it (and raises its error)."""
+        """Adopt ``spec`` without waiting; the next call on the sandbox waits for it (and raises its error).
+        Its limits apply at once (a few cgroup file writes)."""
         self.spec = spec
+        self._apply_limits(spec.limits)
         if spec.proxy_url is None and spec.workspace_source is None:
             return
         self._setup_task = asyncio.create_task(self.prepare(spec))
 
-    async def reset(self) -> None:
-        """Kill every process, empty the workspace, /tmp and $HOME, close the proxy path (for reuse)."""
-        await self._wait_setup(allow_failed=True)
-        if self._bridge is not None:
-            await self._bridge.close()
-            self._bridge = None
-        await self._request({"op": "reset"})
-        self.spec = SandboxSpec()
+    def _apply_limits(self, limits: SandboxLimits) -> None:
+        if self.cgroup is not None:
+            try:
+                self.cgroup.set_limits(_cgroup_limits(self.config, limits))
+            except OSError as exc:  # e.g. a memory limit below what the sandbox already uses
+                raise SandboxError(f"cannot apply limits {limits}: {exc}", sandbox_id=self.sandbox_id) from exc
+
+    def revoke(self) -> None:
+        """End this handle's lease now (its pool is about to destroy the sandbox): every later call raises
+        ``SandboxLeaseEndedError`` before reaching the sandbox. A sandbox is never handed to a second tenant,
+        so an old handle can never reach anyone else's."""
+        self._lease_ended = True
 
     async def ping(self) -> None:
         """Raise SandboxError unless the supervisor answers."""
@@ -427,6 +563,8 @@ class BwrapSandbox:
     # ------------------------------------------------------------------------------------------------------
 
     async def _request(self, message: dict, *, timeout_s: float | None = None) -> dict:
+        if self._lease_ended:
+            raise SandboxLeaseEndedError("the lease on this sandbox ended (released)", sandbox_id=self.sandbox_id)
         if self._closed:
             raise SandboxError("sandbox is closed", sandbox_id=self.sandbox_id)
         if self._dead_reason:
@@ -459,6 +597,8 @@ class BwrapSandbox:
                 raise IsADirectoryError(text)
             if kind == "permission":
                 raise PermissionError(text)
+            if kind == "refused":
+                raise SandboxFileRefusedError(f"{message['op']} refused: {text}", sandbox_id=self.sandbox_id)
             raise SandboxError(f"{message['op']} failed: {text}", sandbox_id=self.sandbox_id)
         return reply
 
@@ -497,9 +637,10 @@ class BwrapSandbox:
         )
 
     async def read_file(self, path: str) -> bytes:
-        """The bytes of a file in the sandbox (FileNotFoundError if absent)."""
+        """The bytes of a regular file in the sandbox (FileNotFoundError if absent; SandboxFileRefusedError for
+        a FIFO, device, socket, or a file over ``config.max_read_bytes``)."""
         await self._wait_setup()
-        reply = await self._request({"op": "read_file", "path": path})
+        reply = await self._request({"op": "read_file", "path": path, "max_bytes": self.config.max_read_bytes})
         return base64.b64decode(reply["data"])
 
     async def write_file(self, path: str, data: bytes | str) -> None:
@@ -523,9 +664,17 @@ class BwrapSandbox:
         await self._request({"op": "put_tar", "dir": remote_dir, "data": base64.b64encode(archive).decode()})
 
     async def download_archive(self, remote_path: str) -> bytes:
-        """A tar archive holding one entry: the file or directory at ``remote_path``."""
+        """A tar archive holding one entry: the file or directory at ``remote_path`` (regular files and
+        directories only; SandboxFileRefusedError past ``max_download_bytes`` / ``max_download_entries``)."""
         await self._wait_setup()
-        reply = await self._request({"op": "get_tar", "path": remote_path})
+        reply = await self._request(
+            {
+                "op": "get_tar",
+                "path": remote_path,
+                "max_bytes": self.config.max_download_bytes,
+                "max_entries": self.config.max_download_entries,
+            }
+        )
         return base64.b64decode(reply["data"])
 
     async def download(self, remote_path: str, local_path: Path) -> None:
@@ -538,8 +687,13 @@ class BwrapSandbox:
     # ------------------------------------------------------------------------------------------------------
 
     def _kill(self) -> None:
-        """SIGKILL the supervisor, the sandbox's PID 1: the kernel kills everything inside, and bwrap (our child)
-        reaps it and exits. Killing bwrap itself would orphan the supervisor as a zombie of the host's pid 1."""
+        """Kill everything in the sandbox. With a cgroup: every member at once (bwrap included), frozen first on
+        v1, so no process can fork or detach its way out. Without: SIGKILL the supervisor, the sandbox's PID 1:
+        the kernel kills everything inside, and bwrap (our child) reaps it and exits."""
+        if self.cgroup is not None:
+            alive = self._process is not None and self._process.returncode is None
+            self.cgroup.kill(spare=self._process.pid if alive else None)  # bwrap reaps PID 1, then exits
+            return
         if self._process is None or self._process.returncode is not None:
             return
         inner = _child_pids(self._process.pid)
@@ -561,6 +715,11 @@ class BwrapSandbox:
                 await self._setup_task
         if self._bridge is not None:
             await self._bridge.close()
+        if self.cgroup is not None:
+            try:  # the whole cgroup at once: nothing in the sandbox outlives its close
+                await asyncio.to_thread(self._kill)
+            except (OSError, SandboxError) as exc:
+                logger.error("could not kill the cgroup of sandbox %s: %s", self.sandbox_id, exc)
         if self._process is not None and self._process.returncode is None:
             # Closing its stdin ends the supervisor, and with it the sandbox's PID namespace; kill if it lingers.
             with contextlib.suppress(Exception):
@@ -582,6 +741,10 @@ class BwrapSandbox:
         self._dead_reason = self._dead_reason or "sandbox closed"
         self._fail_pending()
         shutil.rmtree(self._host_dir, ignore_errors=True)
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError, SandboxError):
+                self.cgroup.kill()  # normally a no-op: empty since the kill above
+                self.cgroup.remove()
 
     async def __aenter__(self) -> BwrapSandbox:
         return self
@@ -608,16 +771,29 @@ async def run_once_cold(
 
     The same sandbox layout as ``BwrapSandbox`` minus the supervisor: what a one-shot sandboxed command costs.
     """
-    sandbox = BwrapSandbox(config=config or BwrapSandboxConfig(), workspace_mb=64, read_only_paths=())
+    config = config or BwrapSandboxConfig()
+    sandbox = BwrapSandbox(config=config, workspace_mb=64, read_only_paths=())
+    hierarchy = cgroup_hierarchy(config)
     try:
-        full = sandbox.bwrap_argv()
-        full = full[: full.index("--") + 1] + list(argv)
         start = time.perf_counter()
+        if hierarchy is not None:  # a cgroup per sandbox is part of the cold-start cost
+            sandbox.cgroup = SandboxCgroup.create(
+                hierarchy, sandbox.sandbox_id, _cgroup_limits(config, SandboxLimits())
+            )
+        full = sandbox._launch_argv()
+        full = full[: full.index("--") + 1] + list(argv)
         process = await asyncio.create_subprocess_exec(*full)
         code = await process.wait()
+        if sandbox.cgroup is not None:
+            sandbox.cgroup.kill()
+            sandbox.cgroup.remove()
         elapsed = time.perf_counter() - start
         if code != 0:
             raise SandboxError(f"one-shot bwrap exited with {code}", sandbox_id=sandbox.sandbox_id)
         return elapsed
     finally:
         shutil.rmtree(sandbox._host_dir, ignore_errors=True)
+        if sandbox.cgroup is not None and not sandbox.cgroup.removed:
+            with contextlib.suppress(OSError, SandboxError):
+                sandbox.cgroup.kill()
+                sandbox.cgroup.remove()

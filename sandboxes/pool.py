@@ -4,9 +4,17 @@ Warm sandboxes are *generic*: started with the pool's mounts (``read_only_paths`
 spec. ``acquire(spec)`` takes a warm one whose mounts can serve the spec and returns it at once; copying the
 spec's workspace in and opening its proxy path run in the background, and the sandbox's first call waits for
 them (``BwrapSandbox.prepare_in_background``). A spec the warm sandboxes cannot serve (another workspace size,
-a path the pool does not mount) gets a cold sandbox. ``release`` resets the sandbox in the background (kill
-its processes, empty workspace, /tmp and $HOME) and returns it to the warm set, or closes it when the pool is
-full or the reset fails. A health loop pings idle sandboxes and replaces dead ones.
+a path the pool does not mount) gets a cold sandbox. A health loop pings idle sandboxes and replaces dead ones.
+
+``release`` ends the handle's lease at once (every later call on it raises ``SandboxLeaseEndedError``), then
+destroys the sandbox in the background (its cgroup killed, everything in it gone) and starts a fresh one. A
+sandbox is never reused: the next tenant always gets one that nothing of the last tenant ever ran in, so no
+process, IPC object (each sandbox has its own IPC namespace), changed limit, file or connection can carry
+over. Reuse was measured not to be worth its risk: a fresh start costs ~10-20 ms of one core in the background
+and acquire stays a deque pop (benchmarks/sandbox_start.py).
+
+``start`` (and the first ``acquire``) raise ``CgroupUnavailableError`` when the pool's config asks for cgroup
+limits (``bwrap.resource_control="cgroup"``, the default) and this host cannot give them.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from dataclasses import dataclass, field
 from components.config import require, require_non_negative, require_positive
 from components.errors import SandboxError
 from components.protocols import Sandbox, SandboxSpec
-from sandboxes.bwrap import BwrapSandbox, BwrapSandboxConfig, validate_spec
+from sandboxes.bwrap import BwrapSandbox, BwrapSandboxConfig, cgroup_hierarchy, validate_spec
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +38,6 @@ class SandboxPoolConfig:
     """A local pool of warm bubblewrap sandboxes."""
 
     num_warm: int = 4  # idle, started sandboxes kept ready
-    max_idle: int = (
-        0  # released sandboxes kept (reset) for reuse up to this many idle ones; 0 means 2 * num_warm
-    )
     # Mounts of the warm sandboxes; a spec asking for a subset of these paths (and this workspace size) is served
     # warm. Typically the venv and the npm agents: ("/work/main/.venv", "/work/main/.agents").
     read_only_paths: tuple[str, ...] = ()
@@ -42,7 +47,6 @@ class SandboxPoolConfig:
 
     def __post_init__(self) -> None:
         require_non_negative(self.num_warm, "num_warm")
-        require_non_negative(self.max_idle, "max_idle")
         require_positive(self.workspace_mb, "workspace_mb")
         require_positive(self.health_check_interval_s, "health_check_interval_s")
         for path in self.read_only_paths:
@@ -63,7 +67,7 @@ class SandboxPool:
         self._closed = False
         self.num_cold_starts = 0  # acquires no warm sandbox could serve
         self.num_started = 0  # warm sandboxes started (initial fill and refills)
-        self.num_replaced = 0
+        self.num_replaced = 0  # idle sandboxes found dead by the health check
 
     @property
     def num_warm(self) -> int:
@@ -81,6 +85,7 @@ class SandboxPool:
             return
         if self._closed:
             raise SandboxError("sandbox pool is closed")
+        cgroup_hierarchy(self.config.bwrap)  # CgroupUnavailableError: refuse limits this host cannot enforce
         self._started = True
         self._health_task = asyncio.create_task(self._health_loop())
         self._refill()
@@ -114,35 +119,16 @@ class SandboxPool:
         return sandbox
 
     async def release(self, sandbox: Sandbox) -> None:
-        """Give a sandbox back: it is reset and reused, or closed, in the background."""
+        """Give a sandbox back: its lease ends now; it is destroyed and replaced by a fresh one in the
+        background."""
         owned = self._in_use.pop(sandbox.sandbox_id, None)
         if owned is None:
             raise ValueError(
                 f"sandbox: {sandbox.sandbox_id} was not acquired from this pool (or released twice)"
             )
-        self._spawn(self._recycle(owned))
-
-    async def _recycle(self, sandbox: BwrapSandbox) -> None:
-        reusable = (
-            not self._closed
-            and sandbox.alive
-            and sandbox.workspace_mb == self.config.workspace_mb
-            and set(sandbox.read_only_paths) == set(self.config.read_only_paths)
-            and len(self._warm) < (self.config.max_idle or 2 * self.config.num_warm)
-        )
-        if reusable:
-            try:
-                await sandbox.reset()
-                await sandbox.ping()
-            except Exception as exc:
-                logger.warning("sandbox %s failed its reset (%s); replacing it", sandbox.sandbox_id, exc)
-                self.num_replaced += 1
-                reusable = False
-        if reusable and not self._closed:
-            self._warm.appendleft(sandbox)  # reused first: already paged in
-        else:
-            await sandbox.close()
-            self._refill()
+        owned.revoke()
+        self._spawn(owned.close())
+        self._refill()
 
     def _refill(self) -> None:
         if self._closed:

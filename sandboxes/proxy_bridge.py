@@ -3,7 +3,10 @@
 The sandbox has no network interface but its own loopback. Its supervisor listens on ``127.0.0.1:PORT`` inside
 that loopback and forwards each connection to ``/run/rein/proxy.sock``, which is this bridge's socket bound
 into the sandbox; the bridge connects it to the proxy's real ``127.0.0.1:PORT`` on the host. No other address
-is reachable: the socket leads to exactly one host port.
+is reachable: the socket leads to exactly one host port. At most ``max_connections`` connections are open at
+once (per sandbox: each sandbox has its own bridge); past that a new connection is closed at once, so a
+sandbox cannot exhaust the proxy's (or the host's) sockets. The supervisor applies the same cap inside, but
+this one holds even for code that connects to the socket directly.
 """
 
 from __future__ import annotations
@@ -31,10 +34,16 @@ def parse_loopback_proxy_url(proxy_url: str) -> tuple[str, int]:
 class ProxyBridge:
     """Accepts connections on a Unix socket and pipes each one to ``target_host:target_port``."""
 
-    def __init__(self, socket_path: str, target_host: str, target_port: int) -> None:
+    def __init__(
+        self, socket_path: str, target_host: str, target_port: int, *, max_connections: int = 32
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections: must be >= 1, got {max_connections}")
         self.socket_path = socket_path
         self.target_host = target_host
         self.target_port = target_port
+        self.max_connections = max_connections
+        self.num_refused = 0  # connections closed at once because max_connections were open
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task] = set()
 
@@ -47,6 +56,10 @@ class ProxyBridge:
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        if len(self._connections) >= self.max_connections:
+            self.num_refused += 1
+            client_writer.close()
+            return
         self._connections.add(task)
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(

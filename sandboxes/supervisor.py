@@ -1,6 +1,6 @@
 """The process that runs inside every bubblewrap sandbox and executes the host's requests.
 
-Started by ``sandboxes.bwrap`` as ``python -I -S supervisor.py UID`` (the host's own interpreter, bound
+Started by ``sandboxes.bwrap`` as ``python -I -S supervisor.py UID MAX_INODES`` (the host's own interpreter, bound
 read-only), first as root inside the sandbox's mount/PID/net namespaces: it hands the workspace and ``/tmp``
 to the sandbox's host uid, drops to that uid for good (no capabilities, ``no_new_privs``), then enters a user
 namespace of its own where it is uid 1000. From then on every command it starts, and every file it touches,
@@ -15,8 +15,10 @@ import base64
 import io
 import json
 import os
+import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -26,7 +28,11 @@ WORKSPACE = "/workspace"
 INNER_UID = 1000
 PROXY_SOCKET = "/run/rein/proxy.sock"
 PRLIMIT = "/usr/bin/prlimit"
-OUTPUT_READ_GRACE_S = 1.0
+# After a command exits, how long its output pipes are still drained. A process it detached (setsid) may hold
+# them open for ever; exec must not wait for it.
+OUTPUT_READ_GRACE_S = 0.25
+TMPFS_MOUNTS = (WORKSPACE, "/tmp", "/home/sandbox", "/dev/shm")
+MS_NOSUID, MS_NODEV, MS_REMOUNT = 2, 4, 32
 
 _write_lock = threading.Lock()
 _active_sessions_lock = threading.Lock()
@@ -37,6 +43,10 @@ _reap_soon = threading.Event()  # set after killing processes, so their zombies 
 _proxy_listener: socket.socket | None = None
 
 
+class Refused(Exception):
+    """A file operation the host must not get an answer to: not a regular file, or over its size cap."""
+
+
 def _send(message: dict) -> None:
     line = (json.dumps(message) + "\n").encode()
     with _write_lock:
@@ -44,19 +54,32 @@ def _send(message: dict) -> None:
         sys.stdout.buffer.flush()
 
 
-def _drop_privileges(host_uid: int) -> str:
-    """Become ``host_uid`` for good, then uid 1000 in a user namespace of our own. Returns the mode."""
+def _limit_inodes(libc, max_inodes: int) -> None:
+    """Cap the number of files (inodes) of every writable tmpfs: bwrap's ``--tmpfs`` takes only a size, and a
+    tmpfs' default inode count (half the host's RAM pages) would let millions of empty files through."""
+    for path in TMPFS_MOUNTS:
+        data = f"nr_inodes={max_inodes}".encode()
+        if libc.mount(b"none", path.encode(), b"tmpfs", MS_REMOUNT | MS_NOSUID | MS_NODEV, data) != 0:
+            import ctypes
+
+            raise OSError(ctypes.get_errno(), f"cannot cap the inodes of {path}")
+
+
+def _drop_privileges(host_uid: int, max_inodes: int) -> str:
+    """Cap the tmpfs inodes, become ``host_uid`` for good, then uid 1000 in a user namespace of our own.
+    Returns the mode."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
     if os.geteuid() != 0:  # bwrap itself ran unprivileged with --unshare-user: already confined
         return "unprivileged"
-    for path in (WORKSPACE, "/tmp", "/home/sandbox", "/dev/shm"):
+    _limit_inodes(libc, max_inodes)
+    for path in TMPFS_MOUNTS:
         os.chown(path, host_uid, host_uid)
         os.chmod(path, 0o1777 if path in ("/tmp", "/dev/shm") else 0o755)
     os.setgroups([])
     os.setresgid(host_uid, host_uid, host_uid)
     os.setresuid(host_uid, host_uid, host_uid)
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
     libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: the uid change cleared it, which locks /proc/self
     if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER; refused where unprivileged user namespaces are off
@@ -74,20 +97,6 @@ def _drop_privileges(host_uid: int) -> str:
 
 def _resolve(path: str) -> str:
     return path if os.path.isabs(path) else os.path.join(WORKSPACE, path)
-
-
-def _read_stream(stream, chunks: list, limit: int) -> None:
-    total = 0
-    try:
-        while True:
-            chunk = stream.read1(65536)
-            if not chunk:
-                return
-            if total < limit:
-                chunks.append(chunk[: limit - total])
-            total += len(chunk)
-    except (OSError, ValueError):
-        return
 
 
 def _kill_strays(keep_sessions: set[int]) -> None:
@@ -125,7 +134,6 @@ def _op_exec(req: dict) -> dict:
         "--",
         *argv,
     ]
-    max_output = req["max_output_bytes"]
     with _spawn_lock:
         try:
             proc = subprocess.Popen(
@@ -146,42 +154,71 @@ def _op_exec(req: dict) -> dict:
             }
         with _active_sessions_lock:
             _active_sessions.add(proc.pid)
-    out: list[bytes] = []
-    err: list[bytes] = []
-    readers = [
-        threading.Thread(target=_read_stream, args=(proc.stdout, out, max_output), daemon=True),
-        threading.Thread(target=_read_stream, args=(proc.stderr, err, max_output), daemon=True),
-    ]
-    for reader in readers:
-        reader.start()
-    timed_out = False
     try:
-        exit_code = proc.wait(timeout=req["timeout_s"])
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    try:  # background jobs of the command die with it
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    if timed_out:
-        with _active_sessions_lock:
-            others = _active_sessions - {proc.pid}
-        _kill_strays(others)  # also what the command detached (setsid) from its process group
+        out, err, exited = _collect_output(proc, req["timeout_s"], req["max_output_bytes"])
+    finally:
+        try:  # background jobs of the command die with it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if not exited:
+            with _active_sessions_lock:
+                others = _active_sessions - {proc.pid}
+            _kill_strays(others)  # also what the command detached (setsid) from its process group
+            _reap_soon.set()
         exit_code = proc.wait()
-        _reap_soon.set()
-    with _active_sessions_lock:
-        _active_sessions.discard(proc.pid)
-    deadline = time.monotonic() + OUTPUT_READ_GRACE_S
-    for reader in readers:
-        reader.join(max(0.0, deadline - time.monotonic()))
-    proc.stdout.close()
-    proc.stderr.close()
+        with _active_sessions_lock:
+            _active_sessions.discard(proc.pid)
+        proc.stdout.close()  # raw pipes no thread reads: closing never waits on a detached writer
+        proc.stderr.close()
     return {
-        "exit_code": -9 if timed_out else exit_code,
+        "exit_code": -9 if not exited else exit_code,
         "stdout": b"".join(out).decode("utf-8", "replace"),
         "stderr": b"".join(err).decode("utf-8", "replace"),
-        "timed_out": timed_out,
+        "timed_out": not exited,
     }
+
+
+def _collect_output(proc: subprocess.Popen, timeout_s: float, limit: int) -> tuple[list, list, bool]:
+    """Read the command's stdout/stderr (each capped at ``limit`` bytes; the rest is read and dropped) until it
+    exits and its pipes close, or ``OUTPUT_READ_GRACE_S`` after it exits (a detached job may hold the pipes
+    for ever), or until ``timeout_s``. One poll loop over raw fds and a pidfd: no reader thread can block."""
+    start = time.monotonic()
+    streams = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
+    out, err = streams[proc.stdout.fileno()], streams[proc.stderr.fileno()]
+    sizes = dict.fromkeys(streams, 0)
+    pidfd = os.pidfd_open(proc.pid)
+    poller = select.poll()
+    for fd in (*streams, pidfd):
+        poller.register(fd, select.POLLIN)
+    open_fds = set(streams)
+    exited_at = None
+    try:
+        while open_fds or exited_at is None:
+            now = time.monotonic()
+            end = start + timeout_s if exited_at is None else min(start + timeout_s, exited_at) + OUTPUT_READ_GRACE_S
+            if now >= end:
+                break
+            for fd, _ in poller.poll(max(1, int((end - now) * 1000))):
+                if fd == pidfd:
+                    exited_at = time.monotonic()
+                    poller.unregister(pidfd)
+                    try:  # its pgrp's background jobs hold the pipes too: they die now, not at the grace
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                if sizes[fd] < limit:
+                    streams[fd].append(chunk[: limit - sizes[fd]])
+                sizes[fd] += len(chunk)
+    finally:
+        os.close(pidfd)
+    return out, err, exited_at is not None
 
 
 def _reap_orphans() -> None:
@@ -206,9 +243,35 @@ def _reap_orphans() -> None:
                     pass
 
 
+def _open_regular(path: str, max_bytes: int, *, follow: bool = True) -> tuple[int, os.stat_result]:
+    """Open a file for the host only if it is a regular file of at most ``max_bytes``: never a FIFO (would block),
+    a device (endless), a socket, or a sparse file claiming terabytes. The type is checked on the open fd
+    (``O_NONBLOCK``: opening a FIFO does not wait), so swapping the file after a check changes nothing."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise Refused(f"{path} is not a regular file (mode {stat.filemode(info.st_mode)})")
+    if info.st_size > max_bytes:
+        os.close(fd)
+        raise Refused(f"{path} is {info.st_size} bytes, over the cap of {max_bytes}")
+    return fd, info
+
+
 def _op_read_file(req: dict) -> dict:
-    with open(_resolve(req["path"]), "rb") as f:
-        return {"data": base64.b64encode(f.read()).decode()}
+    path, max_bytes = _resolve(req["path"]), req["max_bytes"]
+    fd, _ = _open_regular(path, max_bytes)
+    chunks, total = [], 0
+    try:
+        while chunk := os.read(fd, 1 << 20):  # a file may grow after fstat (or be a /proc file of size 0)
+            total += len(chunk)
+            if total > max_bytes:
+                raise Refused(f"{path} is over the cap of {max_bytes} bytes")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return {"data": base64.b64encode(b"".join(chunks)).decode()}
 
 
 def _op_write_file(req: dict) -> dict:
@@ -230,15 +293,44 @@ def _op_put_tar(req: dict) -> dict:
 
 
 def _op_get_tar(req: dict) -> dict:
+    """A tar of the file or directory at ``path``: regular files and directories only (links, FIFOs, devices
+    and sockets are left out), at most ``max_bytes`` of file data and ``max_entries`` entries."""
     import tarfile
 
     path = _resolve(req["path"])
-    if not os.path.lexists(path):
-        raise FileNotFoundError(2, "No such file or directory", path)
+    max_bytes, max_entries = req["max_bytes"], req["max_entries"]
+    top = os.lstat(path)
+    if not (stat.S_ISREG(top.st_mode) or stat.S_ISDIR(top.st_mode) or stat.S_ISLNK(top.st_mode)):
+        raise Refused(f"{path} is not a regular file or directory (mode {stat.filemode(top.st_mode)})")
+    budget = {"bytes": max_bytes, "entries": max_entries}
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".")
+        _add_tree(tar, path, os.path.basename(path.rstrip("/")) or ".", budget)
     return {"data": base64.b64encode(buffer.getvalue()).decode()}
+
+
+def _add_tree(tar, path: str, arcname: str, budget: dict) -> None:
+    import tarfile
+
+    info = os.lstat(path)
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+        return  # a link or a special file: never part of a download
+    budget["entries"] -= 1
+    if budget["entries"] < 0:
+        raise Refused("the download has more entries than its cap")
+    if stat.S_ISDIR(info.st_mode):
+        member = tarfile.TarInfo(arcname)
+        member.type, member.mode, member.mtime = tarfile.DIRTYPE, info.st_mode & 0o7777, int(info.st_mtime)
+        tar.addfile(member)
+        for name in sorted(os.listdir(path)):
+            _add_tree(tar, os.path.join(path, name), f"{arcname}/{name}", budget)
+        return
+    fd, opened = _open_regular(path, budget["bytes"], follow=False)
+    with os.fdopen(fd, "rb") as f:
+        budget["bytes"] -= opened.st_size
+        member = tarfile.TarInfo(arcname)
+        member.size, member.mode, member.mtime = opened.st_size, opened.st_mode & 0o7777, int(opened.st_mtime)
+        tar.addfile(member, f)  # exactly st_size bytes; a file that shrank meanwhile fails the download
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
@@ -271,13 +363,27 @@ def _forward(client: socket.socket) -> None:
     upstream.close()
 
 
-def _accept_loop(listener: socket.socket) -> None:
+def _forward_counted(client: socket.socket, slots: threading.BoundedSemaphore) -> None:
+    try:
+        _forward(client)
+    finally:
+        slots.release()
+
+
+def _accept_loop(listener: socket.socket, slots: threading.BoundedSemaphore) -> None:
     while True:
         try:
             client, _ = listener.accept()
         except OSError:
             return
-        threading.Thread(target=_forward, args=(client,), daemon=True).start()
+        if not slots.acquire(blocking=False):  # over the sandbox's connection cap: refused at once
+            client.close()
+            continue
+        try:
+            threading.Thread(target=_forward_counted, args=(client, slots), daemon=True).start()
+        except RuntimeError:  # no task left for a thread (the sandbox's pids cap)
+            client.close()
+            slots.release()
 
 
 def _op_proxy_listen(req: dict) -> dict:
@@ -288,7 +394,8 @@ def _op_proxy_listen(req: dict) -> dict:
     listener.bind(("127.0.0.1", req["port"]))
     listener.listen(64)
     _proxy_listener = listener
-    threading.Thread(target=_accept_loop, args=(listener,), daemon=True).start()
+    slots = threading.BoundedSemaphore(req["max_connections"])
+    threading.Thread(target=_accept_loop, args=(listener, slots), daemon=True).start()
     return {}
 
 
@@ -303,29 +410,6 @@ def _stop_proxy() -> None:
         _proxy_listener = None
 
 
-def _clear_dir(path: str) -> None:
-    import shutil
-
-    for name in os.listdir(path):
-        full = os.path.join(path, name)
-        if os.path.isdir(full) and not os.path.islink(full):
-            shutil.rmtree(full, ignore_errors=True)
-        else:
-            try:
-                os.unlink(full)
-            except OSError:
-                pass
-
-
-def _op_reset(req: dict) -> dict:
-    _stop_proxy()
-    _kill_strays(set())
-    _reap_soon.set()
-    for path in (WORKSPACE, "/tmp", "/home/sandbox", "/dev/shm"):
-        _clear_dir(path)
-    return {}
-
-
 OPS = {
     "exec": _op_exec,
     "read_file": _op_read_file,
@@ -333,7 +417,6 @@ OPS = {
     "put_tar": _op_put_tar,
     "get_tar": _op_get_tar,
     "proxy_listen": _op_proxy_listen,
-    "reset": _op_reset,
     "ping": lambda req: {},
 }
 
@@ -347,6 +430,8 @@ def _serve(req: dict) -> None:
         reply = {"error": f"{exc.strerror}: {exc.filename}", "kind": "is_a_directory"}
     except PermissionError as exc:
         reply = {"error": f"{exc.strerror}: {exc.filename}", "kind": "permission"}
+    except Refused as exc:
+        reply = {"error": str(exc), "kind": "refused"}
     except Exception as exc:  # reported to the host, which raises it as a typed error
         reply = {"error": f"{type(exc).__name__}: {exc}", "kind": "other"}
     reply["id"] = req["id"]
@@ -356,12 +441,15 @@ def _serve(req: dict) -> None:
 def main() -> None:
     # As PID 1 we only receive the signals from inside the sandbox that we handle: handle none.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    mode = _drop_privileges(int(sys.argv[1]))
+    mode = _drop_privileges(int(sys.argv[1]), int(sys.argv[2]))
     threading.Thread(target=_reap_orphans, daemon=True).start()
     _send({"id": 0, "ready": True, "mode": mode, "pid": os.getpid()})
     for line in sys.stdin.buffer:
         req = json.loads(line)
-        threading.Thread(target=_serve, args=(req,), daemon=True).start()
+        try:
+            threading.Thread(target=_serve, args=(req,), daemon=True).start()
+        except RuntimeError as exc:  # the sandbox's processes hold every task its pids cap allows
+            _send({"id": req["id"], "error": f"supervisor cannot start a thread: {exc}", "kind": "other"})
     # stdin closed: the host is gone or closing us. We are the PID namespace's init: it dies with us.
 
 

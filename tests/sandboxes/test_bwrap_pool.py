@@ -15,6 +15,7 @@ from components.errors import SandboxError
 from components.protocols import SandboxLimits, SandboxSpec
 from sandboxes.bwrap import BwrapSandbox, BwrapSandboxConfig
 from sandboxes.e2b import E2BSandboxProvider
+from sandboxes.errors import SandboxLeaseEndedError
 from sandboxes.pool import SandboxPool, SandboxPoolConfig
 from sandboxes.provider import SandboxBackendConfig, make_sandbox_provider
 from tests.sandboxes.sandbox_test_support import (
@@ -63,7 +64,7 @@ async def test_warm_acquire_is_fast_and_release_recycles():
         assert pool.num_cold_starts == 0
 
 
-async def test_release_resets_files_and_processes():
+async def test_release_destroys_the_sandbox_and_ends_the_lease():
     async with SandboxPool(SandboxPoolConfig(num_warm=1, workspace_mb=32)) as pool:
         spec = SandboxSpec(limits=SandboxLimits(workspace_mb=32))
         first = await pool.acquire(spec)
@@ -71,10 +72,15 @@ async def test_release_resets_files_and_processes():
             "echo dirty > left.txt; echo t > /tmp/t; setsid sleep 500 > /dev/null 2>&1 & sleep 0.3"
         )
         assert "sleep 500" in (await first.exec("ps -eo args")).stdout
+        cgroup_dirs = list(first.cgroup.dirs.values())
         await pool.release(first)
-        await wait_until(lambda: first in pool._warm)
+        with pytest.raises(SandboxLeaseEndedError):  # at once, before the background close
+            await first.exec("true")
+        await wait_until(lambda: first.cgroup.removed and pool.num_warm == 1)
+        assert not processes_of_uid(first.host_uid)
+        assert not any(os.path.exists(path) for path in cgroup_dirs)
         second = await pool.acquire(spec)
-        assert second is first  # reused, not restarted
+        assert second is not first  # never reused
         check = await second.exec("ls -A /workspace /tmp; ps -eo args")
         assert "left.txt" not in check.stdout and "sleep 500" not in check.stdout
         await pool.release(second)
@@ -100,7 +106,7 @@ async def test_pool_prepares_workspace_and_proxy_lazily(tmp_path, tcp_banner_ser
         )
         assert "the task" in result.stdout and "HELLO-FROM-PROXY" in result.stdout
         await pool.release(sandbox)
-        await wait_until(lambda: sandbox in pool._warm)
+        await wait_until(lambda: pool.num_warm == 1)
         again = await pool.acquire(SandboxSpec(limits=SandboxLimits(workspace_mb=32)))
         probe = await again.exec(
             f"{os.path.realpath(os.sys.executable)} -c \"import socket; socket.create_connection(('127.0.0.1', {port}))\""
