@@ -3,6 +3,9 @@
 A trajectory is one agent run on one task. Its tokens are a list of *segments*: each segment is one
 append-only token sequence as the policy saw it (prompt tokens + sampled tokens + appended tool/user turns);
 a new segment starts whenever a request no longer extends the previous one (``Segment.reason`` says why).
+Every token of a segment was sampled from one distribution (``Segment.sampling``: temperature, top-p,
+top-k), which the trainer recomputes logprobs under; MoE segments may carry the experts the engine routed
+each position to (``Segment.routed_experts``), which the trainer replays (R3).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from components.sampling import SamplingDistribution
 
 
 class TrajectoryStatus(StrEnum):
@@ -52,25 +57,45 @@ class SegmentReason(StrEnum):
         "prefix_mismatch"  # the template's render of the held turns no longer matches the held ids
     )
     RENDER_FAILED = "render_failed"  # incremental rendering failed; the full conversation was rendered anew
+    SAMPLING_CHANGED = "sampling_changed"  # the request asked for another sampling distribution
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Segment:
     """One append-only token sequence. ``loss_mask`` is 1 exactly on tokens the policy sampled; ``logprobs``
     holds their sampling logprobs and 0 elsewhere; ``weight_versions`` the policy version per token (-1 for
-    tokens the policy did not sample)."""
+    tokens the policy did not sample). ``sampling`` is the distribution every sampled token of the segment
+    was drawn from (its logprobs are under it). ``routed_experts`` (MoE, when recorded) is
+    ``[positions, moe_layers, top_k]`` expert ids for the first ``positions`` tokens (the last token is never
+    fed to the model, so ``positions < len(token_ids)``); -1 marks a position without a route."""
 
     token_ids: np.ndarray
     loss_mask: np.ndarray
     logprobs: np.ndarray
     weight_versions: np.ndarray
     reason: SegmentReason = SegmentReason.START
+    sampling: SamplingDistribution = SamplingDistribution()
+    routed_experts: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", np.asarray(self.token_ids, dtype=np.int32))
         object.__setattr__(self, "loss_mask", np.asarray(self.loss_mask, dtype=np.int8))
         object.__setattr__(self, "logprobs", np.asarray(self.logprobs, dtype=np.float32))
         object.__setattr__(self, "weight_versions", np.asarray(self.weight_versions, dtype=np.int32))
+        if not isinstance(self.sampling, SamplingDistribution):
+            raise ValueError(
+                f"segment.sampling: expected SamplingDistribution, got {type(self.sampling).__name__}"
+            )
+        if self.routed_experts is not None:
+            routes = np.asarray(self.routed_experts)
+            if routes.ndim != 3 or routes.shape[0] >= max(len(self.token_ids), 1):
+                raise ValueError(
+                    f"segment.routed_experts: expected [positions < {len(self.token_ids)}, moe_layers, top_k], "
+                    f"got shape {routes.shape}"
+                )
+            if routes.size and (routes.min() < -1 or routes.max() > np.iinfo(np.int16).max):
+                raise ValueError("segment.routed_experts: expert ids must be in [-1, 32767]")
+            object.__setattr__(self, "routed_experts", routes.astype(np.int16))
         try:
             object.__setattr__(self, "reason", SegmentReason(self.reason))
         except ValueError:
@@ -105,6 +130,12 @@ class Segment:
             and np.array_equal(self.loss_mask, other.loss_mask)
             and np.array_equal(self.logprobs, other.logprobs)
             and np.array_equal(self.weight_versions, other.weight_versions)
+            and self.sampling == other.sampling
+            and (
+                np.array_equal(self.routed_experts, other.routed_experts)
+                if self.routed_experts is not None and other.routed_experts is not None
+                else self.routed_experts is other.routed_experts
+            )
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -168,6 +199,13 @@ SEGMENT_TYPE = pa.struct(
         pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),
         pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
         pa.field("weight_versions", pa.list_(pa.int32()), nullable=False),
+        pa.field("temperature", pa.float64(), nullable=False),
+        pa.field("top_p", pa.float64(), nullable=False),
+        pa.field("top_k", pa.int32(), nullable=False),
+        # R3 routes, compact: expert ids flattened in [positions, moe_layers, top_k] order, plus that shape
+        # (both empty when the segment has no routes)
+        pa.field("routed_experts", pa.list_(pa.int16()), nullable=False),
+        pa.field("routed_experts_shape", pa.list_(pa.int32()), nullable=False),
     ]
 )
 
@@ -186,7 +224,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("messages_json", pa.string(), nullable=False),
         pa.field("log", pa.string(), nullable=False),
     ],
-    metadata={"rein.schema": "trajectory/1"},
+    metadata={"rein.schema": "trajectory/2"},
 )
 
 
@@ -197,6 +235,17 @@ def _segment_to_row(segment: Segment) -> dict[str, Any]:
         "loss_mask": segment.loss_mask,
         "logprobs": segment.logprobs,
         "weight_versions": segment.weight_versions,
+        "temperature": segment.sampling.temperature,
+        "top_p": segment.sampling.top_p,
+        "top_k": segment.sampling.top_k,
+        "routed_experts": (
+            segment.routed_experts.reshape(-1)
+            if segment.routed_experts is not None
+            else np.empty(0, np.int16)
+        ),
+        "routed_experts_shape": (
+            list(segment.routed_experts.shape) if segment.routed_experts is not None else []
+        ),
     }
 
 
@@ -222,7 +271,10 @@ def trajectories_to_table(trajectories: Sequence[Trajectory]) -> pa.Table:
 
 
 def _segment_from_row(row: Mapping[str, Any]) -> Segment:
+    shape = tuple(row["routed_experts_shape"])
     return Segment(
+        sampling=SamplingDistribution(temperature=row["temperature"], top_p=row["top_p"], top_k=row["top_k"]),
+        routed_experts=(np.asarray(row["routed_experts"], dtype=np.int16).reshape(shape) if shape else None),
         token_ids=np.asarray(row["token_ids"], dtype=np.int32),
         loss_mask=np.asarray(row["loss_mask"], dtype=np.int8),
         logprobs=np.asarray(row["logprobs"], dtype=np.float32),

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.config import require, require_positive
+from components.sampling import SamplingDistribution
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -23,6 +24,13 @@ class ProxyConfig:
     max_completion_tokens: int | None = None
     served_model_name: str = "rein-policy"  # the model id /v1/models lists (requests may name any model)
     run_dir: Path | None = None  # finalized trajectories go to RUN_DIR/trajectories; None: not written
+    # The run's sampling distribution: every request is sampled with it, whatever temperature / top_p / top_k
+    # the agent sends (an agent's own settings would make the rollout's distribution differ from the one
+    # the trainer assumes). Each segment records the distribution it was sampled with either way.
+    sampling: SamplingDistribution = field(default_factory=SamplingDistribution)
+    agent_sampling: bool = False  # True: sample with the agent's own temperature / top_p / top_k instead
+    # R3: ask the engine for the experts each position was routed to (MoE policies) and record them per segment
+    record_routed_experts: bool = False
 
     def __post_init__(self) -> None:
         require(bool(self.host), "host", "must be a host name or address")
@@ -35,3 +43,6 @@ class ProxyConfig:
         require(bool(self.served_model_name), "served_model_name", "must be non-empty")
         if self.run_dir is not None:
             object.__setattr__(self, "run_dir", Path(self.run_dir))
+        require(
+            isinstance(self.sampling, SamplingDistribution), "sampling", "must be a SamplingDistribution"
+        )

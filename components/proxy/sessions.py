@@ -17,6 +17,13 @@ retry, while the bound is the trainer's per-turn rule. A cut by the client's own
 window is reported as ``length`` (``max_tokens`` / ``incomplete`` in the other protocols). The token record is
 the same either way.
 
+Sampling rule: every request is sampled with the run's distribution (``ProxyConfig.sampling``: temperature,
+top-p, top-k) whatever the agent sends, so that the trainer's recomputed logprobs and the rollout's are under
+one known distribution; ``ProxyConfig.agent_sampling`` samples with the agent's own settings instead. Either
+way the distribution used is recorded per segment (``Segment.sampling``), and a request sampled differently
+from the segment it extends starts a new segment. With ``record_routed_experts`` the engine is asked for the
+MoE routes of every position, recorded per segment for routing replay (R3).
+
 Finalize status rule: an explicit status other than ``ok`` wins; otherwise a session whose prompt outgrew the
 context window finalizes as ``context_overflow`` (trainable) and the rest as ``ok``.
 """
@@ -37,6 +44,7 @@ from components.errors import ContextOverflowError
 from components.protocols import InferenceEngine, SamplingParams
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import InvalidRequestError, SessionNotFoundError
+from components.sampling import SamplingDistribution
 from components.tito import AssistantReply, TitoSession
 from components.tito.messages import ChatMessage, ToolSpec
 from components.trajectory import Segment, Trajectory, TrajectoryStatus
@@ -53,8 +61,9 @@ class TurnRequest:
     messages: tuple[ChatMessage, ...]
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int | None = None  # None: the proxy's default_max_tokens
-    temperature: float = 1.0
+    temperature: float = 1.0  # the agent's sampling settings: used only with ProxyConfig.agent_sampling
     top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k truncation
     stop: tuple[str, ...] = ()
     seed: int | None = None
     want_token_logprobs: bool = False  # return each sampled token's text and logprob (OpenAI ``logprobs``)
@@ -162,6 +171,11 @@ def segment_to_json(segment: Segment) -> dict[str, Any]:
         "loss_mask": segment.loss_mask.tolist(),
         "logprobs": segment.logprobs.tolist(),
         "weight_versions": segment.weight_versions.tolist(),
+        "sampling": dataclasses.asdict(segment.sampling),
+        # the routes themselves (large) stay in the stored trajectory; JSON readers get their shape
+        "routed_experts_shape": None
+        if segment.routed_experts is None
+        else list(segment.routed_experts.shape),
     }
 
 
@@ -274,19 +288,24 @@ class LocalSessionRegistry:
             max_tokens = request.max_tokens or self.config.default_max_tokens
             if self.config.max_completion_tokens is not None:
                 max_tokens = min(max_tokens, self.config.max_completion_tokens)
+            sampling = self._sampling_for(request)
             try:
-                turn = session.tito.prepare(request.messages, request.tools, max_tokens=max_tokens)
+                turn = session.tito.prepare(
+                    request.messages, request.tools, max_tokens=max_tokens, sampling=sampling
+                )
             except ContextOverflowError as error:
                 session.overflowed = True
                 session.overflow_message = str(error)
                 raise
             params = SamplingParams(
                 max_tokens=turn.max_tokens,
-                temperature=request.temperature,
-                top_p=request.top_p,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
                 stop_token_ids=tuple(turn.stop_token_ids),
                 stop_strings=request.stop,
                 seed=request.seed,
+                return_routed_experts=self.config.record_routed_experts,
             )
             try:
                 result = await self.engine.generate(turn.prompt_ids, params)
@@ -315,6 +334,17 @@ class LocalSessionRegistry:
             num_completion_tokens=reply.num_completion_tokens,
             token_logprobs=token_logprobs,
         )
+
+    def _sampling_for(self, request: TurnRequest) -> SamplingDistribution:
+        """The distribution this turn is sampled with: the run's, unless the config lets the agent choose."""
+        if not self.config.agent_sampling:
+            return self.config.sampling
+        try:
+            return SamplingDistribution(
+                temperature=request.temperature, top_p=request.top_p, top_k=request.top_k
+            )
+        except ValueError as error:
+            raise InvalidRequestError(f"sampling: {error}") from error
 
     def _cut_by_proxy(self, request: TurnRequest, budget: int, clamped_budget: int) -> bool:
         """Whether a length-truncated completion was cut by a budget the client did not ask for (the proxy's

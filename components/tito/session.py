@@ -18,7 +18,9 @@ How a request is turned into ids:
   (dropped, moved into ``reasoning`` or inlined as ``<think>``) do not matter.
 * Anything else starts a new segment whose ``reason`` says why: ``history_rewritten`` (compaction, edits,
   a retried or forked request), ``tools_changed``, ``system_changed``, ``prefix_mismatch`` (the template
-  renders the held turns differently now), ``render_failed`` (incremental rendering failed).
+  renders the held turns differently now), ``render_failed`` (incremental rendering failed),
+  ``sampling_changed`` (the request is sampled from another distribution than the segment it extends: every
+  segment has one sampling distribution, which the trainer recomputes logprobs under).
 
 Several segments stay open: a request extends whichever held conversation it extends (the longest held
 prefix wins), so a harness's side requests (titles, summaries with another system prompt) start their own
@@ -26,15 +28,17 @@ segment without fragmenting the main conversation. A request that agrees with a 
 earlier reply (a retry, a fork) starts a new segment that still reuses the exact held ids up to that reply,
 with loss mask 0 on them (they are trained where they were first sampled).
 
-Segments hold: loss mask 1 exactly on sampled tokens, the engine's logprobs there (0 elsewhere), and the
-weight version per sampled token (-1 elsewhere). A turn is committed only by ``complete``: a prepared turn
+Segments hold: loss mask 1 exactly on sampled tokens, the engine's logprobs there (0 elsewhere), the
+weight version per sampled token (-1 elsewhere), the sampling distribution, and (when the engine returned
+them) the experts routed at each position: a turn's routes cover its whole prompt and output but the last
+token; positions the segment already holds keep the routes they were first recorded with. A turn is committed only by ``complete``: a prepared turn
 whose generation failed leaves no trace. A session is not thread-safe; use it from one event loop.
 
 API (what the proxy calls)::
 
     session = TitoSession(tokenizer, context_window=8192, session_id="s1")   # config=TitoConfig(...) optional
-    turn = session.prepare(messages, tools, max_tokens=512)   # -> PreparedTurn (prompt_ids, clamped max_tokens,
-                                                              #    stop_token_ids, segment_index, new_segment_reason)
+    turn = session.prepare(messages, tools, max_tokens=512,   # -> PreparedTurn (prompt_ids, clamped max_tokens,
+                           sampling=SamplingDistribution())   #    stop_token_ids, segment_index, new_segment_reason)
     reply = session.complete(turn, generation_result)         # -> AssistantReply (content, reasoning, tool_calls,
                                                               #    finish_reason, token counts, segment_index)
     session.count_tokens(messages, tools)                     # prompt length prepare would produce, no recording
@@ -63,6 +67,7 @@ import numpy as np
 from components.config import require, require_positive
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError
 from components.protocols import FinishReason, GenerationResult
+from components.sampling import SamplingDistribution
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 from components.tito.rendering import ChatTemplateRenderer, TemplatePrefixError, TemplateRenderError
 from components.tito.tool_calls import (
@@ -111,6 +116,7 @@ class PreparedTurn:
     num_reused_tokens: int  # leading prompt ids taken from a held segment, not tokenized again
     num_reused_messages: int  # leading request messages matched to that segment's held conversation
     source_segment_index: int | None  # the held segment the reused ids come from
+    sampling: SamplingDistribution = SamplingDistribution()  # what the engine samples this turn with
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,6 +217,9 @@ class _OpenSegment:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     weight_versions: list[int] = field(default_factory=list)
+    sampling: SamplingDistribution = SamplingDistribution()
+    routes: list[np.ndarray] = field(default_factory=list)  # chunks of [positions, layers, top_k] expert ids
+    num_routed_positions: int = 0
     last_used: int = 0
 
     def append(self, ids: Sequence[int]) -> None:
@@ -285,12 +294,26 @@ class TitoSession:
     # -- public API ---------------------------------------------------------------------------------------
 
     def prepare(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], *, max_tokens: int
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        max_tokens: int,
+        sampling: SamplingDistribution = SamplingDistribution(),
     ) -> PreparedTurn:
-        """Prompt ids for a request; raises ``ContextOverflowError`` (and sets ``overflowed``) when they fill
-        the context window, else clamps ``max_tokens`` to the room left."""
+        """Prompt ids for a request sampled with ``sampling``; raises ``ContextOverflowError`` (and sets
+        ``overflowed``) when they fill the context window, else clamps ``max_tokens`` to the room left."""
         require_positive(max_tokens, "max_tokens")
-        turn = self._plan(messages, tools)
+        require(isinstance(sampling, SamplingDistribution), "sampling", "expected a SamplingDistribution")
+        turn = dataclasses.replace(self._plan(messages, tools), sampling=sampling)
+        if (
+            turn.new_segment_reason is None
+            and turn.source_segment_index is not None
+            and self._segments[turn.source_segment_index].sampling != sampling
+        ):
+            turn = dataclasses.replace(
+                turn, new_segment_reason=SegmentReason.SAMPLING_CHANGED, segment_index=len(self._segments)
+            )
         num_prompt_tokens = len(turn.prompt_ids)
         if num_prompt_tokens >= self.context_window:
             self.overflowed = True
@@ -307,6 +330,7 @@ class TitoSession:
         output_ids = [int(token) for token in result.output_ids]
         logprobs = self._checked_logprobs(output_ids, result)
         versions = self._checked_versions(output_ids, result)
+        routes = self._checked_routes(turn, output_ids, result)
         ends_with_stop = bool(output_ids) and output_ids[-1] in self.stop_token_ids
         text = self.tokenizer.decode(
             output_ids[:-1] if ends_with_stop else output_ids, skip_special_tokens=False
@@ -331,6 +355,10 @@ class TitoSession:
             raw_text=raw_text,
         )
         segment.append_sampled(output_ids, logprobs, versions)
+        if routes is not None:
+            # positions the segment already routed keep their first record (its tokens were sampled then)
+            segment.routes.append(routes[segment.num_routed_positions :])
+            segment.num_routed_positions = max(segment.num_routed_positions, len(routes))
         segment.held.append(_HeldReply(reply, text))
         segment.checkpoints.append(
             _Checkpoint(
@@ -357,6 +385,8 @@ class TitoSession:
                 logprobs=np.asarray(s.logprobs, dtype=np.float32),
                 weight_versions=np.asarray(s.weight_versions, dtype=np.int32),
                 reason=s.reason,
+                sampling=s.sampling,
+                routed_experts=np.concatenate(s.routes) if s.routes else None,
             )
             for s in self._segments
         ]
@@ -509,6 +539,7 @@ class TitoSession:
             tools=turn.tools,
             held=held,
             checkpoints=checkpoints,
+            sampling=turn.sampling,
         )
         segment.append(turn.prompt_ids)  # reused ids included: loss mask 0, trained where first sampled
         self._segments.append(segment)
@@ -518,6 +549,22 @@ class TitoSession:
         self._clock += 1
         segment.last_used = self._clock
         self._last_segment = segment
+
+    @staticmethod
+    def _checked_routes(
+        turn: PreparedTurn, output_ids: list[int], result: GenerationResult
+    ) -> np.ndarray | None:
+        """The turn's routed experts as [positions, layers, top_k] (None when the engine returned none)."""
+        if result.routed_experts is None:
+            return None
+        expected = len(turn.prompt_ids) + len(output_ids) - 1
+        routes = np.asarray(result.routed_experts, dtype=np.int16)
+        if routes.ndim != 3 or routes.shape[0] != expected:
+            raise EngineError(
+                f"routed_experts: the engine returned routes of shape {routes.shape} for {expected} forwarded "
+                "positions (prompt + output - 1); expected [positions, moe_layers, top_k]"
+            )
+        return routes
 
     def _checked_logprobs(self, output_ids: list[int], result: GenerationResult) -> list[float]:
         logprobs = getattr(result, "logprobs", None)

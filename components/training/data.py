@@ -14,8 +14,11 @@ pyarrow path (tests, benchmarks, single-process training) built from the same th
    a block-diagonal causal mask (segments never attend to each other).
 
 A micro-batch row holds per-token ``input_ids``, ``position_ids``, ``sequence_ids`` (segment index inside the
-row), ``loss_mask``, ``old_logprobs`` (rollout), ``advantages``, ``weights``, ``weight_versions``, plus
-``cu_seqlens`` (segment boundaries) and ``num_tokens`` / ``num_sampled_tokens``.
+row), ``loss_mask``, ``old_logprobs`` (rollout), ``advantages``, ``weights``, ``weight_versions``; per segment
+of the row its sampling distribution (``segment_temperature``, ``segment_top_p``, ``segment_top_k``: the
+trainer recomputes each segment's logprobs under the distribution it was sampled from); the R3 routes of the
+row's tokens when any segment has them (``routed_experts`` flattened, ``routed_experts_shape`` = [tokens,
+moe_layers, top_k], -1 where a token has no recorded route); and ``num_tokens`` / ``num_sampled_tokens``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ logger = logging.getLogger(__name__)
 TRAJECTORY_COLUMNS = ["trajectory_id", "group_id", "status", "reward", "segments"]
 NO_SAMPLED_VERSION = np.iinfo(np.int32).max
 TOKEN_LIST_COLUMNS = ("token_ids", "loss_mask", "logprobs", "weight_versions")
+# per-segment columns carried from the trajectory schema as they are, with the value an empty row gets
+SEGMENT_LIST_COLUMNS = ("routed_experts", "routed_experts_shape")
+SAMPLING_COLUMNS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
 SEGMENT_SCHEMA = pa.schema(
     [
@@ -56,6 +62,11 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("loss_mask", pa.list_(pa.int8())),
         pa.field("logprobs", pa.list_(pa.float32())),
         pa.field("weight_versions", pa.list_(pa.int32())),
+        pa.field("temperature", pa.float64()),
+        pa.field("top_p", pa.float64()),
+        pa.field("top_k", pa.int32()),
+        pa.field("routed_experts", pa.list_(pa.int16())),
+        pa.field("routed_experts_shape", pa.list_(pa.int32())),
         pa.field("num_tokens", pa.int32()),
         pa.field("num_sampled_tokens", pa.int32()),
         pa.field("min_sampled_version", pa.int32()),
@@ -84,7 +95,11 @@ MICRO_BATCH_SCHEMA = pa.schema(
         pa.field("advantages", pa.list_(pa.float32())),
         pa.field("weights", pa.list_(pa.float32())),
         pa.field("weight_versions", pa.list_(pa.int32())),
-        pa.field("cu_seqlens", pa.list_(pa.int32())),
+        pa.field("segment_temperature", pa.list_(pa.float64())),
+        pa.field("segment_top_p", pa.list_(pa.float64())),
+        pa.field("segment_top_k", pa.list_(pa.int32())),
+        pa.field("routed_experts", pa.list_(pa.int16())),
+        pa.field("routed_experts_shape", pa.list_(pa.int32())),
         pa.field("num_tokens", pa.int32()),
         pa.field("num_sampled_tokens", pa.int32()),
     ]
@@ -157,10 +172,14 @@ def explode_segments(table: pa.Table) -> pa.Table:
     flat = pc.list_flatten(segments)
     segment_index = np.arange(len(parents)) - np.concatenate([[0], np.cumsum(num_segments)])[parents]
     columns: dict[str, pa.Array] = {}
-    for name in TOKEN_LIST_COLUMNS:
+    for name in (*TOKEN_LIST_COLUMNS, *SEGMENT_LIST_COLUMNS):
         values = flat.field(name)
         empties = pa.array([[]] * len(empty_rows), type=values.type)
         columns[name] = pa.concat_arrays([values, empties]) if len(empty_rows) else values
+    for name, default in SAMPLING_COLUMNS.items():
+        values = flat.field(name)
+        defaults = pa.array([default] * len(empty_rows), type=values.type)
+        columns[name] = pa.concat_arrays([values, defaults]) if len(empty_rows) else values
     rows = np.concatenate([parents, empty_rows]).astype(np.int64)
     mask_offsets = _list_offsets(columns["loss_mask"])
     mask_values = _list_values(columns["loss_mask"]).astype(np.int64)
@@ -335,6 +354,12 @@ def pack_micro_batches(segments: pa.Table, *, plan: StepPlan, max_tokens: int) -
     loss_mask = _list_values(segments["loss_mask"]).astype(np.int8)
     logprobs = _list_values(segments["logprobs"])
     versions = _list_values(segments["weight_versions"])
+    temperatures = segments["temperature"].to_numpy(zero_copy_only=False)
+    top_ps = segments["top_p"].to_numpy(zero_copy_only=False)
+    top_ks = segments["top_k"].to_numpy(zero_copy_only=False)
+    route_offsets = _list_offsets(segments["routed_experts"])
+    route_values = _list_values(segments["routed_experts"])
+    route_shapes = segments["routed_experts_shape"].to_pylist()
     lengths = np.diff(offsets).tolist()
     rows: dict[str, list] = {name: [] for name in MICRO_BATCH_SCHEMA.names}
     for bin_indices in first_fit_decreasing(lengths, max_tokens):
@@ -358,10 +383,38 @@ def pack_micro_batches(segments: pa.Table, *, plan: StepPlan, max_tokens: int) -
             np.repeat(np.array([plan.segment_weight[keys[i]] for i in bin_indices], np.float32), bin_lengths)
         )
         rows["weight_versions"].append(np.concatenate([versions[p] for p in pieces]))
-        rows["cu_seqlens"].append(starts.astype(np.int32))
+        rows["segment_temperature"].append(temperatures[bin_indices])
+        rows["segment_top_p"].append(top_ps[bin_indices])
+        rows["segment_top_k"].append(top_ks[bin_indices])
+        routes = _packed_routes(
+            [(route_values[route_offsets[i] : route_offsets[i + 1]], route_shapes[i]) for i in bin_indices],
+            starts,
+        )
+        rows["routed_experts"].append(np.empty(0, np.int16) if routes is None else routes.reshape(-1))
+        rows["routed_experts_shape"].append([] if routes is None else list(routes.shape))
         rows["num_tokens"].append(int(starts[-1]))
         rows["num_sampled_tokens"].append(int(mask.sum()))
     return pa.table(rows, schema=MICRO_BATCH_SCHEMA)
+
+
+def _packed_routes(
+    segment_routes: Sequence[tuple[np.ndarray, Sequence[int]]], starts: np.ndarray
+) -> np.ndarray | None:
+    """The segments' recorded routes (flat values, shape) placed at their offsets in one row's
+    [tokens, moe_layers, top_k] routes, -1 elsewhere; None when no segment of the row has routes."""
+    shapes = {tuple(shape[1:]) for _, shape in segment_routes if shape}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise ValueError(
+            f"routed_experts: segments of one micro-batch disagree on [moe_layers, top_k]: {shapes}"
+        )
+    ((layers, top_k),) = shapes
+    routes = np.full((int(starts[-1]), layers, top_k), -1, dtype=np.int16)
+    for (values, shape), start in zip(segment_routes, starts[:-1], strict=True):
+        if shape:
+            routes[start : start + shape[0]] = values.reshape(shape)
+    return routes
 
 
 def padding_micro_batches(count: int) -> pa.Table:
@@ -375,7 +428,11 @@ def padding_micro_batches(count: int) -> pa.Table:
         "advantages": [0.0],
         "weights": [0.0],
         "weight_versions": [-1],
-        "cu_seqlens": [0, 1],
+        "segment_temperature": [1.0],
+        "segment_top_p": [1.0],
+        "segment_top_k": [0],
+        "routed_experts": [],
+        "routed_experts_shape": [],
         "num_tokens": 1,
         "num_sampled_tokens": 0,
     }
@@ -517,6 +574,11 @@ class MicroBatch:
     weights: torch.Tensor
     weight_versions: torch.Tensor
     routed_experts: torch.Tensor | None = None  # [tokens, moe layers, top-k] for routing replay
+    # per segment of the row (indexed by ``sequence_ids``): the distribution its tokens were sampled from;
+    # None: temperature 1, no truncation
+    temperature: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
 
     @classmethod
     def from_row(cls, row: dict) -> MicroBatch:
@@ -525,6 +587,8 @@ class MicroBatch:
 
         def tensor(name: str, dtype: torch.dtype) -> torch.Tensor:
             return torch.as_tensor(np.asarray(row[name]), dtype=dtype)
+
+        route_shape = tuple(row.get("routed_experts_shape") or ())
 
         return cls(
             input_ids=tensor("input_ids", torch.long),
@@ -536,10 +600,13 @@ class MicroBatch:
             weights=tensor("weights", torch.float32),
             weight_versions=tensor("weight_versions", torch.long),
             routed_experts=(
-                torch.as_tensor(np.asarray(row["routed_experts"]), dtype=torch.long)
-                if row.get("routed_experts") is not None
+                torch.as_tensor(np.asarray(row["routed_experts"], dtype=np.int64).reshape(route_shape))
+                if route_shape
                 else None
             ),
+            temperature=tensor("segment_temperature", torch.float32),
+            top_p=tensor("segment_top_p", torch.float32),
+            top_k=tensor("segment_top_k", torch.long),
         )
 
     @property

@@ -2,6 +2,10 @@
 
 Logits are computed only at the positions that predict a sampled token (``logits_to_keep``), which avoids a
 [tokens × vocab] tensor for the (usually much longer) prompt and tool-output parts of a segment.
+
+Each sampled token's logprob is taken under the distribution its segment was sampled from (temperature,
+top-k and top-p truncation, ``components.sampling``: the engine's own definition), so segments sampled with
+different settings can share a micro-batch.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from components.sampling import sampling_logprobs
 from components.training.data import MicroBatch
 from components.training.routing_replay import replay_routes
 
@@ -36,11 +41,11 @@ def forward_sampled_tokens(
     model: torch.nn.Module,
     batch: MicroBatch,
     *,
-    temperature: float = 1.0,
     device: torch.device | str = "cpu",
     with_entropy: bool = True,
 ) -> SampledTokenView:
-    """Logprobs (under logits / temperature) of the sampled tokens of ``batch``; routes replayed when given."""
+    """Logprobs of the sampled tokens of ``batch`` under each segment's sampling distribution (temperature 1
+    and no truncation when the batch carries none); routes replayed when given."""
     targets = sampled_positions(batch.loss_mask)
     placeholder = targets.numel() == 0
     if placeholder:  # every rank must still run forward and backward (FSDP collectives)
@@ -52,12 +57,25 @@ def forward_sampled_tokens(
         logits = model(
             input_ids=input_ids, position_ids=position_ids, logits_to_keep=keep, use_cache=False
         ).logits
-    logits = logits[0].float() / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)
-    token_logprobs = log_probs.gather(-1, input_ids[0, targets.to(device)][:, None]).squeeze(-1)
+    segments = batch.sequence_ids[targets]
+    tokens = input_ids[0, targets.to(device)]
+
+    def per_token(values: torch.Tensor | None, default: float, dtype: torch.dtype) -> torch.Tensor:
+        if values is None:
+            return torch.full((targets.numel(),), default, dtype=dtype, device=device)
+        return values.to(device=device, dtype=dtype)[segments.to(device)]
+
+    log_probs = sampling_logprobs(
+        logits[0],
+        temperature=per_token(batch.temperature, 1.0, torch.float32),
+        top_p=per_token(batch.top_p, 1.0, torch.float32),
+        top_k=per_token(batch.top_k, 0, torch.long),
+        keep_tokens=tokens,
+    )
+    token_logprobs = log_probs.gather(-1, tokens[:, None]).squeeze(-1)
     if with_entropy:
         with torch.no_grad():
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
+            entropy = torch.special.entr(log_probs.exp()).sum(-1)
     else:
         entropy = torch.zeros_like(token_logprobs.detach())
     mask = torch.zeros(1, device=device) if placeholder else torch.ones(targets.numel(), device=device)

@@ -128,7 +128,6 @@ def run_train_step(
     algorithm: Algorithm,
     *,
     optimizer_config: OptimizerConfig,
-    temperature: float = 1.0,
     device: torch.device | str = "cpu",
     loss_scale: float = 1.0,
     reference_model: torch.nn.Module | None = None,
@@ -151,9 +150,7 @@ def run_train_step(
     if num_updates > 1:
         with torch.no_grad():
             proximal = [
-                forward_sampled_tokens(
-                    model, b, temperature=temperature, device=device, with_entropy=False
-                ).logprobs
+                forward_sampled_tokens(model, b, device=device, with_entropy=False).logprobs
                 for b in micro_batches
             ]
     per_update = -(-len(micro_batches) // num_updates) if micro_batches else 0
@@ -167,14 +164,14 @@ def run_train_step(
             batch = micro_batches[index]
             if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: one reduce-scatter per update
                 model.set_requires_gradient_sync(index == indices[-1])
-            view = forward_sampled_tokens(model, batch, temperature=temperature, device=device)
+            view = forward_sampled_tokens(model, batch, device=device)
             ref_logprobs = None
             if algorithm.needs_reference_logprobs:
                 if reference_model is None:
                     raise ValueError("algorithm needs reference logprobs but no reference model was built")
                 with torch.no_grad():
                     ref_logprobs = forward_sampled_tokens(
-                        reference_model, batch, temperature=temperature, device=device, with_entropy=False
+                        reference_model, batch, device=device, with_entropy=False
                     ).logprobs
             loss, stats = algorithm.loss(
                 logprobs=view.logprobs,

@@ -63,7 +63,9 @@ class TrainerConfig:
     torch_threads_per_worker: int = 1
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     batching: SampleBatchConfig = field(default_factory=SampleBatchConfig)
-    temperature: float = 1.0  # the rollouts' sampling temperature (logits are divided by it)
+    # the temperature ``score`` computes logprobs at; training recomputes each segment's logprobs under the
+    # sampling distribution recorded with it (Segment.sampling)
+    temperature: float = 1.0
     num_updates_per_step: int = 1  # optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)
     seed: int = 0
     checkpoint_every_steps: int = 0  # 0: only when save_checkpoint() is called
@@ -180,10 +182,9 @@ def _score_sequences(
                 weights=torch.zeros(n),
                 weight_versions=torch.zeros(n, dtype=torch.long),
                 routed_experts=torch.as_tensor(routes) if routes is not None else None,
+                temperature=torch.tensor([temperature]),
             )
-            view = forward_sampled_tokens(
-                model, batch, temperature=temperature, device=device, with_entropy=False
-            )
+            view = forward_sampled_tokens(model, batch, device=device, with_entropy=False)
             out.append(view.logprobs.float().cpu().numpy())
     return out
 
@@ -251,7 +252,6 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
                 batches,
                 algorithm,
                 optimizer_config=config.optimizer,
-                temperature=config.temperature,
                 device=device,
                 loss_scale=float(world_size),
                 reference_model=reference,

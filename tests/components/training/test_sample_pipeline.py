@@ -36,8 +36,10 @@ def segments_of(micro_batches):
     """Each packed segment back out of the rows: {first token ids tuple: per-token columns}."""
     out = {}
     for row in micro_batches.to_pylist():
-        bounds = row["cu_seqlens"]
-        assert bounds[-1] == row["num_tokens"] == len(row["input_ids"])
+        sequence_ids = np.asarray(row["sequence_ids"])
+        assert row["num_tokens"] == len(row["input_ids"]) == len(sequence_ids)
+        assert (np.diff(sequence_ids) >= 0).all()  # each segment is one contiguous run
+        bounds = [0, *np.flatnonzero(np.diff(sequence_ids)) + 1, len(sequence_ids)]
         for s, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
             piece = {
                 k: np.asarray(row[k][start:end])
