@@ -16,6 +16,19 @@ Request and response shapes follow SGLang's own ``sglang/srt/managers/io_struct.
   ``/update_weights_from_tensor``, ``/continue_generation``, ``/flush_cache``, ``/update_weight_version``.
 - ``/abort_request`` (``rid`` or ``abort_all``), ``/health``, ``/v1/models`` (``max_model_len``),
   ``/model_info`` (or the older ``/get_model_info``).
+- NCCL weight sync (``InitWeightsUpdateGroupReqInput`` ...): ``/init_weights_update_group`` (``master_address``,
+  ``master_port``, ``rank_offset``, ``world_size``, ``group_name``, ``backend``),
+  ``/update_weights_from_distributed`` (``names``, ``dtypes`` such as ``"bfloat16"``, ``shapes``,
+  ``group_name``, ``flush_cache``, ``weight_version``), ``/destroy_weights_update_group`` (``group_name``);
+  all answer ``{success, message}`` (400 when ``success`` is false). See ``sglang_weight_transfer.py``.
+- Colocated mode: ``/release_memory_occupation`` / ``/resume_memory_occupation`` (``tags``: ``"weights"``,
+  ``"kv_cache"``; None = all).
+- Auth (``sglang/srt/utils/auth.py``): ``--api-key`` guards ordinary endpoints, ``--admin-api-key`` the control
+  endpoints (weights, pause, flush, memory, abort; when both are set the ordinary key no longer opens them);
+  ``/health*`` is always open. Both travel as ``Authorization: Bearer KEY``.
+
+The client holds only its config across processes: it is pickled into Ray actors (the proxy's session shards)
+and opens its HTTP connections lazily in the process that uses it.
 
 SGLang needs a GPU and cannot be installed beside the CPU stack, so the tests run this client over real HTTP
 against ``tests/components/engine/fake_sglang.py``, a local server that follows the same shapes.
@@ -57,6 +70,23 @@ if TYPE_CHECKING:
     import torch
 
 _PAUSE_MODES = ("retract", "in_place", "abort")
+# SGLang's ADMIN_OPTIONAL endpoints: with --admin-api-key set, only that key opens them.
+CONTROL_PATHS = frozenset(
+    {
+        "/update_weights_from_disk",
+        "/update_weights_from_tensor",
+        "/update_weights_from_distributed",
+        "/init_weights_update_group",
+        "/destroy_weights_update_group",
+        "/update_weight_version",
+        "/pause_generation",
+        "/continue_generation",
+        "/flush_cache",
+        "/abort_request",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+    }
+)
 _TRANSIENT_STATUS = (502, 503, 504)
 
 
@@ -71,6 +101,8 @@ class SGLangEngineConfig:
     max_retries: int = 3  # extra attempts after a transient connection error or 502/503/504
     retry_backoff_s: float = 0.5  # first wait; doubles per attempt
     api_key: str | None = None  # sent as a bearer token (SGLang's --api-key)
+    admin_api_key: str | None = None  # bearer token of the control endpoints (SGLang's --admin-api-key)
+    startup_timeout_s: float = 600.0  # wait_until_healthy: how long /health may answer non-200 at start
     # update_weights writes safetensors here (a path the server can read, e.g. a shared filesystem) and asks
     # the server to load them with /update_weights_from_disk. None: update_weights is refused.
     weight_sync_dir: str | Path | None = None
@@ -91,12 +123,17 @@ class SGLangEngineConfig:
             require_positive(self.context_window, "context_window")
         require_positive(self.request_timeout_s, "request_timeout_s")
         require_positive(self.connect_timeout_s, "connect_timeout_s")
+        require_positive(self.startup_timeout_s, "startup_timeout_s")
         require_non_negative(self.max_retries, "max_retries")
         require_non_negative(self.retry_backoff_s, "retry_backoff_s")
         require_positive(self.keep_synced_versions, "keep_synced_versions")
         require_one_of(self.pause_mode, "pause_mode", _PAUSE_MODES)
         if self.routed_experts_top_k is not None:
             require_positive(self.routed_experts_top_k, "routed_experts_top_k")
+
+
+class SGLangUnreachableError(EngineError):
+    """The server could not be reached (refused, reset, gone) even after the retries: it is down."""
 
 
 class _PromptTooLongError(EngineError):
@@ -114,15 +151,38 @@ class SGLangEngine:
 
     def __init__(self, config: SGLangEngineConfig, *, client: httpx.AsyncClient | None = None) -> None:
         self.config = config
-        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self._client = client or httpx.AsyncClient(
-            base_url=config.base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s),
-        )
+        self._client: httpx.AsyncClient | None = client
         self._context_window = config.context_window
         self._weight_version = config.initial_weight_version
-        self._update_lock = asyncio.Lock()
+        self._update_lock: asyncio.Lock | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # An open HTTP client (sockets, its event loop) cannot travel to another process: the copy opens its own.
+        state = dict(self.__dict__)
+        state.update(_client=None, _update_lock=None)
+        return state
+
+    @property
+    def url(self) -> str:
+        return self.config.base_url.rstrip("/")
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """This process's HTTP client to the server (opened on first use)."""
+        if self._client is None:
+            headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+            self._client = httpx.AsyncClient(
+                base_url=self.url,
+                headers=headers,
+                timeout=httpx.Timeout(self.config.request_timeout_s, connect=self.config.connect_timeout_s),
+            )
+        return self._client
+
+    @property
+    def update_lock(self) -> asyncio.Lock:
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        return self._update_lock
 
     @classmethod
     async def connect(cls, config: SGLangEngineConfig) -> SGLangEngine:
@@ -148,9 +208,26 @@ class SGLangEngine:
         info = await self._model_info()
         self._weight_version = self._parse_version(info.get("weight_version"))
 
+    async def wait_until_healthy(self, timeout_s: float | None = None, *, poll_s: float = 1.0) -> None:
+        """Poll ``GET /health`` until it answers 200; ``EngineError`` naming the URL after ``timeout_s``."""
+        import time
+
+        timeout_s = self.config.startup_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while not await self.health():
+            if time.monotonic() >= deadline:
+                raise EngineError(
+                    f"SGLang server {self.url} did not answer GET /health with 200 within {timeout_s:g} s: "
+                    "check that `python -m sglang.launch_server` runs there and is reachable from this "
+                    "machine, or raise the start-up timeout (--sglang-startup-timeout-s)"
+                )
+            await asyncio.sleep(poll_s)
+
     async def aclose(self) -> None:
-        """Close the HTTP connections."""
-        await self._client.aclose()
+        """Close the HTTP connections (a later call opens new ones)."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
 
     # --- InferenceEngine ---------------------------------------------------------------------------------
 
@@ -249,10 +326,97 @@ class SGLangEngine:
     async def health(self) -> bool:
         """``GET /health``: True when the server answers 200."""
         try:
-            response = await self._client.get("/health")
+            response = await self.client.get("/health")
         except httpx.TransportError:
             return False
         return response.status_code == 200
+
+    async def tensor_parallel_size(self) -> int:
+        """The server's ``tp_size`` (``/get_server_info``, or the older ``/server_info``): its ranks in a
+        weight-update group."""
+        try:
+            info = await self._request("GET", "/get_server_info")
+        except SGLangUnreachableError:
+            raise
+        except EngineError:
+            info = await self._request("GET", "/server_info")
+        return int(info.get("tp_size", 1))
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """``/release_memory_occupation``: free the GPU memory of ``tags`` (``weights``, ``kv_cache``; None: all)
+        while a colocated trainer uses the GPUs. Generation must be idle."""
+        await self._request("POST", "/release_memory_occupation", json={"tags": _tags(tags)})
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """``/resume_memory_occupation``: take the memory back (then load fresh weights before generating)."""
+        await self._request("POST", "/resume_memory_occupation", json={"tags": _tags(tags)})
+
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> None:
+        """``/init_weights_update_group``: the server's ranks join a torch.distributed group in which the
+        trainer's rank 0 is rank 0 (returns once every member joined)."""
+        body = {
+            "master_address": master_address,
+            "master_port": int(master_port),
+            "rank_offset": int(rank_offset),
+            "world_size": int(world_size),
+            "group_name": group_name,
+            "backend": backend,
+        }
+        await self._checked_success(
+            await self._request("POST", "/init_weights_update_group", json=body, accept_status=(400,))
+        )
+
+    async def update_weights_from_distributed(
+        self,
+        *,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        group_name: str,
+        version: int | None,
+        flush_cache: bool,
+    ) -> None:
+        """``/update_weights_from_distributed``: the server receives one broadcast (from rank 0 of the group)
+        per listed tensor, in order, and loads them. No pause here: the caller pauses around a whole sync."""
+        body: dict[str, Any] = {
+            "names": list(names),
+            "dtypes": list(dtypes),
+            "shapes": [[int(d) for d in shape] for shape in shapes],
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "abort_all_requests": False,
+        }
+        if version is not None:
+            body["weight_version"] = str(int(version))
+        await self._checked_success(
+            await self._request("POST", "/update_weights_from_distributed", json=body, accept_status=(400,))
+        )
+        if version is not None:
+            self._weight_version = int(version)
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        """``/destroy_weights_update_group``."""
+        await self._checked_success(
+            await self._request(
+                "POST", "/destroy_weights_update_group", json={"group_name": group_name}, accept_status=(400,)
+            )
+        )
+
+    async def post_update(self, path: str, body: dict[str, Any], version: int) -> dict[str, Any]:
+        """One weight-loading call (no pause around it); ``EngineError`` unless it reports success."""
+        reply = await self._request("POST", path, json=body, accept_status=(400,))
+        await self._checked_success(reply)
+        self._weight_version = int(version)
+        return reply
 
     # --- request / reply shapes (public so that the tests and the proxy can check them) -------------------
 
@@ -407,7 +571,7 @@ class SGLangEngine:
     # --- plumbing ----------------------------------------------------------------------------------------
 
     async def _paused_update(self, path: str, body: dict[str, Any], version: int) -> dict[str, Any]:
-        async with self._update_lock:
+        async with self.update_lock:
             await self.pause_generation()
             try:
                 reply = await self._request("POST", path, json=body, accept_status=(400,))
@@ -447,10 +611,13 @@ class SGLangEngine:
             retry=retry_if_exception(_is_transient),
             reraise=True,
         )
+        headers = None
+        if path in CONTROL_PATHS and self.config.admin_api_key:
+            headers = {"Authorization": f"Bearer {self.config.admin_api_key}"}
         try:
             async for attempt in retrying:
                 with attempt:
-                    response = await self._client.request(method, path, json=json)
+                    response = await self.client.request(method, path, json=json, headers=headers)
                     if response.status_code not in accept_status:
                         response.raise_for_status()
         except httpx.HTTPStatusError as error:
@@ -460,8 +627,12 @@ class SGLangEngine:
             raise EngineError(
                 f"SGLang {method} {path} -> HTTP {error.response.status_code}: {detail}"
             ) from error
+        except httpx.TransportError as error:
+            if isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout):
+                raise EngineError(f"SGLang {method} {self.url}{path} timed out: {error!r}") from error
+            raise SGLangUnreachableError(f"SGLang {method} {self.url}{path} failed: {error!r}") from error
         except httpx.HTTPError as error:
-            raise EngineError(f"SGLang {method} {path} failed: {error!r}") from error
+            raise EngineError(f"SGLang {method} {self.url}{path} failed: {error!r}") from error
         if not response.content:
             return {}
         try:
@@ -494,6 +665,14 @@ class SGLangEngine:
         for old in synced[: -self.config.keep_synced_versions]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+
+def _tags(tags: Sequence[str] | None) -> list[str] | None:
+    if tags is None:
+        return None
+    for tag in tags:
+        require_one_of(tag, "tags", ("weights", "kv_cache", "cuda_graph"))
+    return list(tags)
 
 
 def _drop_shared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

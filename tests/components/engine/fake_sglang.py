@@ -4,14 +4,33 @@
 Generation is real: an ``EmbeddedEngine`` over the tiny model samples the tokens, so logprobs, stop handling
 and weight updates mean something. Knobs on ``FakeSGLangState`` inject the failures the client must handle
 (dropped or null logprobs, transient 503s, a server without per-token version spans).
+
+Also as SGLang does: ``--api-key`` / ``--admin-api-key`` with its auth levels (``sglang/srt/utils/auth.py``:
+control endpoints are ADMIN_OPTIONAL, ``/health*`` always open); ``/health`` answers 503 while the server is
+starting; ``/init_weights_update_group`` joins a torch.distributed group built like SGLang's
+``init_custom_process_group`` (``backend`` as given: gloo on CPU) as rank ``rank_offset + tp_rank`` and
+``/update_weights_from_distributed`` receives one ``broadcast(src=0)`` per listed tensor and loads them at
+once; ``/release_memory_occupation`` / ``/resume_memory_occupation`` track the released tags.
+``/_fake/received`` (fake only) reports SHA-256 digests of the tensors received over the group, so a test
+can check they are exactly what the trainer sent.
+
+Run it as its own process (``python -m tests.components.engine.fake_sglang --model-path DIR --port N``, or
+``FakeSGLangProcess``) or in a thread of the test (``FakeSGLangServer``).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
+import hashlib
+import json
+import os
 import pickle
+import secrets
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,8 +56,16 @@ class FakeSGLangState:
     null_logprob_at: int | None = None  # put a null logprob at this output index
     fail_next: int = 0  # answer the next N requests with 503
     requests: list[tuple[str, Any]] = field(default_factory=list)
+    request_times: list[float] = field(default_factory=list)  # time.time() of each entry of ``requests``
     paused: asyncio.Event | None = None  # set = running
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
+    api_key: str | None = None  # SGLang's --api-key
+    admin_api_key: str | None = None  # SGLang's --admin-api-key
+    starting_until: float = 0.0  # time.monotonic() before which /health answers 503 (server starting)
+    update_groups: dict[str, Any] = field(default_factory=dict)  # group_name → torch process group
+    received: dict[str, str] = field(default_factory=dict)  # tensor name → sha256 of its received bytes
+    released_tags: set[str] = field(default_factory=set)  # /release_memory_occupation
+    tp_size: int = 1
 
     def version_int(self) -> int:
         return 0 if self.weight_version == "default" else int(self.weight_version)
@@ -56,6 +83,67 @@ def _finish_reason(result, sampling: dict[str, Any], tokenizer) -> dict[str, Any
     return {"type": "stop", "matched": last}
 
 
+# SGLang's ADMIN_OPTIONAL endpoints (``@auth_level(AuthLevel.ADMIN_OPTIONAL)`` in http_server.py).
+ADMIN_OPTIONAL_PATHS = frozenset(
+    {
+        "/update_weights_from_disk",
+        "/update_weights_from_tensor",
+        "/update_weights_from_distributed",
+        "/init_weights_update_group",
+        "/destroy_weights_update_group",
+        "/update_weight_version",
+        "/pause_generation",
+        "/continue_generation",
+        "/flush_cache",
+        "/abort_request",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+    }
+)
+
+
+def _bearer_matches(header: str | None, key: str) -> bool:
+    if not header:
+        return False
+    parts = header.split(" ", 1)
+    return len(parts) == 2 and parts[0].lower() == "bearer" and secrets.compare_digest(parts[1], key)
+
+
+def request_allowed(state: FakeSGLangState, path: str, authorization: str | None) -> bool:
+    """SGLang's ``decide_request_auth`` for NORMAL and ADMIN_OPTIONAL endpoints."""
+    if path.startswith(("/health", "/metrics")):
+        return True
+    if path in ADMIN_OPTIONAL_PATHS:
+        if state.admin_api_key:
+            return _bearer_matches(authorization, state.admin_api_key)
+        if state.api_key:
+            return _bearer_matches(authorization, state.api_key)
+        return True
+    if state.api_key:
+        return _bearer_matches(authorization, state.api_key)
+    return True
+
+
+def init_custom_process_group(*, backend, init_method, world_size, rank, group_name, timeout):
+    """SGLang's ``init_custom_process_group`` (itself from PyTorch / OpenRLHF): a group beside the default one."""
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
+
+    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    group, _ = _new_process_group_helper(
+        world_size, rank, [], Backend(backend), store, group_name=group_name, timeout=timeout
+    )
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
+
+
 def build_app(state: FakeSGLangState) -> FastAPI:
     app = FastAPI()
 
@@ -63,6 +151,9 @@ def build_app(state: FakeSGLangState) -> FastAPI:
     async def record_and_fail(request: Request, call_next):
         body = await request.body()
         state.requests.append((request.url.path, body.decode() if body else None))
+        state.request_times.append(time.time())
+        if not request_allowed(state, request.url.path, request.headers.get("authorization")):
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
         if state.fail_next > 0:
             state.fail_next -= 1
             return Response("Service Unavailable", status_code=503)
@@ -71,6 +162,124 @@ def build_app(state: FakeSGLangState) -> FastAPI:
     @app.get("/health")
     @app.get("/health_generate")
     async def health() -> Response:
+        if time.monotonic() < state.starting_until:  # ServerStatus.Starting
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        return {
+            "model_path": state.model_path,
+            "tp_size": state.tp_size,
+            "dp_size": 1,
+            "weight_version": state.weight_version,
+            "version": "0.5.23-fake",
+        }
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request):
+        from datetime import timedelta
+
+        body = await request.json()
+        group_name = body.get("group_name", "weight_update_group")
+        rank = int(body["rank_offset"]) + 0  # tp_rank 0: this fake has one tensor-parallel rank
+        try:
+            group = await asyncio.to_thread(
+                init_custom_process_group,
+                backend=body.get("backend", "nccl"),
+                init_method=f"tcp://{body['master_address']}:{body['master_port']}",
+                world_size=int(body["world_size"]),
+                rank=rank,
+                group_name=group_name,
+                timeout=timedelta(seconds=120),
+            )
+        except Exception as error:  # SGLang answers success=false with the reason
+            message = f"Failed to initialize custom process group: {error}."
+            return JSONResponse({"success": False, "message": message}, 400)
+        state.update_groups[group_name] = group
+        return {"success": True, "message": "Succeeded to initialize custom process group."}
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request):
+        import torch
+        import torch.distributed as dist
+
+        body = await request.json()
+        group_name = body.get("group_name", "weight_update_group")
+        group = state.update_groups.get(group_name)
+        if group is None:
+            message = f"Group {group_name} not in {list(state.update_groups)}. Call `init_weights_update_group` first."
+            return JSONResponse({"success": False, "message": message}, 400)
+
+        def receive() -> list[tuple[str, Any]]:
+            weights, handles = [], []
+            for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
+                weight = torch.empty(shape, dtype=getattr(torch, dtype))
+                handles.append(dist.broadcast(weight, src=0, group=group, async_op=True))
+                weights.append((name, weight))
+            for handle in handles:
+                handle.wait()
+            return weights
+
+        try:
+            weights = await asyncio.to_thread(receive)
+            for name, weight in weights:
+                state.received[name] = hashlib.sha256(
+                    weight.contiguous().view(torch.uint8).numpy()
+                ).hexdigest()
+            merged = _load_weights(state.engine.model.state_dict(), dict(weights))
+            version = _engine_version(body.get("weight_version"), state)
+            await state.engine.update_weights(merged, version)
+        except Exception as error:
+            message = (
+                f"Failed to update parameter online: {error}. The full weights of the ModelRunner are "
+                "partially updated. Please discard the whole weights."
+            )
+            return JSONResponse({"success": False, "message": message}, 400)
+        message = "Succeeded to update parameter online."
+        if body.get("weight_version") is not None:
+            state.weight_version = str(body["weight_version"])
+            message += f" Weight version updated to {body['weight_version']}."
+        return {"success": True, "message": message}
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request):
+        import torch.distributed as dist
+
+        body = await request.json()
+        group = state.update_groups.pop(body.get("group_name", "weight_update_group"), None)
+        if group is None:
+            return JSONResponse(
+                {"success": False, "message": "The group to be destroyed does not exist."}, 400
+            )
+        await asyncio.to_thread(dist.destroy_process_group, group)
+        return {"success": True, "message": "Succeeded to destroy custom process group."}
+
+    @app.get("/_fake/requests")
+    async def fake_requests() -> list[dict[str, Any]]:
+        log = []
+        for (path, body), at in zip(list(state.requests), list(state.request_times), strict=False):
+            entry: dict[str, Any] = {"path": path, "time": at}
+            if path == "/generate" and body:
+                entry["input_ids"] = json.loads(body).get("input_ids")
+            log.append(entry)
+        return log
+
+    @app.get("/_fake/received")
+    async def fake_received() -> dict[str, str]:
+        return dict(state.received)
+
+    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
+    async def release_memory_occupation(request: Request):
+        body = await request.json() if await request.body() else {}
+        state.released_tags |= set(body.get("tags") or ("weights", "kv_cache"))
+        return Response(status_code=200)
+
+    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+    async def resume_memory_occupation(request: Request):
+        body = await request.json() if await request.body() else {}
+        state.released_tags -= set(body.get("tags") or ("weights", "kv_cache"))
         return Response(status_code=200)
 
     @app.get("/v1/models")
@@ -104,6 +313,9 @@ def build_app(state: FakeSGLangState) -> FastAPI:
                 f"The input ({len(input_ids)} tokens) is longer than the model's context length "
                 f"({state.engine.context_window} tokens)."
             )
+            return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
+        if state.released_tags:  # the weights / KV cache are not on the GPU: nothing can run
+            message = f"memory released ({sorted(state.released_tags)}): call /resume_memory_occupation"
             return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
         await state.paused.wait()
         params = SamplingParams(
@@ -219,6 +431,24 @@ def build_app(state: FakeSGLangState) -> FastAPI:
     return app
 
 
+def _load_weights(own: dict[str, Any], received: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's ``model.load_weights``: the named tensors replace the model's, the others stay - and a tied
+    parameter (lm_head sharing the embedding) follows the tensor it is tied to."""
+    unknown = sorted(set(received) - set(own))
+    if unknown:
+        raise ValueError(f"the model has no parameters {unknown[:3]}")
+    received_by_storage = {own[name].data_ptr(): name for name in received}
+    merged = {}
+    for name, tensor in own.items():
+        if name in received:
+            merged[name] = received[name]
+        elif tensor.data_ptr() in received_by_storage:
+            merged[name] = received[received_by_storage[tensor.data_ptr()]]
+        else:
+            merged[name] = tensor
+    return merged
+
+
 def _engine_version(version: Any, state: FakeSGLangState) -> int:
     return state.version_int() if version is None else int(version)
 
@@ -264,8 +494,17 @@ def _reply(
 class FakeSGLangServer:
     """Runs the fake on 127.0.0.1 (a free port) in a background thread; ``url`` and ``state`` for the tests."""
 
-    def __init__(self, engine: EmbeddedEngine, model_path: str | Path) -> None:
-        self.state = FakeSGLangState(engine=engine, model_path=str(model_path))
+    def __init__(
+        self,
+        engine: EmbeddedEngine,
+        model_path: str | Path,
+        *,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
+    ) -> None:
+        self.state = FakeSGLangState(
+            engine=engine, model_path=str(model_path), api_key=api_key, admin_api_key=admin_api_key
+        )
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind(("127.0.0.1", 0))
@@ -295,3 +534,126 @@ class FakeSGLangServer:
         self._server.should_exit = True
         self._thread.join(timeout=10)
         self._socket.close()
+
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class FakeSGLangProcess:
+    """The fake as its own process on 127.0.0.1 (like ``python -m sglang.launch_server``); ``kill()`` it to
+    simulate a server that dies."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
+        startup_delay_s: float = 0.0,
+        context_window: int | None = None,
+        no_eos: bool = False,
+    ) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [sys.executable, "-m", "tests.components.engine.fake_sglang"]
+        self.command += ["--model-path", str(model_path), "--port", str(self.port)]
+        self.command += ["--startup-delay-s", str(startup_delay_s)]
+        if api_key:
+            self.command += ["--api-key", api_key]
+        if admin_api_key:
+            self.command += ["--admin-api-key", admin_api_key]
+        if context_window:
+            self.command += ["--context-window", str(context_window)]
+        if no_eos:
+            self.command += ["--no-eos"]
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> FakeSGLangProcess:
+        """Start the process (returns at once; the server answers /health once it loaded the model)."""
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        self.process = subprocess.Popen(self.command, cwd=REPO_ROOT, env=env)
+        return self
+
+    def wait_listening(self, timeout_s: float = 120.0) -> None:
+        """Block until the port accepts connections."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self.process is not None and self.process.poll() is None, "fake SGLang process exited"
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"fake SGLang process on {self.url} did not start") from None
+                time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL: the server vanishes mid-request, as a crashed SGLang would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+    def __enter__(self) -> FakeSGLangProcess:
+        self.start()
+        self.wait_listening()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tests.components.engine.fake_sglang --model-path DIR --port N``: serve until killed."""
+    from components.engine.embedded import EmbeddedEngineConfig
+
+    parser = argparse.ArgumentParser(description="A protocol-faithful stand-in for an SGLang server (CPU).")
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--admin-api-key", default=None)
+    parser.add_argument("--context-window", type=int, default=None)
+    parser.add_argument("--no-eos", action="store_true", help="never stop on EOS (deterministic lengths)")
+    parser.add_argument("--startup-delay-s", type=float, default=0.0, help="/health answers 503 this long")
+    args = parser.parse_args(argv)
+    options: dict[str, Any] = {"model_path": args.model_path, "num_threads": 1}
+    if args.context_window:
+        options["context_window"] = args.context_window
+    if args.no_eos:
+        options["eos_token_ids"] = ()
+    engine = EmbeddedEngine(EmbeddedEngineConfig(**options))
+    state = FakeSGLangState(
+        engine=engine,
+        model_path=args.model_path,
+        api_key=args.api_key,
+        admin_api_key=args.admin_api_key,
+        starting_until=time.monotonic() + args.startup_delay_s,
+    )
+    config = uvicorn.Config(
+        build_app(state), host=args.host, port=args.port, log_level="warning", lifespan="off"
+    )
+
+    async def serve() -> None:
+        state.paused = asyncio.Event()
+        state.paused.set()
+        await uvicorn.Server(config).serve()
+
+    try:
+        asyncio.run(serve())
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
