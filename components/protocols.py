@@ -289,3 +289,31 @@ class MetricsLogger(Protocol):
     def log(self, metrics: Mapping[str, Any], *, step: int) -> None: ...
 
     def close(self) -> None: ...
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Weight sync: how a trainer's new policy reaches an engine (``components/training/weight_sync.py``)
+# ----------------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class ObjectStoreWeightsEngine(Protocol):
+    """An engine in another Ray process that loads a new policy straight from Ray's object store.
+
+    Contract: ``update_weights_from_ref`` resolves ``state_dict_ref`` (an ``ObjectRef`` to a full state dict)
+    where the weights live, applies it between two decode steps and stamps later tokens with ``version``; the
+    state dict never travels through the caller's process.
+    """
+
+    async def update_weights_from_ref(self, state_dict_ref: Any, version: int) -> None: ...
+
+
+@runtime_checkable
+class DiskReloadingEngine(Protocol):
+    """An engine that reloads its weights from an HF folder it can read (SGLang's update-from-disk).
+
+    Contract: after ``update_weights_from_disk`` returns, new requests are served by the folder's weights and
+    their tokens carry ``version``.
+    """
+
+    async def update_weights_from_disk(self, model_path: str, version: int) -> Any: ...

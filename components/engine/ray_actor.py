@@ -122,6 +122,10 @@ class RayEngineClient:
         reference = ray.put(dict(state_dict))
         self._weight_version = await self._call(self.actor.update_weights.remote(reference, version))
 
+    async def update_weights_from_ref(self, state_dict_ref: Any, version: int) -> None:
+        """``ObjectStoreWeightsEngine``: the actor resolves the trainer's object ref itself (no driver copy)."""
+        self._weight_version = await self._call(self.actor.update_weights.remote(state_dict_ref, version))
+
     async def logprobs_of(self, input_ids: Sequence[int], start: int = 1) -> tuple[float, ...]:
         """Teacher-forced scoring in the actor under its current weights."""
         return await self._call(self.actor.logprobs_of.remote(list(input_ids), start))

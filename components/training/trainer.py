@@ -68,7 +68,6 @@ class TrainerConfig:
     temperature: float = 1.0
     num_updates_per_step: int = 1  # optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)
     seed: int = 0
-    checkpoint_every_steps: int = 0  # 0: only when save_checkpoint() is called
     keep_checkpoints: int = 2  # newest complete checkpoints kept (0: all)
     resume: bool = True  # start from the newest complete checkpoint in run_dir/checkpoints when there is one
     start_timeout_s: float = 600.0
@@ -85,7 +84,6 @@ class TrainerConfig:
         require_positive(self.torch_threads_per_worker, "torch_threads_per_worker")
         require_positive(self.temperature, "temperature")
         require_positive(self.num_updates_per_step, "num_updates_per_step")
-        require(self.checkpoint_every_steps >= 0, "checkpoint_every_steps", "must be >= 0")
         require(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
         require_positive(self.start_timeout_s, "start_timeout_s")
         require_positive(self.step_timeout_s, "step_timeout_s")
@@ -96,8 +94,43 @@ class TrainerConfig:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Coordinator actor: the command channel between the driver and the live workers
+# The command channel between the driver and the live workers: typed commands through a coordinator actor
 # ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainOnShards:
+    """One optimizer step: rank ``r`` trains on ``shards[r]`` padded to ``micro_batches_per_rank`` rows."""
+
+    shards: Sequence[Any]
+    micro_batches_per_rank: int
+
+
+@dataclass(frozen=True)
+class GatherFullStateDict:
+    """Rank 0 replies with ``[ObjectRef]`` of the full (unsharded, CPU) state dict."""
+
+
+@dataclass(frozen=True)
+class WriteCheckpoint:
+    """Rank 0 writes a complete checkpoint carrying ``state`` and replies with its folder."""
+
+    state: TrainerState
+
+
+@dataclass(frozen=True)
+class ScoreSequences:
+    """Rank 0 replies with the current policy's logprobs of each sequence (``token_ids``, ``routed_experts``)."""
+
+    sequences: Sequence[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    """Every worker leaves its command loop."""
+
+
+WorkerCommand = TrainOnShards | GatherFullStateDict | WriteCheckpoint | ScoreSequences | StopWorkers
 
 
 class _Coordinator:
@@ -112,12 +145,12 @@ class _Coordinator:
     def _event(self, command_id: str) -> asyncio.Event:
         return self.complete.setdefault(command_id, asyncio.Event())
 
-    async def submit(self, command: dict[str, Any]) -> None:
-        self._event(command["id"])
+    async def submit(self, command_id: str, command: WorkerCommand) -> None:
+        self._event(command_id)
         for queue in self.queues:
-            queue.put_nowait(command)
+            queue.put_nowait((command_id, command))
 
-    async def next_command(self, rank: int) -> dict[str, Any]:
+    async def next_command(self, rank: int) -> tuple[str, WorkerCommand]:
         return await self.queues[rank].get()
 
     async def report(self, command_id: str, rank: int, result: Any) -> None:
@@ -236,15 +269,14 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
     ray.get(coordinator.report.remote("ready", rank, {"rank": rank}))
 
     while True:
-        command = ray.get(coordinator.next_command.remote(rank))
-        kind, command_id = command["kind"], command["id"]
+        command_id, command = ray.get(coordinator.next_command.remote(rank))
         result: Any = None
-        if kind == "stop":
+        if isinstance(command, StopWorkers):
             ray.get(coordinator.report.remote(command_id, rank, None))
             return
-        if kind == "train":
-            rows = list(command["shards"][rank].iter_rows())
-            rows += padding_micro_batches(command["micro_batches_per_rank"] - len(rows)).to_pylist()
+        if isinstance(command, TrainOnShards):
+            rows = list(command.shards[rank].iter_rows())
+            rows += padding_micro_batches(command.micro_batches_per_rank - len(rows)).to_pylist()
             batches = [MicroBatch.from_row(row) for row in rows]
             result = run_train_step(
                 model,
@@ -258,17 +290,17 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
                 num_updates=config.num_updates_per_step,
             )
             result["num_micro_batches_rank0"] = float(len(batches))
-        elif kind == "gather":
+        elif isinstance(command, GatherFullStateDict):
             state_dict = get_model_state_dict(model, options=full_options)
             result = [ray.put(state_dict)] if rank == 0 else None
-        elif kind == "checkpoint":
+        elif isinstance(command, WriteCheckpoint):
             state_dict = get_model_state_dict(model, options=full_options)
             optimizer_state = get_optimizer_state_dict(model, optimizer, options=full_options)
             if rank == 0:
                 result = str(
                     write_checkpoint(
                         config.checkpoints_dir,
-                        state=command["state"],
+                        state=command.state,
                         model_state_dict=state_dict,
                         optimizer_state_dict=optimizer_state,
                         model_config=model_config,
@@ -276,13 +308,13 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
                         keep_last=config.keep_checkpoints,
                     )
                 )
-        elif kind == "score":
+        elif isinstance(command, ScoreSequences):
             scored = _score_sequences(
-                model, command["sequences"], temperature=config.temperature, device=device
+                model, command.sequences, temperature=config.temperature, device=device
             )
             result = scored if rank == 0 else None
         else:
-            raise ValueError(f"unknown trainer command {kind!r}")
+            raise TypeError(f"unknown trainer command {command!r}")
         ray.get(coordinator.report.remote(command_id, rank, result))
 
 
@@ -366,13 +398,14 @@ class Trainer:
             if time.monotonic() > deadline:
                 raise TrainerError(f"trainer command {command_id} did not finish within {timeout_s:.0f}s")
 
-    def _call(self, kind: str, *, timeout_s: float | None = None, **payload: Any) -> list[Any]:
+    def _call(self, command: WorkerCommand, *, timeout_s: float | None = None) -> list[Any]:
+        """Run ``command`` on every worker; one reply per rank."""
         import ray
 
         if self._closed:
             raise TrainerError("the trainer was shut down")
-        command_id = f"{kind}-{next(self._ids)}"
-        ray.get(self._coordinator.submit.remote({"id": command_id, "kind": kind, **payload}))
+        command_id = f"{type(command).__name__}-{next(self._ids)}"
+        ray.get(self._coordinator.submit.remote(command_id, command))
         return self._wait(command_id, timeout_s=timeout_s or self.config.step_timeout_s)
 
     def step(self, trajectories: TrajectorySource, current_version: int) -> dict[str, float]:
@@ -400,7 +433,7 @@ class Trainer:
         # Materialized contiguous shards, one per rank (``streaming_split`` would start a coordinator actor
         # per step: ≈ 3 s here); every rank runs ``per_rank`` micro-batches (FSDP collectives).
         shards, per_rank = batches.split_for_ranks(self.config.num_workers)
-        results = self._call("train", shards=shards, micro_batches_per_rank=per_rank)
+        results = self._call(TrainOnShards(shards=shards, micro_batches_per_rank=per_rank))
         metrics.update({f"train/{key}": value for key, value in results[0].items()})
         self.state = replace(
             self.state, step=self.state.step + 1, weight_version=current_version + 1, consumed_shards=consumed
@@ -408,15 +441,13 @@ class Trainer:
         metrics.update(
             {"trained": 1.0, "step": float(self.state.step), "weight_version": float(current_version + 1)}
         )
-        if self.config.checkpoint_every_steps and self.state.step % self.config.checkpoint_every_steps == 0:
-            self.save_checkpoint()
         metrics["step_s"] = time.perf_counter() - started
         metrics["tokens_per_s"] = metrics["train/num_tokens"] / metrics["step_s"]
         return metrics
 
     def full_state_dict_ref(self) -> Any:
         """A Ray ObjectRef to the full (unsharded, CPU) state dict of the current policy."""
-        return self._call("gather")[0][0]
+        return self._call(GatherFullStateDict())[0][0]
 
     def full_state_dict(self) -> dict[str, Any]:
         """The full (unsharded, CPU) state dict of the current policy."""
@@ -426,7 +457,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write a complete checkpoint of the current step now; returns its folder."""
-        return Path(self._call("checkpoint", state=self.state)[0])
+        return Path(self._call(WriteCheckpoint(state=self.state))[0])
 
     def score(
         self, sequences: Sequence[Sequence[int]], routed_experts: Sequence[Any] | None = None
@@ -437,7 +468,7 @@ class Trainer:
             {"token_ids": list(ids), "routed_experts": None if routed_experts is None else routed_experts[i]}
             for i, ids in enumerate(sequences)
         ]
-        return self._call("score", sequences=payload)[0]
+        return self._call(ScoreSequences(sequences=payload))[0]
 
     def shutdown(self) -> None:
         """Stop the workers and the coordinator (idempotent)."""
@@ -447,8 +478,8 @@ class Trainer:
             return
         try:
             if self._fit_thread.is_alive():
-                command_id = f"stop-{next(self._ids)}"
-                ray.get(self._coordinator.submit.remote({"id": command_id, "kind": "stop"}))
+                command_id = f"StopWorkers-{next(self._ids)}"
+                ray.get(self._coordinator.submit.remote(command_id, StopWorkers()))
                 try:
                     self._wait(command_id, timeout_s=60)
                 except TrainerError as error:

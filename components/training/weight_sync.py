@@ -2,9 +2,11 @@
 
 Two ways, one call (``WeightSync.push(trainer, version)``):
 - ``"memory"`` (embedded engine): rank 0's gathered full state dict travels through Ray's object store to
-  ``engine.update_weights(state_dict, version)`` - any ``InferenceEngine``; for ``RayEngineClient`` (the
-  engine actor) the object ref goes straight to the actor's ``update_weights``. The engine applies it between two decode steps (its own
-  pause/resume) and stamps later tokens with ``version``.
+  ``engine.update_weights(state_dict, version)`` - any ``InferenceEngine``; an engine in another Ray process
+  (``ObjectStoreWeightsEngine``, e.g. ``RayEngineClient``) gets the object ref itself
+  (``update_weights_from_ref``), so the weights go rank 0 → engine actor without a detour through the driver.
+  The engine applies it between two decode steps (its own pause/resume) and stamps later tokens with
+  ``version``.
 - ``"disk"`` (SGLang): the state dict is written as an HF folder (atomically, like a checkpoint) and the
   engine is asked to reload from it with ``engine.update_weights_from_disk(path, version)`` (SGLang's
   ``/update_weights_from_disk``, which pauses, loads, flushes the cache and resumes on its side).
@@ -19,19 +21,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 from components.config import require, require_one_of
+from components.protocols import DiskReloadingEngine, InferenceEngine, ObjectStoreWeightsEngine
 from components.training.checkpoint import save_hf_model
 
 WeightSyncMode = Literal["memory", "disk"]
-
-
-@runtime_checkable
-class DiskReloadingEngine(Protocol):
-    """An engine that reloads its weights from an HF folder (SGLang's update-from-disk)."""
-
-    async def update_weights_from_disk(self, model_path: str, version: int) -> None: ...
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -55,8 +51,10 @@ class WeightSyncConfig:
 class WeightSync:
     """Pushes a trainer's current policy to one engine with a new version."""
 
-    def __init__(self, config: WeightSyncConfig, engine: Any) -> None:
-        if config.mode == "memory" and not callable(getattr(engine, "update_weights", None)):
+    def __init__(
+        self, config: WeightSyncConfig, engine: InferenceEngine | ObjectStoreWeightsEngine | DiskReloadingEngine
+    ) -> None:
+        if config.mode == "memory" and not isinstance(engine, InferenceEngine | ObjectStoreWeightsEngine):
             raise ValueError(
                 "engine: 'memory' weight sync needs an engine with async update_weights(state_dict, version)"
             )
@@ -72,12 +70,8 @@ class WeightSync:
         started = time.perf_counter()
         reference = await asyncio.to_thread(trainer.full_state_dict_ref)
         gathered_s = time.perf_counter() - started
-        actor = getattr(self.engine, "actor", None)
-        if self.config.mode == "memory" and actor is not None:
-            # RayEngineClient: hand the object ref straight to the engine actor (rank 0 → actor, no detour
-            # through this process); Ray resolves it to the state dict in the actor.
-            await actor.update_weights.remote(reference, version)
-            await self.engine.refresh()
+        if self.config.mode == "memory" and isinstance(self.engine, ObjectStoreWeightsEngine):
+            await self.engine.update_weights_from_ref(reference, version)
         elif self.config.mode == "memory":
             await self.engine.update_weights(await reference, version)
         else:
