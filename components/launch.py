@@ -94,6 +94,7 @@ class RunConfig:
     engine_num_gpus: float = option(0.0, "Ray GPUs for the embedded engine actor (device cuda when > 0)")
     engine_threads: int = option(1, "torch threads of the embedded engine")
     engine_max_batch_size: int = option(8, "requests the embedded engine decodes together")
+    engine_kv_cache_gb: float = option(1.0, "GiB of the embedded engine's prefix cache (KV of past turns); 0 = off")
     proxy: Literal["serve", "local"] = option(
         "serve", "inference proxy: Ray Serve deployment or in the driver"
     )
@@ -131,6 +132,7 @@ class RunConfig:
         for name in ("temperature", "checkpoint_every_steps", "num_warm_sandboxes", "engine_num_cpus"):
             require_non_negative(getattr(self, name), name)
         require_non_negative(self.engine_num_gpus, "engine_num_gpus")
+        require_non_negative(self.engine_kv_cache_gb, "engine_kv_cache_gb")
         LoopConfig.of(self)  # rollout_mode, max_staleness: a bad value names its field
         require(
             self.engine != "sglang" or self.sglang_url.startswith(("http://", "https://")),
@@ -273,6 +275,7 @@ class RunStack:
                     model_path=checkpoint.path if checkpoint else run.model_path,
                     max_batch_size=config.engine_max_batch_size,
                     num_threads=config.engine_threads,
+                    kv_cache_gb=config.engine_kv_cache_gb,
                     device="cuda" if config.engine_num_gpus > 0 else "cpu",
                     initial_weight_version=version,
                 ),
