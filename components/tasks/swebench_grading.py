@@ -1,0 +1,330 @@
+"""Grading SWE-bench-format tasks the data set's way, with the project grader's tamper-proofing.
+
+Per verdict (``SweBenchGrader.score``):
+1. The agent's diff: read from its sandbox by ``SweGrader.extract_diff`` (``git add -A`` + ``git diff --cached
+   --binary`` against the flattened base commit, hooks / diff drivers / prefixes overridden).
+2. ``flag_suspicious_diff`` (the project grader's): non-test code reaching for pytest/pluggy earns 0 (when
+   ``reject_test_runner_tampering``); other interpreter tricks are flagged in the log.
+3. A **fresh** sandbox from the same image and the same base commit (network off), where the diff is applied
+   (``git apply``, then SWE-bench's own fallback ``patch --batch --fuzz=5 -p1``; neither applying earns 0).
+4. Restore: every file ``test_patch`` touches, and every piece of test infrastructure the diff touched
+   (``conftest.py``, ``pytest.ini``, ``tox.ini``, ``setup.cfg``, ``pyproject.toml``, ``*customize.py``,
+   ``*.pth``), goes back to the base commit (or away, if the agent created it); then ``test_patch`` (never
+   shown to the agent) is applied. The environment itself is the image's, read-only: an agent cannot plant
+   anything in site-packages.
+5. The instance's test command runs between two random markers; the text between them is parsed per test id
+   with the ``swebench`` package's own parser for the repository (``PARSER_REGISTRY`` /
+   ``MAP_REPO_TO_PARSER_PY``), and ``swebench.harness.grading.get_eval_tests_report`` +
+   ``get_resolution_status`` decide: reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS test passed
+   (``RESOLVED_FULL``); a test missing from the log counts as failed. The exit code is never trusted.
+
+Known limit (SWE-bench's own): the verdict is read from the test output, which code under test also writes
+to; printing a forged ``PASSED <id>`` line is flagged by nothing here. The random markers stop it from
+cutting the parsed region short, and for pytest repositories the project's ``SweGrader`` (report written by
+an in-process plugin to a random path) is the stricter alternative.
+
+Grading failures (sandbox or image unusable, ``test_patch`` not applying to the restored tree, the test
+command not found) are ``RewardResult(reward=None, error=...)``, never a 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from components.config import require_positive
+from components.errors import SandboxError
+from components.protocols import RewardResult, Sandbox, Task
+from components.tasks.grading import (
+    _TAMPERING,
+    GradingError,
+    SandboxFactory,
+    SandboxSource,
+    SweGrader,
+    SweGraderConfig,
+    _AgentFault,
+    flag_suspicious_diff,
+)
+from components.tasks.swebench import R2E_LOG_PARSER, SweBenchTask, parse_r2e_log
+
+_SAFE_GIT = ("git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+_DIFF_PATHS = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+_TEST_INFRASTRUCTURE = re.compile(
+    r"(^|/)(conftest\.py|pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml|sitecustomize\.py|usercustomize\.py)$"
+    r"|\.pth$"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweBenchGraderConfig:
+    """How ``SweBenchGrader`` runs an instance's tests."""
+
+    test_timeout_s: float = 1800.0  # the whole test command (a patch that hangs the tests earns 0)
+    step_timeout_s: float = 120.0  # each git / patch step
+    reject_test_runner_tampering: bool = True  # as SweGraderConfig's
+
+    def __post_init__(self) -> None:
+        require_positive(self.test_timeout_s, "test_timeout_s")
+        require_positive(self.step_timeout_s, "step_timeout_s")
+
+
+def parse_test_log(task: SweBenchTask, log: str) -> dict[str, str]:
+    """Per-test statuses (``PASSED``, ``FAILED``…) of a test log, by the parser SWE-bench uses for the repo."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+    from swebench.harness.log_parsers.python import MAP_REPO_TO_PARSER_PY, parse_log_pytest
+    from swebench.types import TestSpec
+
+    instance = task.instance
+    if instance.log_parser == R2E_LOG_PARSER:
+        return parse_r2e_log(log)
+    if instance.log_parser:
+        parser = PARSER_REGISTRY[instance.log_parser]
+    else:
+        parser = MAP_REPO_TO_PARSER_PY.get(instance.repo, parse_log_pytest)
+    spec = TestSpec(
+        instance_id=instance.instance_id,
+        image=task.image or "",
+        eval_script_list=[],
+        repo=instance.repo,
+        version=instance.version,
+        FAIL_TO_PASS=list(instance.fail_to_pass),
+        PASS_TO_PASS=list(instance.pass_to_pass),
+        log_parser=instance.log_parser,
+    )
+    return parser(log, spec)
+
+
+def resolution(task: SweBenchTask, statuses: dict[str, str]) -> tuple[bool, str]:
+    """``(resolved, summary)`` by swebench's ``get_eval_tests_report`` and ``get_resolution_status``."""
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
+    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+
+    gold = {FAIL_TO_PASS: list(task.instance.fail_to_pass), PASS_TO_PASS: list(task.instance.pass_to_pass)}
+    report = get_eval_tests_report(statuses, gold)
+    status = get_resolution_status(report)
+    failures = report[FAIL_TO_PASS]["failure"] + report[PASS_TO_PASS]["failure"]
+    summary = (
+        f"{status}: FAIL_TO_PASS {len(report[FAIL_TO_PASS]['success'])}/{len(gold[FAIL_TO_PASS])}, "
+        f"PASS_TO_PASS {len(report[PASS_TO_PASS]['success'])}/{len(gold[PASS_TO_PASS])}"
+        + (f"; failing: {', '.join(failures[:10])}" if failures else "")
+    )
+    return status == ResolvedStatus.FULL.value, summary
+
+
+class SweBenchGrader:
+    """Implements ``components.protocols.Reward`` for :class:`SweBenchTask` (see the module docstring)."""
+
+    def __init__(self, sandboxes: SandboxFactory | SandboxSource, config: SweBenchGraderConfig | None = None):
+        """``sandboxes``: a factory (``sandboxes.image.create_image_sandbox``) or a provider with
+        ``acquire``/``release`` (``ImageSandboxProvider``, whose pools reset a sandbox before reuse)."""
+        self.sandboxes = sandboxes
+        self.config = config or SweBenchGraderConfig()
+        # The project grader reads the agent's diff; only its git plumbing is used.
+        self._diff_reader = SweGrader(sandboxes, SweGraderConfig(step_timeout_s=self.config.step_timeout_s))
+
+    async def score(self, task: Task, agent_sandbox: Sandbox) -> RewardResult:
+        """Grade what the agent left in ``agent_sandbox``."""
+        if not isinstance(task, SweBenchTask):
+            raise TypeError(f"SweBenchGrader grades SweBenchTask, got {type(task).__name__}")
+        try:
+            diff = await self._diff_reader.extract_diff(task, agent_sandbox)  # uses task.snapshot() only
+        except _AgentFault as fault:
+            return RewardResult(reward=0.0, log=f"agent's repository unusable: {fault}")
+        except (SandboxError, GradingError) as error:
+            return RewardResult(reward=None, error=f"reading the agent's diff failed: {error}")
+        return await self.grade_patch(task, diff)
+
+    async def grade_patch(self, task: SweBenchTask, patch: str) -> RewardResult:
+        """Grade ``patch`` (a diff against the instance's base) in a fresh sandbox."""
+        log = [f"diff: {len(patch.splitlines())} lines"]
+        reasons = flag_suspicious_diff(patch)
+        log.extend(f"FLAGGED: {reason}" for reason in reasons)
+        if self.config.reject_test_runner_tampering and any(_TAMPERING in reason for reason in reasons):
+            log.append("reward 0: the diff's non-test code reaches into the test runner")
+            return RewardResult(reward=0.0, log="\n".join(log))
+        try:
+            spec = await asyncio.to_thread(task.sandbox_spec)
+            sandbox = await self._acquire(spec)
+        except (SandboxError, OSError, ValueError) as error:
+            return RewardResult(reward=None, log="\n".join(log), error=f"{type(error).__name__}: {error}")
+        try:
+            return await self._grade_in(sandbox, task, patch, log)
+        except _AgentFault as fault:
+            log.append(str(fault))
+            return RewardResult(reward=0.0, log="\n".join(log))
+        except (SandboxError, GradingError, OSError) as error:
+            return RewardResult(reward=None, log="\n".join(log), error=f"{type(error).__name__}: {error}")
+        finally:
+            await self._release(sandbox)
+
+    async def _grade_in(
+        self, sandbox: Sandbox, task: SweBenchTask, patch: str, log: list[str]
+    ) -> RewardResult:
+        grader_dir = f"/tmp/rein-grade-{secrets.token_hex(8)}"
+        await self._checked(sandbox, ["mkdir", "-p", grader_dir], "creating the grader directory")
+        if patch.strip():
+            await sandbox.write_file(f"{grader_dir}/agent.patch", patch)
+            applied = await self._step(
+                sandbox, [*_SAFE_GIT, "apply", "--whitespace=nowarn", f"{grader_dir}/agent.patch"]
+            )
+            if applied.exit_code == 127:
+                raise GradingError(f"git is not available in the grading sandbox: {applied.stderr[-300:]}")
+            if applied.exit_code != 0:
+                fuzzy = await self._step(
+                    sandbox, ["patch", "--batch", "--fuzz=5", "-p1", "-i", f"{grader_dir}/agent.patch"]
+                )
+                if fuzzy.exit_code != 0:
+                    raise _AgentFault(f"the agent's diff does not apply: {applied.stderr.strip()[-800:]}")
+                log.append("agent's diff applied with patch --fuzz=5 (git apply refused it)")
+        agent_paths = {match.group(2) for match in _DIFF_PATHS.finditer(patch)}
+        infrastructure = sorted(path for path in agent_paths if _TEST_INFRASTRUCTURE.search(path))
+        if infrastructure:
+            log.append(
+                "FLAGGED: test infrastructure in the diff restored to the base: " + ", ".join(infrastructure)
+            )
+        base = task.snapshot().base_commit
+        for path in dict.fromkeys([*task.instance.test_files, *infrastructure]):
+            await self._restore(sandbox, base, path)
+        if task.instance.test_patch.strip():
+            await sandbox.write_file(f"{grader_dir}/test.patch", task.instance.test_patch)
+            applied = await self._step(
+                sandbox, [*_SAFE_GIT, "apply", "--whitespace=nowarn", f"{grader_dir}/test.patch"]
+            )
+            if applied.exit_code != 0:
+                raise GradingError(
+                    f"test_patch does not apply to the restored tree: {applied.stderr.strip()[-800:]}"
+                )
+        start, end = f"REIN-TESTS-START-{secrets.token_hex(12)}", f"REIN-TESTS-END-{secrets.token_hex(12)}"
+        script = f"echo {start}; {task.test_command}; echo; echo {end}"
+        result = await sandbox.exec(["bash", "-c", script], timeout_s=self.config.test_timeout_s)
+        if result.timed_out:
+            log.append(f"tests timed out after {self.config.test_timeout_s:.0f} s")
+            return RewardResult(reward=0.0, log="\n".join(log))
+        output = result.stdout + "\n" + result.stderr
+        section = output.split(start, 1)[1].split(end, 1)[0] if start in output and end in output else ""
+        if start not in output:
+            raise GradingError(f"the test script did not start (exit {result.exit_code}): {output[-800:]}")
+        statuses = parse_test_log(task, section)
+        if not statuses and result.exit_code in (126, 127):
+            raise GradingError(f"test command not runnable (exit {result.exit_code}): {output[-800:]}")
+        resolved, summary = resolution(task, statuses)
+        log.append(summary)
+        if not statuses:
+            log.append(f"no test outcome in the log (exit {result.exit_code}): {section[-800:]}")
+        return RewardResult(reward=1.0 if resolved else 0.0, log="\n".join(log))
+
+    async def _restore(self, sandbox: Sandbox, base: str, path: str) -> None:
+        if PurePosixPath(path).is_absolute() or ".." in PurePosixPath(path).parts:
+            raise _AgentFault(f"path outside the repository in the diff: {path!r}")
+        exists = await self._step(sandbox, [*_SAFE_GIT, "cat-file", "-e", f"{base}:{path}"])
+        if exists.exit_code == 0:
+            await self._checked(sandbox, [*_SAFE_GIT, "checkout", base, "--", path], f"restoring {path}")
+        else:
+            await self._checked(sandbox, ["rm", "-rf", "--", path], f"removing {path}")
+
+    async def _acquire(self, spec) -> Sandbox:
+        if isinstance(self.sandboxes, SandboxSource):
+            return await self.sandboxes.acquire(spec)
+        return await self.sandboxes(spec)
+
+    async def _release(self, sandbox: Sandbox) -> None:
+        if isinstance(self.sandboxes, SandboxSource):
+            await self.sandboxes.release(sandbox)
+        else:
+            await sandbox.close()
+
+    async def _step(self, sandbox: Sandbox, command: list[str]):
+        return await sandbox.exec(command, timeout_s=self.config.step_timeout_s)
+
+    async def _checked(self, sandbox: Sandbox, command: list[str], what: str) -> None:
+        result = await self._step(sandbox, command)
+        if result.exit_code != 0:
+            raise GradingError(f"{what} failed (exit {result.exit_code}): {result.stderr[-500:]}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceCheck:
+    """``--check``'s verdict on one instance: the gold patch must earn 1 and the empty patch 0."""
+
+    instance_id: str
+    gold: RewardResult
+    empty: RewardResult
+
+    @property
+    def ok(self) -> bool:
+        return self.gold.reward == 1.0 and self.empty.reward == 0.0
+
+
+async def check_instances(
+    tasks: list[SweBenchTask], grader: SweBenchGrader, *, concurrency: int = 2
+) -> list[InstanceCheck]:
+    """Grade each instance's gold patch and the empty patch; an instance that is not ok is a bad instance."""
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(task: SweBenchTask) -> InstanceCheck:
+        async with semaphore:
+            gold = await grader.grade_patch(task, task.instance.patch)
+            empty = await grader.grade_patch(task, "")
+        return InstanceCheck(instance_id=task.task_id, gold=gold, empty=empty)
+
+    return list(await asyncio.gather(*(one(task) for task in tasks)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m components.tasks.swebench_grading --check --tasks swebench:PATH [--images DIR] [--snapshots DIR]``"""
+    from components.tasks.swebench import load_task_set
+    from sandboxes.image import ImageSandboxConfig, ImageSandboxProvider
+
+    parser = argparse.ArgumentParser(prog="python -m components.tasks.swebench_grading")
+    parser.add_argument(
+        "--check", action="store_true", required=True, help="gold -> 1 and empty -> 0 per instance"
+    )
+    parser.add_argument("--tasks", required=True, help="swebench:PATH or r2e:PATH")
+    parser.add_argument("--images", type=Path, default=None)
+    parser.add_argument("--snapshots", type=Path, default=None)
+    parser.add_argument("--image-cache", type=Path, default=None)
+    args = parser.parse_args(argv)
+    loaded = load_task_set(
+        args.tasks, images=args.images, snapshots=args.snapshots, image_cache_dir=args.image_cache
+    )
+    for row in loaded.rejected:
+        print(json.dumps({"instance_id": row.instance_id, "bad": True, "reason": row.reason}))
+
+    async def run() -> list[InstanceCheck]:
+        image_config = ImageSandboxConfig(
+            num_warm_per_image=0, **({"cache_dir": args.image_cache} if args.image_cache else {})
+        )
+        async with ImageSandboxProvider(image_config) as provider:
+            from sandboxes.bwrap import BwrapSandbox
+
+            grader_sandboxes = provider if any(task.image for task in loaded.tasks) else BwrapSandbox.create
+            return await check_instances(loaded.tasks, SweBenchGrader(grader_sandboxes))
+
+    checks = asyncio.run(run())
+    for check in checks:
+        print(json.dumps({"instance_id": check.instance_id, "bad": not check.ok, "gold": check.gold.reward,
+                          "empty": check.empty.reward, "log": (check.gold.error or check.gold.log)[-300:]}))  # fmt: skip
+    num_bad = len(loaded.rejected) + sum(not check.ok for check in checks)
+    print(
+        f"checked {len(checks)} instances: {len(checks) - num_bad + len(loaded.rejected)} ok, {num_bad} bad"
+    )
+    return 1 if num_bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = [
+    "InstanceCheck",
+    "SweBenchGrader",
+    "SweBenchGraderConfig",
+    "check_instances",
+    "parse_test_log",
+    "resolution",
+]
