@@ -14,8 +14,9 @@ receives them - no sticky routing needed - and a replica can die without losing 
 
 from __future__ import annotations
 
+import contextlib
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +36,58 @@ from components.trajectory import Trajectory
 
 
 class SessionShard:
-    """A Ray actor holding some of the sessions (a ``LocalSessionRegistry``) and calling the shared engine."""
+    """A Ray actor holding some of the sessions (a ``LocalSessionRegistry``) and calling the shared engine.
+
+    Each method is the ``LocalSessionRegistry`` method of the same name; any failure comes back as a
+    ``RemoteCallError`` (turned back into the typed exception by ``ShardedSessionRegistry``)."""
 
     def __init__(self, engine: InferenceEngine, tokenizer_path: str, config: ProxyConfig) -> None:
         from transformers import AutoTokenizer
 
         self.registry = LocalSessionRegistry(engine, AutoTokenizer.from_pretrained(tokenizer_path), config)
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run one ``LocalSessionRegistry`` method; any failure comes back as a ``RemoteCallError``."""
-        try:
-            return await getattr(self.registry, method)(*args, **kwargs)
-        except Exception as error:
-            raise to_remote(error) from None
+    async def open_session(
+        self, *, session_id: str, task_id: str, group_id: str, harness: str, step: int
+    ) -> str:
+        with _remote_errors():
+            return await self.registry.open_session(
+                session_id=session_id, task_id=task_id, group_id=group_id, harness=harness, step=step
+            )
+
+    async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
+        with _remote_errors():
+            return await self.registry.run_turn(session_id, request)
+
+    async def count_tokens(
+        self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> int:
+        with _remote_errors():
+            return await self.registry.count_tokens(session_id, messages, tools)
+
+    async def describe(self, session_id: str) -> dict[str, Any]:
+        with _remote_errors():
+            return await self.registry.describe(session_id)
+
+    async def finalize(self, session_id: str, **fields: Any) -> Trajectory:
+        """``fields``: ``LocalSessionRegistry.finalize``'s keyword arguments (reward, status, ...)."""
+        with _remote_errors():
+            return await self.registry.finalize(session_id, **fields)
+
+    async def discard(self, session_id: str) -> None:
+        with _remote_errors():
+            await self.registry.discard(session_id)
 
     def num_open_sessions(self) -> int:
         return self.registry.num_open_sessions
+
+
+@contextlib.contextmanager
+def _remote_errors() -> Iterator[None]:
+    """Send a failure across the actor boundary as a picklable ``RemoteCallError``."""
+    try:
+        yield
+    except Exception as error:
+        raise to_remote(error) from None
 
 
 class ShardedSessionRegistry:
@@ -65,21 +102,22 @@ class ShardedSessionRegistry:
         """Which shard owns ``session_id`` (stable across processes)."""
         return zlib.crc32(session_id.encode()) % len(self.shards)
 
-    async def _invoke(self, routing_id: str, method: str, /, *args: Any, **kwargs: Any) -> Any:
-        """Run ``method`` on the shard owning session ``routing_id``; remote errors come back typed."""
+    def _shard(self, session_id: str) -> Any:
+        """The shard actor owning ``session_id``."""
+        return self.shards[self.shard_index(session_id)]
+
+    @staticmethod
+    async def _result(reply: Any) -> Any:
+        """Await one shard call; remote errors come back typed."""
         from ray.exceptions import RayTaskError
 
-        shard = self.shards[self.shard_index(routing_id)]
         try:
-            return await shard.call.remote(method, *args, **kwargs)
+            return await reply
         except RayTaskError as error:
             cause = getattr(error, "cause", None)
             if isinstance(cause, RemoteCallError):
                 raise from_remote(cause) from None
             raise
-
-    async def _call(self, session_id: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await self._invoke(session_id, method, session_id, *args, **kwargs)
 
     async def open_session(
         self,
@@ -92,29 +130,26 @@ class ShardedSessionRegistry:
     ) -> str:
         """Start recording a new session on its shard; returns its id."""
         session_id = validate_session_id(session_id) if session_id is not None else new_session_id()
-        return await self._invoke(
-            session_id,
-            "open_session",
-            session_id=session_id,
-            task_id=task_id,
-            group_id=group_id,
-            harness=harness,
-            step=step,
+        return await self._result(
+            self._shard(session_id).open_session.remote(
+                session_id=session_id, task_id=task_id, group_id=group_id, harness=harness, step=step
+            )
         )
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
         """See ``LocalSessionRegistry.run_turn``."""
-        return await self._call(session_id, "run_turn", request)
+        return await self._result(self._shard(session_id).run_turn.remote(session_id, request))
 
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> int:
         """See ``LocalSessionRegistry.count_tokens``."""
-        return await self._call(session_id, "count_tokens", tuple(messages), tuple(tools))
+        shard = self._shard(session_id)
+        return await self._result(shard.count_tokens.remote(session_id, tuple(messages), tuple(tools)))
 
     async def describe(self, session_id: str) -> dict[str, Any]:
         """See ``LocalSessionRegistry.describe``."""
-        return await self._call(session_id, "describe")
+        return await self._result(self._shard(session_id).describe.remote(session_id))
 
     async def finalize(
         self,
@@ -131,9 +166,8 @@ class ShardedSessionRegistry:
         log: str = "",
     ) -> Trajectory:
         """See ``LocalSessionRegistry.finalize`` (the shard writes the trajectory to its store)."""
-        return await self._call(
+        reply = self._shard(session_id).finalize.remote(
             session_id,
-            "finalize",
             reward=reward,
             status=status,
             failure_reason=failure_reason,
@@ -144,10 +178,11 @@ class ShardedSessionRegistry:
             step=step,
             log=log,
         )
+        return await self._result(reply)
 
     async def discard(self, session_id: str) -> None:
         """See ``LocalSessionRegistry.discard``."""
-        await self._call(session_id, "discard")
+        await self._result(self._shard(session_id).discard.remote(session_id))
 
     async def num_open_sessions(self) -> int:
         """Open sessions over all shards."""
