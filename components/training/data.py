@@ -588,7 +588,8 @@ class MicroBatch:
         def tensor(name: str, dtype: torch.dtype) -> torch.Tensor:
             return torch.as_tensor(np.asarray(row[name]), dtype=dtype)
 
-        route_shape = tuple(row.get("routed_experts_shape") or ())
+        shape = row.get("routed_experts_shape")
+        route_shape = tuple(int(n) for n in shape) if shape is not None else ()
 
         return cls(
             input_ids=tensor("input_ids", torch.long),
