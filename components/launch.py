@@ -322,11 +322,17 @@ class RunStack:
         self.ledger = StepLedger(self.store, self.trainer.state.consumed_shards)
 
     async def _start_proxy(self) -> tuple[str, Any]:
+        from components.proxy.auth import generate_admin_key
         from components.proxy.config import ProxyConfig
 
+        # Isolated mode: the admin key stays on the host; agents get per-session tokens (session_keys).
         proxy_config = ProxyConfig(
-            port=0, default_max_tokens=self.config.max_tokens, max_completion_tokens=self.config.max_tokens
+            port=0,
+            default_max_tokens=self.config.max_tokens,
+            max_completion_tokens=self.config.max_tokens,
+            admin_key=generate_admin_key(),
         )
+        self.session_keys = proxy_config.session_keys
         if self.config.proxy == "local":
             from transformers import AutoTokenizer
 

@@ -233,13 +233,15 @@ class Harness(Protocol):
     """The agent program being trained.
 
     Contract: the harness talks to the policy only through ``base_url`` (an OpenAI / Anthropic compatible
-    proxy session URL) and acts only inside ``sandbox``; it returns within its own turn and time bounds and
-    reports crashes as an outcome, never by raising.
+    proxy session URL), authenticating with ``api_key`` (the session's capability token: it opens that
+    session's model routes and nothing else, see ``components.proxy.auth``), and acts only inside
+    ``sandbox``; it returns within its own turn and time bounds and reports crashes as an outcome, never by
+    raising.
     """
 
     name: str
 
-    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str) -> HarnessOutcome: ...
+    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str, api_key: str) -> HarnessOutcome: ...
 
 
 # ----------------------------------------------------------------------------------------------------------

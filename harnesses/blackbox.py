@@ -132,7 +132,7 @@ class AgentExit:
 @runtime_checkable
 class BlackBoxAgent(Protocol):
     """One agent program. Contract: ``launch`` describes a run against ``base_url`` (a proxy session URL,
-    ``http://HOST:PORT/s/{id}``) with ``home`` as its HOME (an absolute path inside the sandbox) that honours
+    ``http://HOST:PORT/s/{id}``) authenticating with ``api_key`` (the session's token) with ``home`` as its HOME (an absolute path inside the sandbox) that honours
     ``config.max_turns`` where the program can; ``read_exit`` maps the program's exit to a status (ok /
     turn_limit / timeout / agent_error …), a reason and metrics."""
 
@@ -140,7 +140,9 @@ class BlackBoxAgent(Protocol):
 
     def read_only_paths(self) -> tuple[str, ...]: ...
 
-    def launch(self, *, prompt: str, base_url: str, home: str, config: BlackBoxConfig) -> AgentLaunch: ...
+    def launch(
+        self, *, prompt: str, base_url: str, api_key: str, home: str, config: BlackBoxConfig
+    ) -> AgentLaunch: ...
 
     def read_exit(
         self, run: AgentExit, config: BlackBoxConfig
@@ -244,14 +246,16 @@ class BlackBoxHarness:
         home = result.stdout.strip() if result.exit_code == 0 else ""
         return (home if home.startswith("/") else "/tmp").rstrip("/") + "/.rein-agent"
 
-    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str) -> HarnessOutcome:
+    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str, api_key: str) -> HarnessOutcome:
         """Launch the agent in ``sandbox`` against ``base_url`` and classify how it ended."""
         config = self.config
         started = time.monotonic()
         prompt = config.prompt_template.format(problem_statement=task.problem_statement)
         try:
             home = config.home_dir or await self._default_home(sandbox)
-            launch = self.agent.launch(prompt=prompt, base_url=base_url.rstrip("/"), home=home, config=config)
+            launch = self.agent.launch(
+                prompt=prompt, base_url=base_url.rstrip("/"), api_key=api_key, home=home, config=config
+            )
             env = {
                 "PATH": search_path(config.path_prepend),
                 "LANG": "C.UTF-8",

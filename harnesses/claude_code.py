@@ -42,7 +42,9 @@ class ClaudeCodeAgent:
         """The npm install (a native binary; no Node needed)."""
         return existing([AGENTS_DIR])
 
-    def launch(self, *, prompt: str, base_url: str, home: str, config: BlackBoxConfig) -> AgentLaunch:
+    def launch(
+        self, *, prompt: str, base_url: str, api_key: str, home: str, config: BlackBoxConfig
+    ) -> AgentLaunch:
         """Print mode against the session; the sandbox, not Claude Code, is the permission boundary."""
         return AgentLaunch(
             argv=(
@@ -60,7 +62,7 @@ class ClaudeCodeAgent:
             ),
             env={
                 "ANTHROPIC_BASE_URL": base_url,
-                "ANTHROPIC_API_KEY": "rein",
+                "ANTHROPIC_API_KEY": api_key,
                 "ANTHROPIC_SMALL_FAST_MODEL": config.model,
                 "DISABLE_TELEMETRY": "1",
                 "DISABLE_ERROR_REPORTING": "1",

@@ -54,7 +54,9 @@ class CodexAgent:
             ]
         )
 
-    def launch(self, *, prompt: str, base_url: str, home: str, config: BlackBoxConfig) -> AgentLaunch:
+    def launch(
+        self, *, prompt: str, base_url: str, api_key: str, home: str, config: BlackBoxConfig
+    ) -> AgentLaunch:
         """``codex exec`` in the workspace; codex's own sandbox is off because bwrap already is one."""
         return AgentLaunch(
             argv=(
@@ -67,7 +69,7 @@ class CodexAgent:
                 "never",
                 prompt,
             ),
-            env={API_KEY_ENV: "rein", "CODEX_HOME": f"{home}/.codex", "NO_COLOR": "1"},
+            env={API_KEY_ENV: api_key, "CODEX_HOME": f"{home}/.codex", "NO_COLOR": "1"},
             home_files={".codex/config.toml": self.config_toml(base_url=base_url, config=config)},
         )
 

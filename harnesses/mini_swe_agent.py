@@ -34,7 +34,9 @@ class MiniSweAgent:
         """The virtual environment and the Python it was made from."""
         return existing(python_environment_paths())
 
-    def launch(self, *, prompt: str, base_url: str, home: str, config: BlackBoxConfig) -> AgentLaunch:
+    def launch(
+        self, *, prompt: str, base_url: str, api_key: str, home: str, config: BlackBoxConfig
+    ) -> AgentLaunch:
         """One ``mini`` run in the workspace with its global config dir and trajectory file in HOME."""
         trajectory = f"{home}/mini.traj.json"
         python = Path(sys.prefix) / "bin" / "python"
@@ -60,7 +62,7 @@ class MiniSweAgent:
                 "-c",
                 f"model.model_kwargs.api_base={base_url}/v1",
                 "-c",
-                "model.model_kwargs.api_key=rein",
+                f"model.model_kwargs.api_key={api_key}",
                 "-c",
                 "environment.environment_class=local",
                 "-c",

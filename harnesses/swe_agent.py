@@ -92,7 +92,7 @@ class SweAgentHarness:
             {"role": "user", "content": task.problem_statement},
         ]
 
-    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str) -> HarnessOutcome:
+    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str, api_key: str) -> HarnessOutcome:
         """Run the tool loop until ``submit``, the turn bound or the wall-time bound."""
         config = self.config
         state = _Run(
@@ -105,7 +105,7 @@ class SweAgentHarness:
         )
         client = AsyncOpenAI(
             base_url=f"{base_url.rstrip('/')}/v1",
-            api_key="rein",
+            api_key=api_key,
             max_retries=config.max_retries,
             timeout=config.wall_time_s,
         )

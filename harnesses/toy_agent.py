@@ -119,7 +119,7 @@ class ToyAgentHarness:
         self.name = name
         self.reward = ToyGameReward()
 
-    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str) -> HarnessOutcome:
+    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str, api_key: str) -> HarnessOutcome:
         """Play one game: model call → tool calls → game steps, until the game ends or a bound is hit."""
         if not isinstance(task, ToyGameTask):
             raise TypeError(f"ToyAgentHarness plays ToyGameTask, got {type(task).__name__}")
@@ -143,7 +143,7 @@ class ToyAgentHarness:
             }
 
         client = AsyncOpenAI(
-            base_url=f"{base_url.rstrip('/')}/v1", api_key="rein", max_retries=config.max_retries
+            base_url=f"{base_url.rstrip('/')}/v1", api_key=api_key, max_retries=config.max_retries
         )
         try:
             async with asyncio.timeout(config.wall_time_s) as deadline:

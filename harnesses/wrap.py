@@ -66,6 +66,7 @@ class AgentContext:
     task: Task
     sandbox: Sandbox
     base_url: str  # the proxy session URL (``.../s/{session_id}``)
+    api_key: str  # the session's capability token (opens this session's model routes only)
     model: str
     metrics: dict[str, float] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
@@ -77,7 +78,7 @@ class AgentContext:
         """An ``AsyncOpenAI`` client whose every request lands in this rollout's proxy session."""
         if self._openai is None:
             self._openai = AsyncOpenAI(
-                base_url=f"{self.base_url.rstrip('/')}/v1", api_key="rein", max_retries=1
+                base_url=f"{self.base_url.rstrip('/')}/v1", api_key=self.api_key, max_retries=1
             )
         return self._openai
 
@@ -88,7 +89,7 @@ class AgentContext:
             from anthropic import AsyncAnthropic
 
             self._anthropic = AsyncAnthropic(
-                base_url=self.base_url.rstrip("/"), api_key="rein", max_retries=1
+                base_url=self.base_url.rstrip("/"), api_key=self.api_key, max_retries=1
             )
         return self._anthropic
 
@@ -121,9 +122,11 @@ class FunctionHarness:
         self.config = config or WrappedAgentConfig()
         functools.update_wrapper(self, agent)
 
-    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str) -> HarnessOutcome:
+    async def run(self, *, task: Task, sandbox: Sandbox, base_url: str, api_key: str) -> HarnessOutcome:
         """Run the agent function once; its exceptions become a classified outcome."""
-        ctx = AgentContext(task=task, sandbox=sandbox, base_url=base_url, model=self.config.model)
+        ctx = AgentContext(
+            task=task, sandbox=sandbox, base_url=base_url, api_key=api_key, model=self.config.model
+        )
         started = time.monotonic()
 
         def finish(outcome: HarnessOutcome) -> HarnessOutcome:

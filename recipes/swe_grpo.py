@@ -115,6 +115,7 @@ async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
             sandboxes=stack.sandboxes,
             sessions=stack.sessions,
             proxy_url=stack.proxy_url,
+            session_keys=stack.session_keys,
             grader=SweGrader(
                 BwrapSandbox.create
             ),  # grading gets fresh sandboxes of its own, never the agent's

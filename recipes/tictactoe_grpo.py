@@ -98,6 +98,7 @@ async def main(config: TicTacToeGrpoConfig) -> None:
             sandboxes=stack.sandboxes,
             sessions=stack.sessions,
             proxy_url=stack.proxy_url,
+            session_keys=stack.session_keys,
             grader=harness.reward,
         )
         await run_recipe_loop(config, run, stack, runner, functools.partial(games_for_step, config))

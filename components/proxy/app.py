@@ -12,12 +12,17 @@ Routes (each under ``/s/{session_id}`` and bare):
   GET  /v1/models                the served model
 Session control:
   POST /sessions                 body (optional) {session_id, task_id, group_id, harness, step}
-                                 → {"session_id", "base_url"}
+                                 → {"session_id", "base_url"[, "api_key": the session token]}
   GET  /s/{id}/trajectory        the recorded segments so far
   POST /s/{id}/finalize          body {reward, status, failure_reason, metrics, task_id, group_id, harness,
                                  step, log} → the trajectory as JSON (written to RUN_DIR/trajectories)
   POST /s/{id}/discard           drop the session
   GET  /health
+
+Auth (``components.proxy.auth``): with ``ProxyConfig.admin_key`` (isolated mode, what ``RunStack`` uses) the
+session-control routes and ``/health`` need the admin key, and a session's model routes need that session's
+capability token (``POST /sessions`` returns it as ``api_key``); a token opens nothing else. With
+``ProxyConfig.api_key`` (shared-key mode) one key opens every route; with neither, every route is open.
 
 Every protocol is parsed into the same ``TurnRequest`` and answered by the same ``SessionRegistry.run_turn``.
 Errors use the protocol's own shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``):
@@ -128,7 +133,15 @@ class _ProxyHandlers:
 
     # -- helpers ------------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _presented_key(request: Request) -> str | None:
+        authorization = request.headers.get("authorization", "")
+        if authorization.startswith("Bearer "):
+            return authorization.removeprefix("Bearer ")
+        return request.headers.get("x-api-key")
+
     def _check_api_key(self, request: Request) -> None:
+        """Shared-key mode only: the one key opens every route."""
         key = self.config.api_key
         if key is None:
             return
@@ -138,6 +151,32 @@ class _ProxyHandlers:
         raise AuthenticationError(
             "missing or wrong API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
         )
+
+    def _check_admin(self, request: Request) -> None:
+        """Control routes: the admin key in isolated mode (a session token never opens them)."""
+        keys = self.config.session_keys
+        if keys is None:
+            self._check_api_key(request)
+        elif not keys.is_admin_key(self._presented_key(request)):
+            raise AuthenticationError("this route needs the proxy's admin key")
+
+    def _check_session_access(self, request: Request, session_id: str) -> None:
+        """Model routes: in isolated mode, the capability token of this very session."""
+        keys = self.config.session_keys
+        if keys is None:
+            self._check_api_key(request)
+        elif not keys.is_session_token(session_id, self._presented_key(request)):
+            raise AuthenticationError(
+                "missing or wrong session token: send this session's token as the API key "
+                "(`Authorization: Bearer TOKEN` or `x-api-key: TOKEN`)"
+            )
+
+    def _authorized_session_id(self, request: Request) -> str:
+        # Authorization is checked before the session is looked up, so a wrong token cannot probe which
+        # sessions exist (401 either way).
+        raw = request.path_params.get("session_id") or request.headers.get(SESSION_HEADER) or ""
+        self._check_session_access(request, raw)
+        return self._session_id(request)
 
     @staticmethod
     def _session_id(request: Request) -> str:
@@ -161,8 +200,7 @@ class _ProxyHandlers:
 
     async def _turn(self, request: Request, protocol: _Protocol) -> Response:
         try:
-            self._check_api_key(request)
-            session_id = self._session_id(request)
+            session_id = self._authorized_session_id(request)
             parsed = protocol.parse(parse_json_object(await request.body()))
         except Exception as error:
             return self._error(protocol, error)
@@ -219,8 +257,7 @@ class _ProxyHandlers:
 
     async def count_tokens(self, request: Request) -> Response:
         try:
-            self._check_api_key(request)
-            session_id = self._session_id(request)
+            session_id = self._authorized_session_id(request)
             messages, tools = anthropic_messages.parse_count_tokens(parse_json_object(await request.body()))
             num_tokens = await self.registry.count_tokens(session_id, messages, tools)
         except Exception as error:
@@ -229,7 +266,12 @@ class _ProxyHandlers:
 
     async def models(self, request: Request) -> Response:
         try:
-            self._check_api_key(request)
+            keys = self.config.session_keys
+            bare = request.path_params.get("session_id") is None and request.headers.get(SESSION_HEADER) is None
+            if keys is None:
+                self._check_api_key(request)
+            elif not (bare and keys.is_admin_key(self._presented_key(request))):
+                self._authorized_session_id(request)
         except Exception as error:
             return self._error(CHAT, error)
         name = self.config.served_model_name
@@ -250,7 +292,7 @@ class _ProxyHandlers:
 
     async def open_session(self, request: Request) -> Response:
         try:
-            self._check_api_key(request)
+            self._check_admin(request)
             raw = await request.body()
             body = parse_json_object(raw) if raw.strip() else {}
             session_id = await self.registry.open_session(
@@ -263,18 +305,22 @@ class _ProxyHandlers:
         except Exception as error:
             return self._error(CHAT, error)
         root = str(request.url).split("?", 1)[0].removesuffix("/").removesuffix("/sessions")
-        return _json({"session_id": session_id, "base_url": f"{root}/s/{session_id}"})
+        opened = {"session_id": session_id, "base_url": f"{root}/s/{session_id}"}
+        keys = self.config.session_keys
+        if keys is not None:
+            opened["api_key"] = keys.session_token(session_id)  # the one credential to hand the agent
+        return _json(opened)
 
     async def trajectory(self, request: Request) -> Response:
         try:
-            self._check_api_key(request)
+            self._check_admin(request)
             return _json(await self.registry.describe(self._session_id(request)))
         except Exception as error:
             return self._error(CHAT, error)
 
     async def finalize(self, request: Request) -> Response:
         try:
-            self._check_api_key(request)
+            self._check_admin(request)
             session_id = self._session_id(request)
             raw = await request.body()
             body = parse_json_object(raw) if raw.strip() else {}
@@ -303,7 +349,7 @@ class _ProxyHandlers:
 
     async def discard(self, request: Request) -> Response:
         try:
-            self._check_api_key(request)
+            self._check_admin(request)
             session_id = self._session_id(request)
             await self.registry.discard(session_id)
         except Exception as error:
@@ -311,6 +357,11 @@ class _ProxyHandlers:
         return _json({"session_id": session_id, "discarded": True})
 
     async def health(self, request: Request) -> Response:
+        if self.config.session_keys is not None:  # isolated mode: the host's, like every control route
+            try:
+                self._check_admin(request)
+            except Exception as error:
+                return self._error(CHAT, error)
         return _json({"status": "ok"})
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.config import require, require_positive
+from components.proxy.auth import SessionKeys
 from components.sampling import SamplingDistribution
 
 
@@ -15,7 +16,12 @@ class ProxyConfig:
 
     host: str = "127.0.0.1"  # bind address of the standalone server (loopback only by default)
     port: int = 8000  # 0: any free port
-    api_key: str | None = None  # when set, requests need `Authorization: Bearer KEY` or `x-api-key: KEY`
+    # Shared-key mode (no isolation between sessions): when set, every route needs `Authorization: Bearer KEY`
+    # or `x-api-key: KEY`. Use ``admin_key`` instead wherever agents run untrusted code.
+    api_key: str | None = None
+    # Isolated mode (components/proxy/auth.py): control routes need this key, which no sandbox ever sees; a
+    # session's model routes need that session's capability token (``SessionKeys.session_token``).
+    admin_key: str | None = field(default=None, repr=False)
     keepalive_interval_s: float = 5.0  # streaming: a keep-alive frame this often while the engine works
     default_max_tokens: int = (
         1024  # completion budget when a request does not say (still clamped to the window)
@@ -36,6 +42,9 @@ class ProxyConfig:
         require(bool(self.host), "host", "must be a host name or address")
         require(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port!r}")
         require(self.api_key is None or bool(self.api_key), "api_key", "must be None or a non-empty string")
+        if self.admin_key is not None:
+            require(self.api_key is None, "api_key", "must be None when admin_key is set (one auth mode)")
+            SessionKeys(admin_key=self.admin_key)  # validates the key's strength, naming the field
         require_positive(self.keepalive_interval_s, "keepalive_interval_s")
         require_positive(self.default_max_tokens, "default_max_tokens")
         if self.max_completion_tokens is not None:
@@ -46,3 +55,8 @@ class ProxyConfig:
         require(
             isinstance(self.sampling, SamplingDistribution), "sampling", "must be a SamplingDistribution"
         )
+
+    @property
+    def session_keys(self) -> SessionKeys | None:
+        """The credentials of isolated mode; None in shared-key or open mode."""
+        return None if self.admin_key is None else SessionKeys(admin_key=self.admin_key)

@@ -20,11 +20,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from components.config import require_positive
 from components.protocols import Harness, HarnessOutcome, Reward, Sandbox, SandboxSpec, Task
+from components.proxy.auth import SessionKeys
 from components.rollout.failures import classify_exception
 from components.rollout.log_text import clip_text
 from components.trajectory import TRAINABLE_STATUSES, Trajectory, TrajectoryStatus
 
 logger = logging.getLogger(__name__)
+
+OPEN_PROXY_API_KEY = "rein"  # what harnesses send to a proxy without per-session tokens (any key is accepted)
 
 _INFRA_STATUSES = frozenset(
     {TrajectoryStatus.SANDBOX_ERROR, TrajectoryStatus.ENGINE_ERROR, TrajectoryStatus.GRADING_ERROR}
@@ -137,18 +140,29 @@ class RolloutRunner:
         sessions: SessionControl,
         proxy_url: str,
         grader: Reward,
+        session_keys: SessionKeys | None = None,
     ) -> None:
+        """``session_keys``: the proxy's credentials (``ProxyConfig.session_keys``) when it runs isolated; each
+        harness then gets its own session's capability token as its API key, never the admin key. None: the
+        proxy is open (or shared-key) and harnesses get a placeholder key."""
         self.config = config
         self.harness = harness
         self.sandboxes = sandboxes
         self.sessions = sessions
         self.proxy_url = proxy_url.rstrip("/")
         self.grader = grader
+        self.session_keys = session_keys
         self._run_tag = uuid.uuid4().hex[:8]
 
     def session_url(self, session_id: str) -> str:
         """The base URL a harness uses for one session."""
         return f"{self.proxy_url}/s/{session_id}"
+
+    def session_api_key(self, session_id: str) -> str:
+        """The only credential a harness (and so the agent in its sandbox) gets for one session."""
+        if self.session_keys is None:
+            return OPEN_PROXY_API_KEY
+        return self.session_keys.session_token(session_id)
 
     async def run(self, tasks: Sequence[Task], step: int) -> list[Trajectory]:
         """Roll out every task ``group_size`` times (concurrently, bounded); one trajectory per rollout, in
@@ -229,7 +243,12 @@ class RolloutRunner:
         started = time.monotonic()
         try:
             outcome = await asyncio.wait_for(
-                self.harness.run(task=task, sandbox=sandbox, base_url=self.session_url(session_id)),
+                self.harness.run(
+                    task=task,
+                    sandbox=sandbox,
+                    base_url=self.session_url(session_id),
+                    api_key=self.session_api_key(session_id),
+                ),
                 self.config.harness_timeout_s,
             )
         except TimeoutError:

@@ -97,7 +97,9 @@ async def test_wrapper_classifies_how_the_agent_ended(scripted_proxy, slugify_ta
         }
         for fn, (status, reason) in cases.items():
             harness = FunctionHarness(fn, name=fn.__name__, config=WrappedAgentConfig(wall_time_s=1))
-            outcome = await harness.run(task=slugify_task, sandbox=sandbox, base_url="http://127.0.0.1:9/s/x", api_key="x")
+            outcome = await harness.run(
+                task=slugify_task, sandbox=sandbox, base_url="http://127.0.0.1:9/s/x", api_key="x"
+            )
             assert (outcome.status, reason in outcome.failure_reason) == (status, True), outcome
     finally:
         await sandbox_pool.release(sandbox)
