@@ -1,0 +1,134 @@
+"""GRPO as one ``Algorithm`` brick: group-relative advantages, per-trajectory sample weighting and the
+clipped, importance-corrected token-level loss. Dr.GRPO (``dr_grpo.py``) is a config of the same brick
+(``GRPOConfig.dr_grpo()``): no division by the group std and no length normalisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+from components.config import require_non_negative, require_one_of, require_positive
+from components.training.losses import PolicyLossConfig, policy_gradient_loss
+
+SampleWeighting = Literal["trajectory", "token", "constant"]
+
+
+@dataclass(kw_only=True, frozen=True)
+class GRPOConfig:
+    """Group Relative Policy Optimisation."""
+
+    # Divide (reward - group mean) by the group's sample std (+ std_epsilon). False: Dr.GRPO.
+    normalize_advantages_by_std: bool = True
+    std_epsilon: float = 1e-6
+    # How a sampled token's loss is weighted in the step (every option gives each trajectory the same total
+    # weight however many segments it was split into):
+    #   "trajectory": each trajectory's loss is the mean over its sampled tokens, trajectories averaged
+    #                 (GRPO); a segment's share is its share of its trajectory's sampled tokens.
+    #   "token":      every sampled token in the step counts the same (DAPO token-level mean).
+    #   "constant":   token losses summed per trajectory and divided by ``constant_normalizer_tokens``,
+    #                 trajectories averaged (Dr.GRPO: no length normalisation).
+    sample_weighting: SampleWeighting = "trajectory"
+    constant_normalizer_tokens: int = 1024
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+
+    def __post_init__(self) -> None:
+        require_non_negative(self.std_epsilon, "std_epsilon")
+        require_one_of(self.sample_weighting, "sample_weighting", ("trajectory", "token", "constant"))
+        require_positive(self.constant_normalizer_tokens, "constant_normalizer_tokens")
+
+    @classmethod
+    def dr_grpo(
+        cls, *, constant_normalizer_tokens: int = 1024, loss: PolicyLossConfig | None = None
+    ) -> GRPOConfig:
+        """Dr.GRPO: advantages without std division, token sums over a constant instead of lengths."""
+        return cls(
+            normalize_advantages_by_std=False,
+            sample_weighting="constant",
+            constant_normalizer_tokens=constant_normalizer_tokens,
+            loss=loss or PolicyLossConfig(),
+        )
+
+
+def group_relative_advantages(
+    rewards: np.ndarray, group_ids: Sequence[str], *, normalize_by_std: bool, std_epsilon: float
+) -> np.ndarray:
+    """reward − group mean (÷ (group sample std + ε) when asked); a group of one gets advantage 0."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"group_ids: has {len(group_ids)} entries for {len(rewards)} rewards")
+    _, group_index = np.unique(np.asarray(group_ids, dtype=object).astype(str), return_inverse=True)
+    num_groups = int(group_index.max()) + 1 if len(rewards) else 0
+    counts = np.bincount(group_index, minlength=num_groups).astype(np.float64)
+    means = np.bincount(group_index, weights=rewards, minlength=num_groups) / np.maximum(counts, 1)
+    centred = rewards - means[group_index]
+    if not normalize_by_std:
+        return centred
+    squares = np.bincount(group_index, weights=centred**2, minlength=num_groups)
+    std = np.sqrt(squares / np.maximum(counts - 1, 1))
+    return centred / (std[group_index] + std_epsilon)
+
+
+class GRPO:
+    """GRPO (and Dr.GRPO, by config): implements ``components.protocols.Algorithm``."""
+
+    def __init__(self, config: GRPOConfig | None = None) -> None:
+        self.config = config or GRPOConfig()
+
+    @property
+    def needs_reference_logprobs(self) -> bool:
+        return self.config.loss.kl_coef > 0
+
+    def advantages(self, rewards: np.ndarray, group_ids: Sequence[str]) -> np.ndarray:
+        """Per-trajectory group-relative advantages."""
+        return group_relative_advantages(
+            rewards,
+            group_ids,
+            normalize_by_std=self.config.normalize_advantages_by_std,
+            std_epsilon=self.config.std_epsilon,
+        )
+
+    def sample_weights(self, num_sampled_tokens: np.ndarray, trajectory_index: np.ndarray) -> np.ndarray:
+        """Per-segment weight of each of its sampled tokens; the step loss is Σ weight·token loss."""
+        num_sampled_tokens = np.asarray(num_sampled_tokens, dtype=np.float64)
+        trajectory_index = np.asarray(trajectory_index, dtype=np.int64)
+        if len(num_sampled_tokens) == 0:
+            return np.zeros(0)
+        num_trajectories = len(np.unique(trajectory_index))
+        if self.config.sample_weighting == "token":
+            return np.full(len(num_sampled_tokens), 1.0 / max(num_sampled_tokens.sum(), 1.0))
+        if self.config.sample_weighting == "constant":
+            return np.full(
+                len(num_sampled_tokens), 1.0 / (num_trajectories * self.config.constant_normalizer_tokens)
+            )
+        per_trajectory = np.bincount(trajectory_index, weights=num_sampled_tokens)
+        return 1.0 / (num_trajectories * np.maximum(per_trajectory[trajectory_index], 1.0))
+
+    def loss(
+        self,
+        *,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        weights: torch.Tensor,
+        ref_logprobs: torch.Tensor | None = None,
+        proximal_logprobs: torch.Tensor | None = None,
+        sequence_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped, importance-corrected policy-gradient loss (see ``losses.policy_gradient_loss``)."""
+        return policy_gradient_loss(
+            self.config.loss,
+            logprobs=logprobs,
+            old_logprobs=old_logprobs,
+            advantages=advantages,
+            loss_mask=loss_mask,
+            weights=weights,
+            ref_logprobs=ref_logprobs,
+            proximal_logprobs=proximal_logprobs,
+            sequence_ids=sequence_ids,
+        )

@@ -1,0 +1,86 @@
+"""RLOO (REINFORCE leave-one-out, Ahmadian et al. 2024): each rollout's baseline is the mean reward of the
+*other* rollouts of its group, A_i = r_i − mean_{j≠i} r_j = G/(G−1) · (r_i − mean_j r_j), an unbiased baseline
+without a critic and without dividing by the group std. The loss is the same clipped, importance-corrected
+token-level policy-gradient loss as GRPO's (one optimizer update per step makes it plain REINFORCE)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from components.training.losses import PolicyLossConfig, policy_gradient_loss
+
+
+@dataclass(kw_only=True, frozen=True)
+class RLOOConfig:
+    """RLOO: leave-one-out baseline, per-trajectory token mean (each trajectory weighs the same)."""
+
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+
+
+def leave_one_out_advantages(rewards: np.ndarray, group_ids: Sequence[str]) -> np.ndarray:
+    """r_i − (mean of the other rewards of i's group); a group of one gets advantage 0 (no baseline)."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"group_ids: has {len(group_ids)} entries for {len(rewards)} rewards")
+    if len(rewards) == 0:
+        return rewards
+    _, group_index = np.unique(np.asarray(group_ids, dtype=object).astype(str), return_inverse=True)
+    counts = np.bincount(group_index).astype(np.float64)
+    sums = np.bincount(group_index, weights=rewards)
+    others = counts[group_index] - 1
+    baseline = (sums[group_index] - rewards) / np.maximum(others, 1)
+    return np.where(others > 0, rewards - baseline, 0.0)
+
+
+class RLOO:
+    """REINFORCE leave-one-out: implements ``components.protocols.Algorithm``."""
+
+    def __init__(self, config: RLOOConfig | None = None) -> None:
+        self.config = config or RLOOConfig()
+
+    @property
+    def needs_reference_logprobs(self) -> bool:
+        return self.config.loss.kl_coef > 0
+
+    def advantages(self, rewards: np.ndarray, group_ids: Sequence[str]) -> np.ndarray:
+        """Per-trajectory leave-one-out advantages."""
+        return leave_one_out_advantages(rewards, group_ids)
+
+    def sample_weights(self, num_sampled_tokens: np.ndarray, trajectory_index: np.ndarray) -> np.ndarray:
+        """Each trajectory's loss is the mean over its sampled tokens; trajectories averaged."""
+        num_sampled_tokens = np.asarray(num_sampled_tokens, dtype=np.float64)
+        trajectory_index = np.asarray(trajectory_index, dtype=np.int64)
+        if len(num_sampled_tokens) == 0:
+            return np.zeros(0)
+        num_trajectories = len(np.unique(trajectory_index))
+        per_trajectory = np.bincount(trajectory_index, weights=num_sampled_tokens)
+        return 1.0 / (num_trajectories * np.maximum(per_trajectory[trajectory_index], 1.0))
+
+    def loss(
+        self,
+        *,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        weights: torch.Tensor,
+        ref_logprobs: torch.Tensor | None = None,
+        proximal_logprobs: torch.Tensor | None = None,
+        sequence_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped, importance-corrected policy-gradient loss (see ``losses.policy_gradient_loss``)."""
+        return policy_gradient_loss(
+            self.config.loss,
+            logprobs=logprobs,
+            old_logprobs=old_logprobs,
+            advantages=advantages,
+            loss_mask=loss_mask,
+            weights=weights,
+            ref_logprobs=ref_logprobs,
+            proximal_logprobs=proximal_logprobs,
+            sequence_ids=sequence_ids,
+        )
