@@ -139,6 +139,11 @@ def prepare_parents(hierarchy: CgroupHierarchy) -> None:
                 f"cannot create the sandbox parent cgroup {parent} ({controller}): {exc.strerror}; "
                 "run as root or delegate a writable cgroup subtree"
             ) from exc
+        if not os.access(parent, os.W_OK):
+            raise CgroupUnavailableError(
+                f"the sandbox parent cgroup {parent} ({controller}) is not writable by uid {os.geteuid()}; "
+                "run as root or delegate a writable cgroup subtree"
+            )
         if hierarchy.version == 1 and controller == "memory":
             with contextlib.suppress(OSError):  # pre-4.x kernels: charges must propagate to the parent
                 _write(os.path.join(parent, "memory.use_hierarchy"), "1")
