@@ -179,3 +179,14 @@ async def test_moe_routing_of_cached_positions_matches_a_cold_run(tiny_moe_model
 def test_kv_cache_budget_is_validated(tiny_model_dir):
     with pytest.raises(ValueError, match="kv_cache_gb"):
         EmbeddedEngineConfig(model_path=tiny_model_dir, kv_cache_gb=-1)
+
+
+def test_recipe_flag_sets_the_budget(capsys):
+    from components.launch import RunConfig
+    from components.recipe_config import parse_config
+
+    assert parse_config(RunConfig, ["--engine-kv-cache-gb", "0.25"]).engine_kv_cache_gb == 0.25
+    assert parse_config(RunConfig, []).engine_kv_cache_gb == 1.0
+    with pytest.raises(SystemExit):
+        parse_config(RunConfig, ["--engine-kv-cache-gb", "-1"])
+    assert "engine_kv_cache_gb: must be >= 0" in capsys.readouterr().err
