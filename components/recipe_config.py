@@ -1,5 +1,13 @@
-"""Command-line parsing for recipe configs: every field of a frozen config dataclass becomes a ``--flag``
-whose help is the field's ``help`` metadata and default; bad values fail fast naming the field."""
+"""Recipe configs on the command line and in files.
+
+A recipe config is a frozen dataclass whose fields are plain values or *brick configs* (frozen dataclasses of
+their own: engine, proxy, sandbox, trainer, algorithm, rollout, monitoring). ``parse_config`` turns it into one
+flat, readable command line — one convention: a brick's field ``trainer.workers`` is ``--trainer-workers``
+(a field may keep a shorter historical flag with ``option(..., flag="learning-rate")``) — and reads
+``--config FILE`` (YAML or JSON, nested like the dataclasses: ``trainer: {workers: 2}``); flags given on the
+command line override the file. ``--help`` lists every field, grouped by brick, with its meaning and default.
+A bad value fails naming the field (``trainer.workers: must be > 0``).
+"""
 
 from __future__ import annotations
 
@@ -8,16 +16,20 @@ import dataclasses
 import json
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 ConfigT = TypeVar("ConfigT")
 
 
-def option(default: Any, help: str, **kwargs: Any) -> Any:
-    """A config field with its documentation (shown by ``--help``)."""
-    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+def option(default: Any, help: str, *, flag: str | None = None, **kwargs: Any) -> Any:
+    """A config field with its documentation (shown by ``--help``). ``default`` may be a brick config (a
+    dataclass instance); ``flag`` replaces the derived ``--prefix-name`` flag (for short historical flags)."""
+    metadata = {"help": help, **({"flag": flag} if flag else {})}
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+        return dataclasses.field(default_factory=lambda: default, metadata=metadata, **kwargs)
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
 
 
 def _parse_bool(text: str) -> bool:
@@ -48,26 +60,162 @@ def _converter(annotation: Any) -> tuple[Any, tuple[Any, ...] | None]:
     return str, None
 
 
-def parse_config(config_class: type[ConfigT], argv: Sequence[str] | None = None, *, description: str = "") -> ConfigT:
-    """Build ``config_class`` from ``--field value`` arguments (dashes or underscores)."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _is_brick(annotation: Any) -> bool:
+    return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+    path: tuple[str, ...]  # ("trainer", "workers")
+    flag: str  # "trainer-workers"
+    annotation: Any
+    default: Any
+    help: str
+
+
+def _field_default(field: dataclasses.Field) -> Any:
+    return field.default if field.default is not dataclasses.MISSING else field.default_factory()
+
+
+def _leaves(config_class: type, path: tuple[str, ...] = (), brick_default: Any = None) -> list[_Leaf]:
+    """Every plain field of ``config_class`` and of its brick configs, depth first, with its flag and default
+    (a brick's defaults are those of the instance the recipe config gives it)."""
     hints = typing.get_type_hints(config_class)
+    leaves = []
     for field in dataclasses.fields(config_class):
-        convert, choices = _converter(hints[field.name])
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        parser.add_argument(
-            f"--{field.name.replace('_', '-')}",
-            dest=field.name,
+        if not field.init:
+            continue
+        value = getattr(brick_default, field.name) if brick_default is not None else _field_default(field)
+        if _is_brick(hints[field.name]):
+            leaves += _leaves(hints[field.name], (*path, field.name), value)
+            continue
+        flag = field.metadata.get("flag") or "-".join((*path, field.name)).replace("_", "-")
+        leaves.append(
+            _Leaf((*path, field.name), flag, hints[field.name], value, field.metadata.get("help", ""))
+        )
+    return leaves
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """A value read from a config file as the field's type (lists → tuples, str → Path, checked Literals)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        origin = typing.get_origin(annotation)
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if value not in choices:
+            raise ValueError(f"{where}: must be one of {list(choices)}, got {value!r}")
+        return value
+    if origin is tuple:
+        items = value.split(",") if isinstance(value, str) else value
+        item_type = typing.get_args(annotation)[0]
+        return tuple(item_type(item) for item in items)
+    if annotation is bool and not isinstance(value, bool):
+        return _parse_bool(str(value))
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is Path:
+        return Path(value)
+    if annotation in (int, float, str) and not isinstance(value, annotation):
+        raise ValueError(f"{where}: expected {annotation.__name__}, got {value!r}")
+    return value
+
+
+def _build(
+    config_class: type, overrides: Mapping[str, Any], path: tuple[str, ...] = (), base: Any = None
+) -> Any:
+    """``config_class`` (or ``base``, a brick's default) with ``overrides`` (nested dicts) applied; validation
+    errors name the dotted field."""
+    hints = typing.get_type_hints(config_class)
+    fields = {f.name: f for f in dataclasses.fields(config_class) if f.init}
+    changes: dict[str, Any] = {}
+    for name, value in overrides.items():
+        where = ".".join((*path, name))
+        if name not in fields:
+            raise ValueError(f"{where}: no such field (known: {sorted(fields)})")
+        if _is_brick(hints[name]):
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{where}: expected a mapping of its fields, got {value!r}")
+            brick_default = getattr(base, name) if base is not None else _field_default(fields[name])
+            changes[name] = _build(hints[name], value, (*path, name), brick_default)
+        else:
+            changes[name] = _coerce(value, hints[name], where)
+    try:
+        return config_class(**changes) if base is None else dataclasses.replace(base, **changes)
+    except ValueError as error:
+        prefix = ".".join(path)
+        raise ValueError(
+            f"{prefix}.{error}" if prefix and not str(error).startswith(prefix) else str(error)
+        ) from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A YAML (``.yaml``/``.yml``) or JSON config file as nested dicts."""
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        loaded = yaml.safe_load(text) or {}
+    else:
+        loaded = json.loads(text)
+    if not isinstance(loaded, dict):
+        raise ValueError(f"config: {path} must hold a mapping of fields, got {type(loaded).__name__}")
+    return loaded
+
+
+def _merge(base: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        base = base.setdefault(key, {})
+    base[path[-1]] = value
+
+
+def parse_config(
+    config_class: type[ConfigT], argv: Sequence[str] | None = None, *, description: str = ""
+) -> ConfigT:
+    """Build ``config_class`` from ``--config FILE`` and ``--flag value`` arguments (flags win over the file)."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="YAML or JSON file of fields (nested by brick); flags override it",
+    )
+    leaves = _leaves(config_class)
+    groups: dict[str, Any] = {}
+    for leaf in leaves:
+        convert, choices = _converter(leaf.annotation)
+        shown = ",".join(map(str, leaf.default)) if isinstance(leaf.default, tuple) else leaf.default
+        brick = leaf.path[0] if len(leaf.path) > 1 else ""
+        if brick not in groups:
+            groups[brick] = (
+                parser.add_argument_group(f"{brick} brick" if brick else "run") if brick else parser
+            )
+        groups[brick].add_argument(
+            f"--{leaf.flag}",
+            dest="/".join(leaf.path),
+            metavar=leaf.flag.upper().replace("-", "_") if choices is None else None,
             type=convert,
             choices=choices,
             default=dataclasses.MISSING,
-            help=f"{field.metadata.get('help', '')} (default: {shown})",
+            help=f"{leaf.help} (default: {shown})",
         )
-    parsed = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not dataclasses.MISSING}
+    namespace = vars(parser.parse_args(argv))
     try:
-        return config_class(**parsed)
-    except ValueError as error:
+        overrides: dict[str, Any] = (
+            read_config_file(namespace.pop("config")) if namespace.get("config") else {}
+        )
+        namespace.pop("config", None)
+        for dest, value in namespace.items():
+            if value is not dataclasses.MISSING:
+                _merge(overrides, tuple(dest.split("/")), value)
+        return _build(config_class, overrides)
+    except (ValueError, OSError) as error:
         parser.error(str(error))
         raise  # unreachable: parser.error exits
 
