@@ -250,6 +250,8 @@ class BwrapSandbox:
     """One bubblewrap sandbox with a supervisor inside. Create with ``await BwrapSandbox.create(spec)``."""
 
     _ids = itertools.count()
+    # The supervisor program bound into the sandbox (a subclass may bind another, e.g. a test's weakened copy).
+    supervisor_source: Path = SUPERVISOR_SOURCE
     _swept_temp_roots: set[str] = set()
 
     def __init__(
@@ -372,7 +374,7 @@ class BwrapSandbox:
             "--size", size, "--tmpfs", "/tmp",
             "--size", size, "--tmpfs", HOME,
             "--perms", "0755", "--dir", os.path.dirname(SUPERVISOR_INSIDE),
-            "--ro-bind", str(SUPERVISOR_SOURCE), SUPERVISOR_INSIDE,
+            "--ro-bind", str(self.supervisor_source), SUPERVISOR_INSIDE,
             "--perms", "0755", "--dir", os.path.dirname(PROXY_DIR_INSIDE),
             "--ro-bind", self._host_dir, PROXY_DIR_INSIDE,
         ]  # fmt: skip
