@@ -3,8 +3,10 @@
 Both run the same three functions (explode segments → plan advantages/weights → pack) over the same Parquet
 shards written by ``TrajectoryStore``: the plain loop in this process, one shard after another; Ray Data
 maps the shard paths through read+explode and the segments through packing in parallel tasks (the plan is computed on the driver) and the
-packed rows are then pulled to the driver, as a trainer would consume them. Throughput = tokens / wall time,
-median of ``--repeats`` alternating runs. Ray gets the machine's real cores (``num_cpus=os.cpu_count()``).
+packed rows are then pulled to the driver, as a trainer would consume them. Both sides run once untimed first
+(Ray: worker processes and imports; plain: imports, allocator, page cache of the shards), then throughput =
+tokens / wall time, median of ``--repeats`` alternating runs. Ray gets the machine's real cores
+(``num_cpus=os.cpu_count()``).
 
     python benchmarks/data_pipeline.py [--quick]
 
@@ -107,6 +109,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         paths = write_shards(Path(run_dir), num_shards=num_shards, trajectories_per_shard=per_shard)
         size_mb = sum(p.stat().st_size for p in paths) / 1e6
+        run_plain(paths, config)  # warm-up: imports, first allocations, the shards in the page cache
         run_ray(paths, config)  # warm-up: worker processes, imports
         plain, distributed = [], []
         for _ in range(repeats):

@@ -11,16 +11,17 @@ TITO core, calls the same engine and records the turn.
    baseline: everything the proxy does - HTTP, parsing, TITO, recording - counts as overhead); the comparison
    with a direct caller that renders the chat template itself is printed too (the proxy's incremental TITO
    rendering makes it cheaper than re-rendering a long conversation, so that difference can be negative).
-2. Wall-clock ratio with the real default model (SmolLM2-135M, embedded engine): identical single-turn
-   requests with fixed seeds (so both paths sample the same tokens), alternating direct / proxy; the
-   alternating ratio (median over pairs) is what was asked for, but on a loaded shared machine the speed of
-   two consecutive identical generations differs by up to 2x, so the headline also gives the in-situ ratio:
-   each proxy request's wall time over the ``engine.generate`` call inside that same request (same moment,
-   same load) - everything outside the engine call is the proxy's cost.
+2. Wall-clock ratio with a real model (full: the default SmolLM2-135M; quick: the tiny one), embedded engine:
+   ``--pairs`` pairs (>= 30) of the same seeded single-turn request (so both paths sample the same tokens),
+   sent once directly and once through the proxy, in an order drawn at random for each pair, after a warm-up
+   pair that runs both paths. Per pair: proxy wall time / direct wall time. The headline is the median of the
+   pair ratios with its spread (25th-75th percentile and min-max). The engine's prefix cache is off here so
+   that the second request of a pair does not reuse the first one's KV (both paths do the same work).
 
-    python benchmarks/proxy_overhead.py [--quick]      # --quick: fewer requests, tiny model, no Ray Serve
+    python benchmarks/proxy_overhead.py [--quick]      # --quick: fewer echo requests, tiny model, no Ray Serve
 
-Last line: ``proxy_overhead: p50 +X ms standalone, ratio Y (target p50 <= 2 ms, ratio <= 1.02)``.
+Last line: ``proxy_overhead: p50 +X ms standalone, ratio M [p25 A, p75 B] over N pairs (target p50 <= 2 ms,
+ratio <= 1.02)``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import socket
 import statistics
 import time
@@ -170,103 +172,90 @@ def echo_overhead(tokenizer, *, num_sessions: int, num_turns: int, with_serve: b
     return out
 
 
-class TimedEngine:
-    """Wraps an engine and records how long each ``generate`` took (the engine's share of a proxy request)."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.durations_s: list[float] = []
-
-    @property
-    def context_window(self) -> int:
-        return self.inner.context_window
-
-    @property
-    def weight_version(self) -> int:
-        return self.inner.weight_version
-
-    async def generate(self, input_ids, params):
-        start = time.perf_counter()
-        try:
-            return await self.inner.generate(input_ids, params)
-        finally:
-            self.durations_s.append(time.perf_counter() - start)
-
-    async def update_weights(self, state_dict, version: int) -> None:
-        await self.inner.update_weights(state_dict, version)
+def paired_ratios(direct, proxy, num_pairs: int, rng: random.Random) -> tuple[list[float], list[str]]:
+    """Warm both paths, then ``num_pairs`` times run ``direct(i)`` and ``proxy(i)`` (each returns its wall time
+    in seconds) in an order drawn per pair. Returns the ratios proxy / direct and the orders used."""
+    direct(-1)
+    proxy(-1)
+    ratios, orders = [], []
+    for index in range(num_pairs):
+        order = rng.choice(["direct first", "proxy first"])
+        if order == "direct first":
+            direct_s = direct(index)
+            proxy_s = proxy(index)
+        else:
+            proxy_s = proxy(index)
+            direct_s = direct(index)
+        ratios.append(proxy_s / direct_s)
+        orders.append(order)
+        print(f"   pair {index + 1:2d} ({order}): direct {direct_s:.3f} s, proxy {proxy_s:.3f} s", flush=True)
+    return ratios, orders
 
 
-def model_ratio(model_dir: Path, *, num_requests: int, max_tokens: int) -> dict:
-    """Wall-clock ratio proxy / direct with a real model, identical seeded requests, alternating paths."""
+def model_ratio(model_dir: Path, *, num_pairs: int, max_tokens: int, seed: int = 0) -> dict:
+    """Wall-clock ratio proxy / direct with a real model: the same seeded request per pair, order randomised."""
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir, num_threads=2))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir, num_threads=2, kv_cache_gb=0))
     tokenizer = engine.tokenizer
     config = ProxyConfig(port=0)
-    timed = TimedEngine(engine)
-    server = ProxyServer(LocalSessionRegistry(timed, tokenizer, config), config)
+    server = ProxyServer(LocalSessionRegistry(engine, tokenizer, config), config)
     url = server.start_in_thread()
     loop = asyncio.new_event_loop()
-    in_situ_ratios = []
-    prompts = [
-        [
-            {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": f"Write a short poem about the number {i}."},
-        ]
-        for i in range(num_requests)
-    ]
-    direct_s = proxy_s = 0.0
-    direct_tokens = proxy_tokens = 0
-    pair_ratios = []
-    with httpx.Client(timeout=600) as client:
-        for index, messages in enumerate([prompts[0], *prompts]):  # the first one warms both paths up
-            seed = 1000 + index
-            start = time.perf_counter()
-            ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-            result = loop.run_until_complete(
-                engine.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed))
-            )
-            tokenizer.decode(result.output_ids, skip_special_tokens=True)
-            elapsed_direct = time.perf_counter() - start
+    client = httpx.Client(timeout=600)
+    tokens = {"direct": 0, "proxy": 0}
 
-            session_url = f"{url}/s/{client.post(f'{url}/sessions').json()['session_id']}"
-            start = time.perf_counter()
-            response = client.post(
-                f"{session_url}/v1/chat/completions",
-                json={
-                    "model": "m",
-                    "messages": messages,
-                    "max_tokens": max_tokens,
-                    "seed": seed,
-                    "temperature": 1.0,
-                },
-            ).json()
-            elapsed_proxy = time.perf_counter() - start
-            if index == 0:
-                continue
-            direct_s += elapsed_direct
-            proxy_s += elapsed_proxy
-            pair_ratios.append(elapsed_proxy / elapsed_direct)
-            in_situ_ratios.append(elapsed_proxy / timed.durations_s[-1])
-            print(
-                f"   pair {index}: direct {elapsed_direct:.2f} s, proxy {elapsed_proxy:.2f} s "
-                f"(of which engine.generate {timed.durations_s[-1]:.2f} s)",
-                flush=True,
-            )
-            direct_tokens += len(result.output_ids)
-            proxy_tokens += response["usage"]["completion_tokens"]
-    server.stop_thread()
-    engine.close()
-    loop.close()
+    def messages(index: int) -> list[dict]:
+        return [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": f"Write a short poem about the number {index + 2}."},
+        ]
+
+    def direct(index: int) -> float:
+        start = time.perf_counter()
+        ids = tokenizer.apply_chat_template(messages(index), tokenize=True, add_generation_prompt=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=1000 + index)
+        result = loop.run_until_complete(engine.generate(ids, params))
+        tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        elapsed = time.perf_counter() - start
+        tokens["direct"] += len(result.output_ids) if index >= 0 else 0
+        return elapsed
+
+    def proxy(index: int) -> float:
+        session_url = f"{url}/s/{client.post(f'{url}/sessions').json()['session_id']}"  # not timed
+        body = {
+            "model": "m",
+            "messages": messages(index),
+            "max_tokens": max_tokens,
+            "seed": 1000 + index,
+            "temperature": 1.0,
+        }
+        start = time.perf_counter()
+        response = client.post(f"{session_url}/v1/chat/completions", json=body)
+        response.raise_for_status()
+        completion = response.json()
+        elapsed = time.perf_counter() - start
+        tokens["proxy"] += completion["usage"]["completion_tokens"] if index >= 0 else 0
+        return elapsed
+
+    try:
+        ratios, orders = paired_ratios(direct, proxy, num_pairs, random.Random(seed))
+    finally:
+        client.close()
+        server.stop_thread()
+        engine.close()
+        loop.close()
     return {
-        "direct_s": direct_s,
-        "proxy_s": proxy_s,
-        "ratio": proxy_s / direct_s,
-        "median_pair_ratio": statistics.median(pair_ratios),
-        "in_situ_ratio": statistics.median(in_situ_ratios),
-        "direct_tokens": direct_tokens,
-        "proxy_tokens": proxy_tokens,
+        "median": statistics.median(ratios),
+        "p25": _percentile(ratios, 0.25),
+        "p75": _percentile(ratios, 0.75),
+        "min": min(ratios),
+        "max": max(ratios),
+        "num_pairs": len(ratios),
+        "num_direct_first": orders.count("direct first"),
+        "direct_tokens": tokens["direct"],
+        "proxy_tokens": tokens["proxy"],
     }
 
 
@@ -275,7 +264,10 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="< 1 minute: fewer requests, tiny model, no Ray Serve"
     )
+    parser.add_argument("--pairs", type=int, default=30, help="direct/proxy pairs of the ratio (>= 30)")
     args = parser.parse_args()
+    if args.pairs < 30:
+        parser.error("--pairs: at least 30 pairs, so that the median and its spread mean something")
     import torch
     from transformers import AutoTokenizer
 
@@ -307,22 +299,20 @@ def main() -> None:
         )
 
     model_name = "tiny" if args.quick else "default"
-    num_requests, max_tokens = (4, 32) if args.quick else (6, 24)
-    ratio = model_ratio(resolve_model(model_name), num_requests=num_requests, max_tokens=max_tokens)
+    max_tokens = 32 if args.quick else 16
+    print(f"-- {model_name} model, {args.pairs} pairs x {max_tokens} max tokens, order drawn per pair:")
+    ratio = model_ratio(resolve_model(model_name), num_pairs=args.pairs, max_tokens=max_tokens)
     print(
-        f"-- {model_name} model, {num_requests} seeded requests x {max_tokens} max tokens, alternating paths: "
-        f"direct {ratio['direct_s']:.2f} s ({ratio['direct_tokens']} tokens), "
-        f"proxy {ratio['proxy_s']:.2f} s ({ratio['proxy_tokens']} tokens), total ratio {ratio['ratio']:.4f}, "
-        f"median per-pair ratio {ratio['median_pair_ratio']:.4f}"
-    )
-    print(
-        f"   in-situ: proxy request wall time / the engine.generate call inside it, median {ratio['in_situ_ratio']:.4f}"
+        f"   proxy / direct per pair: median {ratio['median']:.4f}, p25 {ratio['p25']:.4f}, "
+        f"p75 {ratio['p75']:.4f}, min {ratio['min']:.4f}, max {ratio['max']:.4f} "
+        f"({ratio['num_direct_first']} of {ratio['num_pairs']} pairs ran direct first; sampled tokens "
+        f"direct {ratio['direct_tokens']}, proxy {ratio['proxy_tokens']})"
     )
     print(
         f"proxy_overhead: p50 +{echo['added_vs_bare_p50_ms']:.2f} ms standalone"
         + (f" (Ray Serve +{echo['serve_added_vs_bare_p50_ms']:.1f} ms)" if "serve" in echo else "")
-        + f", ratio {ratio['in_situ_ratio']:.4f} in situ / {ratio['median_pair_ratio']:.3f} alternating"
-        + f" ({model_name} model)"
+        + f", ratio {ratio['median']:.3f} [p25 {ratio['p25']:.3f}, p75 {ratio['p75']:.3f}]"
+        + f" over {ratio['num_pairs']} pairs ({model_name} model)"
         + " (target p50 <= 2 ms, ratio <= 1.02)"
     )
 

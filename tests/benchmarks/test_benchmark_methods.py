@@ -1,0 +1,70 @@
+"""The benchmarks measure what they claim: paired, randomised, warmed comparisons; same windows at both ends."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load(name: str):
+    """A benchmark script as a module (benchmarks/ is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_proxy_overhead_pairs_are_warmed_randomised_and_compare_the_same_request():
+    proxy_overhead = load("proxy_overhead")
+    calls: list[tuple[str, int]] = []
+
+    def direct(index: int) -> float:
+        calls.append(("direct", index))
+        return 2.0
+
+    def proxy(index: int) -> float:
+        calls.append(("proxy", index))
+        return 2.1
+
+    ratios, orders = proxy_overhead.paired_ratios(direct, proxy, 30, random.Random(0))
+    assert calls[:2] == [("direct", -1), ("proxy", -1)]  # both paths warmed before anything is timed
+    pairs = [calls[i : i + 2] for i in range(2, len(calls), 2)]
+    assert len(pairs) == 30 and all({path for path, _ in pair} == {"direct", "proxy"} for pair in pairs)
+    assert all(pair[0][1] == pair[1][1] for pair in pairs)  # one pair = the same request on both paths
+    firsts = [pair[0][0] for pair in pairs]
+    assert 5 <= firsts.count("direct") <= 25  # order drawn per pair, not alternating or fixed
+    assert [f"{first} first" for first in firsts] == orders
+    assert statistics.median(ratios) == pytest.approx(1.05)  # proxy / direct, not proxy / its own engine call
+
+
+def test_learning_curve_uses_the_same_window_at_both_ends():
+    learning_curve = load("learning_curve")
+    rows = [(step, reward, 0.0) for step, reward in enumerate([0.1, 0.3, 0.2, 0.4, 0.6, 0.8])]
+    start, end, delta = learning_curve.window_delta(rows, 2)
+    assert start == pytest.approx(0.2) and end == pytest.approx(0.7) and delta == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="window"):
+        learning_curve.window_delta(rows[:3], 2)
+
+
+def test_data_pipeline_warms_both_sides_before_timing(monkeypatch):
+    data_pipeline = load("data_pipeline")
+    import ray
+
+    calls: list[str] = []
+    monkeypatch.setattr(data_pipeline, "write_shards", lambda run_dir, **_: [])
+    monkeypatch.setattr(
+        data_pipeline, "run_plain", lambda paths, config: (calls.append("plain"), (1.0, 10))[1]
+    )
+    monkeypatch.setattr(data_pipeline, "run_ray", lambda paths, config: (calls.append("ray"), (1.0, 10))[1])
+    monkeypatch.setattr(ray, "init", lambda **_: None)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr("sys.argv", ["data_pipeline.py", "--repeats", "2"])
+    data_pipeline.main()
+    assert sorted(calls[:2]) == ["plain", "ray"]  # one untimed run of each side first
+    assert calls[2:] == ["plain", "ray", "plain", "ray"]
