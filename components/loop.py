@@ -246,6 +246,7 @@ class OverlappedLoop:
         self.in_flight = 0  # rollouts
         self.committed_since_step: list[Trajectory] = []
         self.dropped_groups = 0
+        self.monitor: Any = None
 
     # --- resume --------------------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -320,6 +321,9 @@ class OverlappedLoop:
                 self.buffer.add_group(trajectories, shard)
                 self.committed_since_step.extend(trajectories)
                 self.changed.notify_all()
+            if self.monitor is not None:  # the live display counts rollouts as they finish
+                for trajectory in trajectories:
+                    self.monitor.rollout_finished(trajectory)
         finally:
             slots.release()
 
@@ -406,11 +410,13 @@ class OverlappedLoop:
         self.recover()
         first_step = self.ledger.steps_done
         rollouts_per_step = self.groups_per_step * self.loop_config.group_size
+        monitor = _monitor(
+            self.config, self.run_dir, rollouts_per_step=rollouts_per_step, first_step=first_step
+        )
+        self.monitor = monitor
         producer = asyncio.create_task(self.produce())
         try:
-            with _monitor(
-                self.config, self.run_dir, rollouts_per_step=rollouts_per_step, first_step=first_step
-            ) as (monitor):
+            with monitor:
                 step_started = time.monotonic()
                 for step in range(first_step, self.config.num_steps):
                     monitor.start_step(step)
@@ -424,8 +430,6 @@ class OverlappedLoop:
                         await asyncio.wait(watched, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
                     groups, staleness, waited_s = waiter.result()
                     trajectories = [t for g in groups for t in g.trajectories]
-                    for trajectory in trajectories:
-                        monitor.rollout_finished(trajectory)
                     buffer_depth = self.buffer.depth
                     train_started = time.monotonic()
                     train_metrics = await self._train(step, groups)
