@@ -1,0 +1,93 @@
+"""SWE-bench-format grading in image sandboxes, on instances built from real upstream bug fixes (PyPI releases).
+
+Through the real loader from the Parquet file the set-up built: the gold patch earns 1 and the empty patch 0 for
+every accepted instance; the repository can also come from an instance image's /testbed; an agent that edits
+the tests or plants test infrastructure gains nothing; ``--check`` reports an instance whose gold patch fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from components.tasks.swebench import RepoSources, load_swebench
+from components.tasks.swebench_grading import SweBenchGrader, check_instances
+from sandboxes.image import ImageCache, ImageSandboxConfig, ImageSandboxProvider
+from tests.components.tasks.swebench_fixtures import (
+    IMAGE_LAYOUT,
+    INSTANCES,
+    MANIFEST,
+    SNAPSHOTS,
+    env_image_store,
+    require_fixtures,
+)
+
+IMAGE_CACHE = Path.home() / ".cache" / "rein" / "images"  # shared across runs: each image unpacks once
+
+
+@pytest.fixture
+def loaded(tmp_path: Path):
+    require_fixtures(INSTANCES, SNAPSHOTS, IMAGE_LAYOUT)
+    sources = RepoSources(
+        images_dir=env_image_store(tmp_path / "images"),
+        snapshots_dir=SNAPSHOTS,
+        cache_dir=tmp_path / "workspaces",
+        image_cache=ImageCache(IMAGE_CACHE),
+    )
+    return load_swebench(INSTANCES, sources)
+
+
+@pytest.mark.slow
+async def test_gold_earns_1_and_empty_earns_0_on_every_instance(loaded) -> None:
+    import json
+
+    assert loaded.rejected == []
+    assert len(loaded.tasks) == len(json.loads(MANIFEST.read_text())) >= 10
+    config = ImageSandboxConfig(cache_dir=IMAGE_CACHE, num_warm_per_image=2)
+    async with ImageSandboxProvider(config) as provider:
+        checks = await check_instances(loaded.tasks, SweBenchGrader(provider), concurrency=2)
+    bad = {check.instance_id: (check.gold.log + check.gold.error)[-400:] for check in checks if not check.ok}
+    assert bad == {}
+    assert all("RESOLVED_FULL" in check.gold.log for check in checks)
+
+
+async def test_repository_from_the_instance_image_and_tampering(tmp_path: Path) -> None:
+    """Rows naming their baked instance image, no snapshot store: the repository is the image's /testbed."""
+    require_fixtures(INSTANCES, IMAGE_LAYOUT)
+    sources = RepoSources(
+        images_dir=IMAGE_LAYOUT.parent, cache_dir=tmp_path / "workspaces", image_cache=ImageCache(IMAGE_CACHE)
+    )
+    first = load_swebench(INSTANCES, sources, check_patches=False).tasks[0]
+    task = dataclasses.replace(first)
+    assert task.image.endswith(f":{task.task_id}") and task.snapshot_source is None
+    assert (task.snapshot().workspace_dir / ".git").is_dir()
+    config = ImageSandboxConfig(cache_dir=IMAGE_CACHE, num_warm_per_image=0)
+    async with ImageSandboxProvider(config) as provider:
+        grader = SweBenchGrader(provider)
+        gold = await grader.grade_patch(task, task.instance.patch)
+        assert gold.reward == 1.0, gold.log + gold.error
+        # The agent rewrites the failing tests to pass and adds a conftest that skips everything: both restored.
+        test_file = task.instance.test_files[0]
+        sandbox = await provider.acquire(task.sandbox_spec())
+        try:
+            await sandbox.write_file(
+                "conftest.py",
+                "import pytest\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_call(item):\n    pass\n",
+            )
+            await sandbox.write_file(test_file, "def test_nothing():\n    pass\n")
+            result = await grader.score(task, sandbox)
+        finally:
+            await provider.release(sandbox)
+    assert result.reward == 0.0, result.log
+    assert "FLAGGED: test infrastructure" in result.log and "conftest.py" in result.log
+
+
+async def test_check_reports_an_instance_whose_gold_patch_fails(loaded) -> None:
+    task = loaded.tasks[0]
+    wrong_gold = dataclasses.replace(task, instance=dataclasses.replace(task.instance, patch=""))
+    config = ImageSandboxConfig(cache_dir=IMAGE_CACHE, num_warm_per_image=0)
+    async with ImageSandboxProvider(config) as provider:
+        checks = await check_instances([wrong_gold], SweBenchGrader(provider))
+    assert not checks[0].ok and checks[0].gold.reward == 0.0 and checks[0].empty.reward == 0.0
