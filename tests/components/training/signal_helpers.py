@@ -14,10 +14,12 @@ from components.training.grpo import GRPO, GRPOConfig
 from components.trajectory import Segment, Trajectory, TrajectoryStatus
 
 
-def load_model(model_dir):
+def load_model(model_dir, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # the grouped-GEMM expert kernel has no float64; the eager one computes the same experts
+    extra = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **extra)
     model.eval()
     return model
 
