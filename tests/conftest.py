@@ -14,6 +14,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--brick",
+        action="append",
+        default=[],
+        metavar="MODULE:OBJECT",
+        help="run the contract suites in tests/contracts against this brick instead of the built-in ones "
+        "(e.g. examples.bricks.reinforce:Reinforce); repeatable",
+    )
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray session shared by every test that needs Ray (starting one costs seconds)."""

@@ -1,0 +1,36 @@
+"""Contract suites: one per Protocol, run against the built-in bricks, or against yours with ``--brick``::
+
+    pytest tests/contracts/test_algorithm_contract.py --brick examples.bricks.reinforce:Reinforce
+    pytest tests/contracts/test_sandbox_contract.py --brick examples.bricks.tempdir_sandbox:TempDirSandbox.create
+    pytest tests/contracts/test_reward_contract.py --brick examples.bricks.answer_file_reward:AnswerFileReward
+
+``MODULE:OBJECT`` is imported (``OBJECT`` may be dotted, e.g. a classmethod); a class is instantiated with no
+arguments. The module must be importable from where pytest runs (installed, or in the working directory).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+def load_brick(spec: str) -> Any:
+    """The object ``MODULE:OBJECT`` names (a class is instantiated with no arguments)."""
+    module_name, _, attribute_path = spec.partition(":")
+    if not module_name or not attribute_path:
+        raise pytest.UsageError(f"--brick: expected MODULE:OBJECT, got {spec!r}")
+    found: Any = importlib.import_module(module_name)
+    for attribute in attribute_path.split("."):
+        found = getattr(found, attribute)
+    return found() if isinstance(found, type) else found
+
+
+def brick_params(config: pytest.Config, built_in: dict[str, Callable[[], Any]]) -> list[Any]:
+    """``pytest.param``s of the bricks a suite runs against: ``--brick`` ones if given, else the built-ins."""
+    user_specs = config.getoption("--brick")
+    if user_specs:
+        return [pytest.param(lambda spec=spec: load_brick(spec), id=spec) for spec in user_specs]
+    return [pytest.param(factory, id=name) for name, factory in built_in.items()]
