@@ -6,26 +6,34 @@ How a verdict is reached (``SweGrader.score``):
    hooks, external diff drivers, text conversion and prefix options switched off.
 2. A **fresh** sandbox from the pristine buggy snapshot, without network; ``setup_commands``; the diff is
    applied with ``git apply``.
-3. ``grading_runner.py`` (see its docstring) neutralises agent-made test infrastructure, writes the hidden
-   tests over whatever is at their paths, and runs pytest in an isolated interpreter, recording per-test
-   outcomes to a JSON report at a path chosen at random at grading time. The exit code is never trusted.
-4. Reward = 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passed (0.0 otherwise); with
-   ``partial_credit`` the fraction of those tests that passed.
+3. ``grading_runner.py`` (see its docstring) runs there as an *observer* that no code of the agent can reach:
+   it scans the patched tree (every file that differs from the base commit, whatever its name, git attributes
+   or encoding), removes test infrastructure, restores the agent's own test and pytest-config files, then
+   starts the *test process* (pytest, hidden tests compiled from memory: never on disk), collects one event per
+   test phase over a pipe, kills every process of the sandbox, and prints its verdict authenticated with a
+   per-verdict secret (HMAC). The exit code, files in the sandbox and any other output are never trusted.
+4. Reward = 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passed (setup, call and teardown); a test that
+   never reported (the process died or hung) is not passed. With ``partial_credit``: the fraction passed.
 
 Whose fault is it? Failures the agent caused earn **reward 0** with the reason in ``log``: an empty diff, a
-diff that does not apply, a git repository the agent broke, a test run its code cut short (no report) or made
-time out. Failures of the machinery return ``RewardResult(reward=None, error=...)``: a sandbox that cannot be
-created or dies (``SandboxError``), git or Python missing, a runner that never started. Suspicious edits
-(test infrastructure the grader removed) are *flagged* in ``log`` with a ``FLAGGED:`` line.
+diff that does not apply, a git repository the agent broke, a test run its code cut short, hung, or ended by
+killing or stopping the observer (started, but no authenticated verdict). Failures of the machinery return
+``RewardResult(reward=None, error=...)``: a sandbox that cannot be created or dies (``SandboxError``), git or
+Python missing, an observer that never started or failed itself. Suspicious edits are *flagged* in ``log``
+with a ``FLAGGED:`` line.
 
-Known limit: the code under test runs in pytest's process, so a patch written to attack pytest's internals
-(monkeypatching its reporting from an imported module) is not stopped by isolation alone. Such a diff must
-name pytest in non-test code: with ``reject_test_runner_tampering`` (default) it earns 0. Obfuscated access
-(``sys.modules``, ``__import__``, ``importlib``, frame or GC walking, ``ctypes``) is flagged, not zeroed.
+Known limit: the code under test runs in pytest's process, so code that reaches pytest's objects in memory
+can forge that process's events. The tree scan closes the plain forms: with ``reject_test_runner_tampering``
+(default) any added line naming pytest/_pytest/pluggy in any changed file earns 0, and with
+``reject_interpreter_tampering`` (default) so does any added line reaching into the interpreter (``sys.modules``,
+``builtins``, frame/GC walking, tracing hooks, ``ctypes``, ``os.kill``, ``/proc``). Access obfuscated past a
+text scan (names assembled from strings) is not caught.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 import secrets
@@ -53,6 +61,8 @@ class SandboxSource(Protocol):
 
 
 _RUNNER_SOURCE = (Path(__file__).with_name("grading_runner.py")).read_text(encoding="utf-8")
+STARTED_PREFIX = "REIN-GRADER-STARTED"  # as grading_runner.py (standalone: it cannot import this module)
+VERDICT_PREFIX = "REIN-GRADER-VERDICT"
 # Git options that keep a repository the agent controlled from changing what the diff says.
 _SAFE_GIT = (
     "git",
@@ -71,7 +81,22 @@ _SAFE_GIT = (
     "-c",
     "core.quotePath=true",
 )
-# Added lines of non-test code that reach for the test runner: reward 0 (when configured) and flagged.
+# Patterns for the tree scan (searched in the lines each changed file adds, as bytes, in the sandbox).
+TEST_RUNNER_PATTERN = r"\b(_pytest|pytest|pluggy)\b"
+INTERPRETER_PATTERN = (
+    r"(\bos\._exit\b|\bsys\.exit\b|\bSystemExit\b|\bsys\.modules\b|\b__import__\b|\bimportlib\b|"
+    r"\bsys\._getframe\b|\bgc\.get_\w+|\binspect\.(stack|currentframe|getouterframes)\b|\bctypes\b|"
+    r"\bbuiltins\b|\b__builtins__\b|\bsys\.set(trace|profile)\b|\bthreading\.set(trace|profile)\b|"
+    r"\bos\.kill(pg)?\b|\bsignal\.|/proc/)"
+)
+# The reaches in-process forging needs (reward 0 with ``reject_interpreter_tampering``); the other
+# interpreter patterns (exits, dynamic imports) are only flagged: legitimate code uses them.
+_REJECTED_REACH = re.compile(
+    r"(\bsys\.modules\b|\bsys\._getframe\b|\bgc\.get_\w+|\binspect\.(stack|currentframe|getouterframes)\b|"
+    r"\bctypes\b|\bbuiltins\b|\b__builtins__\b|\bsys\.set(trace|profile)\b|\bthreading\.set(trace|profile)\b|"
+    r"\bos\.kill(pg)?\b|\bsignal\.|/proc/)"
+)
+# Diff-text rules, kept for graders that only have a diff (``flag_suspicious_diff``).
 _TEST_RUNNER_CODE = re.compile(r"^\+(?!\+\+).*\b(_pytest|pytest|pluggy)\b")
 # Added lines of non-test code that exit the process or reach into the interpreter: flagged.
 _SUSPICIOUS_CODE = re.compile(
@@ -93,9 +118,14 @@ class SweGraderConfig:
     # The interpreter that runs pytest inside the grading sandbox (visible there through ``tool_paths``).
     python_executable: str = sys.executable
     tool_paths: tuple[str, ...] = field(default_factory=python_tool_paths)
-    # Reward 0 for a diff whose non-test code references pytest / _pytest / pluggy: library code has no
-    # business touching the test runner, and code under test runs inside pytest's process (see module doc).
+    # Reward 0 when a changed file adds a line naming pytest / _pytest / pluggy (the agent's own test files
+    # are restored to the base, so this is library code): code under test runs inside pytest's process.
     reject_test_runner_tampering: bool = True
+    # Reward 0 when a changed file adds a line reaching into the interpreter the way forging needs
+    # (``sys.modules``, ``builtins``, frames, GC, tracing, ``ctypes``, ``os.kill``, ``/proc``).
+    reject_interpreter_tampering: bool = True
+    # How long the in-sandbox observer may take beyond ``test_timeout_s`` (scan, kill, verdict).
+    observer_grace_s: float = 60.0
     # pytest plugins to enable explicitly (entry-point autoloading is off during grading).
     pytest_plugins: tuple[str, ...] = ()
     limits: SandboxLimits = field(default_factory=SandboxLimits)
@@ -103,6 +133,7 @@ class SweGraderConfig:
     def __post_init__(self) -> None:
         require_positive(self.test_timeout_s, "test_timeout_s")
         require_positive(self.step_timeout_s, "step_timeout_s")
+        require_positive(self.observer_grace_s, "observer_grace_s")
         require(bool(self.python_executable), "python_executable", "must name an interpreter")
 
 
@@ -110,12 +141,15 @@ class SweGraderConfig:
 class HiddenTestRun:
     """What the hidden-test run produced: per-test outcomes (None when no report was written)."""
 
-    outcomes: dict[str, str] | None
-    started: bool
+    outcomes: dict[str, str] | None  # None: no authenticated verdict
+    started: bool  # the observer printed its authenticated start line
     exit_code: int
     timed_out: bool
     output_tail: str
-    neutralised: tuple[str, ...] = ()
+    neutralised: tuple[str, ...] = ()  # test infrastructure removed, agent test/config files restored
+    test_runner_lines: tuple[str, ...] = ()  # "path: line" added lines naming the test runner
+    interpreter_lines: tuple[str, ...] = ()  # "path: line" added lines reaching into the interpreter
+    observer_error: str = ""
 
 
 class SweGrader:
@@ -156,11 +190,6 @@ class SweGrader:
     async def grade_patch(self, task: SweTask, patch: str) -> RewardResult:
         """Grade ``patch`` (a unified diff against the buggy snapshot) in a fresh sandbox."""
         log: list[str] = [f"diff: {len(patch.splitlines())} lines"]
-        reasons = flag_suspicious_diff(patch)
-        log.extend(f"FLAGGED: {reason}" for reason in reasons)
-        if self.config.reject_test_runner_tampering and any(_TAMPERING in reason for reason in reasons):
-            log.append("reward 0: the diff's non-test code reaches into the test runner")
-            return RewardResult(reward=0.0, log="\n".join(log))
         try:
             report = await self.run_hidden_tests(task, patch)
         except _AgentFault as fault:
@@ -168,27 +197,50 @@ class SweGrader:
             return RewardResult(reward=0.0, log="\n".join(log))
         except (SandboxError, GradingError, OSError) as error:
             return RewardResult(reward=None, log="\n".join(log), error=f"{type(error).__name__}: {error}")
-        if report.neutralised:
-            log.append(
-                "FLAGGED: removed test infrastructure from the patched tree: " + ", ".join(report.neutralised)
-            )
         if not report.started:
             return RewardResult(
                 reward=None,
                 log="\n".join(log),
                 error=f"test runner did not start (exit {report.exit_code}): {report.output_tail[-1500:]}",
             )
+        if report.observer_error:
+            return RewardResult(
+                reward=None,
+                log="\n".join(log),
+                error=f"the grader's observer failed: {report.observer_error}",
+            )
+        if report.neutralised:
+            log.append(
+                "FLAGGED: removed test infrastructure / restored the agent's test and config files: "
+                + ", ".join(report.neutralised[:20])
+            )
+        log.extend(
+            f"FLAGGED: {line.split(': ', 1)[0]} {_TAMPERING}: {line}" for line in report.test_runner_lines
+        )
+        rejected_reach = [line for line in report.interpreter_lines if _REJECTED_REACH.search(line)]
+        log.extend(
+            f"FLAGGED: exits the process or reaches into the interpreter: {line}"
+            for line in report.interpreter_lines
+        )
+        if self.config.reject_test_runner_tampering and report.test_runner_lines:
+            log.append("reward 0: the patched code reaches into the test runner")
+            return RewardResult(reward=0.0, log="\n".join(log))
+        if self.config.reject_interpreter_tampering and rejected_reach:
+            log.append("reward 0: the patched code reaches into the interpreter the way forging needs")
+            return RewardResult(reward=0.0, log="\n".join(log))
         if report.timed_out:
             log.append(f"hidden tests timed out after {self.config.test_timeout_s:.0f}s")
             return RewardResult(reward=0.0, log="\n".join(log))
         if report.outcomes is None:
             log.append(
-                f"the test run ended without a report (exit {report.exit_code}): the patched code stopped "
-                f"pytest early\n{report.output_tail[-1500:]}"
+                f"no verdict from the grader's observer (exit {report.exit_code}): the code under test killed "
+                f"or stopped it\n{report.output_tail[-1500:]}"
             )
             return RewardResult(reward=0.0, log="\n".join(log))
         reward, summary = compute_reward(task, report.outcomes, partial_credit=self.config.partial_credit)
         log.append(summary)
+        if reward < 1.0 and report.output_tail:
+            log.append(f"test output (tail):\n{report.output_tail[-1500:]}")
         return RewardResult(reward=reward, log="\n".join(log))
 
     async def extract_diff(self, task: SweTask, agent_sandbox: Sandbox) -> str:
@@ -248,41 +300,54 @@ class SweGrader:
         finally:
             await self._release(sandbox)
 
-    async def _run_runner(self, sandbox: Sandbox, task: SweTask, grader_dir: str) -> HiddenTestRun:
-        token = secrets.token_hex(8)
-        bundle = {
+    def runner_bundle(self, task: SweTask, nonce: str) -> dict:
+        """What the in-sandbox observer gets (deleted by it before any code of the agent runs)."""
+        return {
+            "nonce": nonce,
             "workspace": "/workspace",
             "hidden_tests": dict(task.hidden_tests),
-            "report_path": f"{grader_dir}/report-{token}.json",
-            "started_path": f"{grader_dir}/started-{token}",
-            "neutralised_path": f"{grader_dir}/neutralised-{token}.json",
             "plugins": list(self.config.pytest_plugins),
+            "timeout_s": self.config.test_timeout_s,
+            "test_runner_pattern": TEST_RUNNER_PATTERN,
+            "interpreter_pattern": INTERPRETER_PATTERN,
+            "skip_tests_on_tampering": self.config.reject_test_runner_tampering,
         }
-        await sandbox.write_file(f"{grader_dir}/runner.py", _RUNNER_SOURCE)
-        await sandbox.write_file(f"{grader_dir}/bundle.json", json.dumps(bundle))
+
+    runner_source = _RUNNER_SOURCE
+
+    async def _run_runner(self, sandbox: Sandbox, task: SweTask, grader_dir: str) -> HiddenTestRun:
+        nonce = secrets.token_hex(32)
+        await sandbox.write_file(f"{grader_dir}/runner.py", self.runner_source)
+        await sandbox.write_file(f"{grader_dir}/bundle.json", json.dumps(self.runner_bundle(task, nonce)))
         result = await sandbox.exec(
             [self.config.python_executable, "-I", f"{grader_dir}/runner.py", f"{grader_dir}/bundle.json"],
-            timeout_s=self.config.test_timeout_s,
-            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": "", "PYTHONHASHSEED": "0"},
+            timeout_s=self.config.test_timeout_s + self.config.observer_grace_s,
+            env={"PYTHONHASHSEED": "0"},
         )
+        started = any(_verify(nonce, STARTED_PREFIX, line) is not None for line in result.stdout.splitlines())
+        verdict = None
+        for line in result.stdout.splitlines():
+            verdict = _verify(nonce, VERDICT_PREFIX, line) or verdict
         output_tail = (result.stdout + result.stderr)[-4000:]
-        started = await _read_optional(sandbox, bundle["started_path"]) is not None
-        neutralised_text = await _read_optional(sandbox, bundle["neutralised_path"])
-        neutralised = tuple(json.loads(neutralised_text)) if neutralised_text else ()
-        report_text = await _read_optional(sandbox, bundle["report_path"])
-        outcomes = None
-        if report_text is not None:
-            try:
-                outcomes = dict(json.loads(report_text)["outcomes"])
-            except (ValueError, KeyError, TypeError):
-                outcomes = None  # a report the code under test overwrote with garbage counts as none
+        if verdict is None:
+            return HiddenTestRun(
+                outcomes=None,
+                started=started,
+                exit_code=result.exit_code,
+                timed_out=result.timed_out,
+                output_tail=output_tail,
+            )
+        scan = verdict.get("scan") or {}
         return HiddenTestRun(
-            outcomes=outcomes,
+            outcomes=None if verdict.get("skipped") else dict(verdict.get("outcomes") or {}),
             started=started,
             exit_code=result.exit_code,
-            timed_out=result.timed_out,
-            output_tail=output_tail,
-            neutralised=neutralised,
+            timed_out=bool(verdict.get("timed_out")) or result.timed_out,
+            output_tail=str(verdict.get("output_tail", "")),
+            neutralised=tuple(scan.get("removed", ())) + tuple(scan.get("restored", ())),
+            test_runner_lines=tuple(scan.get("test_runner", ())),
+            interpreter_lines=tuple(scan.get("interpreter", ())),
+            observer_error=str(verdict.get("observer_error", "")),
         )
 
     async def _exec(self, sandbox: Sandbox, command: list[str]) -> ExecResult:
@@ -298,16 +363,24 @@ class SweGrader:
 _TAMPERING = "references the test runner"
 
 
+def _verify(nonce: str, kind: str, line: str) -> dict | None:
+    """The payload of an authenticated observer line of ``kind``, or None (forged, garbled, other kind)."""
+    prefix, _, rest = line.partition(" ")
+    mac, _, body = rest.partition(" ")
+    if prefix != kind or not body:
+        return None
+    expected = hmac.new(nonce.encode(), f"{kind}\n{body}".encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(mac.encode(), expected.encode()):
+        return None
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
 class _AgentFault(Exception):
     """Something the agent did makes the grade 0 (not an infrastructure failure)."""
-
-
-async def _read_optional(sandbox: Sandbox, path: str) -> str | None:
-    """The file's text, or None when it does not exist (any other failure propagates)."""
-    probe = await sandbox.exec(["test", "-f", path], timeout_s=30)
-    if probe.exit_code != 0:
-        return None
-    return (await sandbox.read_file(path)).decode("utf-8", errors="replace")
 
 
 def compute_reward(task: SweTask, outcomes: dict[str, str], *, partial_credit: bool) -> tuple[float, str]:

@@ -1,122 +1,436 @@
-"""The grader's test launcher: copied into a fresh grading sandbox and run as ``python -I grading_runner.py
-BUNDLE``. Standalone on purpose (stdlib + pytest only), because it runs inside the sandbox.
+"""The grader's in-sandbox test runner: an *observer* process and the *test process* it starts.
 
-Order matters, so that nothing the agent's patch left behind can run before pytest has started:
-1. ``python -I``: the workspace is not on ``sys.path``; PYTHON* variables and user site-packages are ignored.
-2. Neutralise test infrastructure in the workspace: ``conftest.py``, ``sitecustomize.py``/``usercustomize.py``,
-   ``*.pth``, ``__pycache__``/``*.pyc`` (pytest would load a planted cached test module), symlinks.
-3. Write the hidden tests (replacing whatever is at their paths).
-4. Import pytest, then write the *started* marker: from here on, the agent's code may run.
-5. Append (not prepend) the workspace to ``sys.path`` so agent files cannot shadow the stdlib or pytest, and
-   run pytest with a grader-written ini (``-c``), ``--rootdir``, ``--noconftest``, ``-p no:cacheprovider``,
-   ``--import-mode=importlib``, and ``addopts`` cleared.
-6. Per-test outcomes go to a JSON report written atomically at session end to the bundle's random path; a
-   run that the code under test cuts short (``sys.exit``/``os._exit`` at import, a crash) leaves none.
+Copied into a fresh grading sandbox and run as ``python -I grading_runner.py BUNDLE``; standalone on purpose
+(stdlib + pytest only). No code of the agent has run in that sandbox yet (setup, then ``git apply``), so the
+observer starts trusted and stays out of the reach of what it then runs:
+
+1. It reads the bundle (hidden test sources, a per-verdict secret ``nonce``), deletes it, makes itself
+   non-dumpable (a same-uid process can then neither ptrace it nor open its ``/proc/PID/{mem,fd}``) and a child
+   subreaper (every process the tests fork, detached or not, stays its descendant), and prints an
+   authenticated *started* line.
+2. Tree scan, before any code of the agent runs: every file of the patched tree that differs from the base
+   commit (compared by content to ``git ls-tree HEAD``: any name, any git attribute, binary files included).
+   Test infrastructure is removed (``conftest.py``, ``sitecustomize.py``/``usercustomize.py``, ``*.pth``,
+   ``__pycache__``/``*.pyc``, symlinks); the agent's own test files and pytest configuration files are restored
+   to the base (they are never what is graded, so library code cannot import agent-written code from them);
+   the lines every other changed file adds are searched for references to the test runner and for reaches into
+   the interpreter.
+3. The hidden tests never touch the disk: each hidden path holds a placeholder, and the test process receives
+   the sources over a pipe it reads (and closes) before it imports anything of the agent's, then compiles
+   them from memory (with pytest's assertion rewriting).
+4. The test process (``python -I``, workspace appended to ``sys.path`` after the stdlib and pytest) runs
+   pytest with a grader-written ini, ``--noconftest``, no plugin autoload, ``-p no:cacheprovider``, and sends
+   one event per test phase over an inherited pipe. Its stdout/stderr go to the observer, never to the exec's
+   output, and it is given nothing else.
+5. When the test process ends, or at the deadline, the observer SIGKILLs every process in the sandbox but its
+   own ancestors (repeating until none is left), then prints the verdict: per-test outcomes (``passed`` only
+   when setup, call and teardown all reported passed) as one line authenticated with HMAC-SHA256 under the
+   nonce, which only the host and the observer know. Anything else on the exec's output is ignored.
+
+Known limit: the code under test runs inside the test process, so code that reaches into pytest's objects in
+memory (obfuscated so that the scan does not see it) can still forge that process's events; the tree scan
+rejects the plain forms (see ``components/tasks/grading.py``).
 """
 
+import ast
+import ctypes
+import hashlib
+import hmac
 import json
 import os
+import re
+import selectors
 import shutil
+import signal
+import stat
+import subprocess
 import sys
+import time
 
-_NEUTRALISED_NAMES = {"conftest.py", "sitecustomize.py", "usercustomize.py"}
-_NEUTRALISED_SUFFIXES = (".pth", ".pyc", ".pyo")
+STARTED_PREFIX = "REIN-GRADER-STARTED"
+VERDICT_PREFIX = "REIN-GRADER-VERDICT"
+PLACEHOLDER = "# hidden tests: the grader serves this module from memory\n"
+_REMOVED_NAMES = {"conftest.py", "sitecustomize.py", "usercustomize.py"}
+_REMOVED_SUFFIXES = (".pth", ".pyc", ".pyo")
+_CONFIG_NAMES = {"pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", ".pytest.ini"}
+_OUTPUT_TAIL_CHARS = 4000
+_SAFE_GIT = ["git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false"]
 
 
-def neutralise(workspace):
-    """Remove agent-made test infrastructure; returns the workspace-relative paths removed."""
-    removed = []
+def sign(nonce, kind, payload):
+    """The authenticated line for ``payload`` (host and observer share ``nonce``; nothing else knows it)."""
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    mac = hmac.new(nonce.encode(), f"{kind}\n{body}".encode(), hashlib.sha256).hexdigest()
+    return f"{kind} {mac} {body}"
+
+
+# -- the tree scan ------------------------------------------------------------------------------------------
+
+
+def is_test_file(relative):
+    name = relative.rsplit("/", 1)[-1]
+    return (
+        (name.startswith("test_") and name.endswith(".py"))
+        or name.endswith("_test.py")
+        or "/tests/" in f"/{relative}"
+        or "/test/" in f"/{relative}"
+    )
+
+
+def _git(workspace, *args):
+    return subprocess.run(
+        [*_SAFE_GIT, *args], cwd=workspace, capture_output=True, check=True, stdin=subprocess.DEVNULL
+    ).stdout
+
+
+def _base_tree(workspace):
+    """``{path: blob id}`` of the base commit (what the agent started from)."""
+    listing = _git(workspace, "ls-tree", "-r", "-z", "--full-tree", "HEAD")
+    tree = {}
+    for entry in listing.split(b"\0"):
+        if entry:
+            meta, path = entry.split(b"\t", 1)
+            tree[path.decode("utf-8", "surrogateescape")] = meta.split()[2].decode()
+    return tree
+
+
+def _blob_id(data):
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _remove(path):
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path)
+
+
+def scan_tree(workspace, runner_pattern, reach_pattern):
+    """Neutralise, restore and scan the patched tree (see the module docstring, step 2)."""
+    base = _base_tree(workspace)
+    report = {"removed": [], "restored": [], "test_runner": [], "interpreter": [], "changed": 0}
+    changed = []
     for root, dirs, files in os.walk(workspace):
         if root == workspace and ".git" in dirs:
             dirs.remove(".git")
         for name in list(dirs):
             path = os.path.join(root, name)
             if os.path.islink(path) or name == "__pycache__":
-                (os.unlink if os.path.islink(path) else shutil.rmtree)(path)
-                removed.append(os.path.relpath(path, workspace))
+                _remove(path)
+                report["removed"].append(os.path.relpath(path, workspace))
                 dirs.remove(name)
         for name in files:
             path = os.path.join(root, name)
-            if os.path.islink(path) or name in _NEUTRALISED_NAMES or name.endswith(_NEUTRALISED_SUFFIXES):
+            relative = os.path.relpath(path, workspace)
+            regular = stat.S_ISREG(os.lstat(path).st_mode)
+            if not regular or name in _REMOVED_NAMES or name.endswith(_REMOVED_SUFFIXES):
+                _remove(path)
+                report["removed"].append(relative)
+                continue
+            with open(path, "rb") as handle:
+                data = handle.read()
+            if base.get(relative) != _blob_id(data):
+                changed.append((relative, data))
+    report["changed"] = len(changed)
+    for relative, data in changed:
+        path = os.path.join(workspace, relative)
+        if is_test_file(relative) or relative.rsplit("/", 1)[-1] in _CONFIG_NAMES:
+            if relative in base:
+                with open(path, "wb") as handle:
+                    handle.write(_git(workspace, "cat-file", "blob", base[relative]))
+            else:
                 os.unlink(path)
-                removed.append(os.path.relpath(path, workspace))
-    return removed
+            report["restored"].append(relative)
+            continue
+        old_lines = set()
+        if relative in base:
+            old_lines = set(_git(workspace, "cat-file", "blob", base[relative]).splitlines())
+        for line in data.splitlines():
+            if line in old_lines:
+                continue
+            shown = f"{relative}: {line.strip()[:120].decode('utf-8', 'replace')}"
+            if runner_pattern.search(line):
+                report["test_runner"].append(shown)
+            elif reach_pattern.search(line):
+                report["interpreter"].append(shown)
+    return report
 
 
-def write_hidden_tests(workspace, hidden_tests):
-    """Write each hidden test file, clearing anything (file, directory) that blocks its path."""
-    for relative, content in hidden_tests.items():
+def write_hidden_placeholders(workspace, relatives):
+    """A placeholder at each hidden path (pytest needs a file to collect), clearing whatever blocks it."""
+    for relative in relatives:
         path = os.path.join(workspace, relative)
         parent = workspace
         for part in os.path.dirname(relative).split("/") if os.path.dirname(relative) else []:
             parent = os.path.join(parent, part)
-            if os.path.lexists(parent) and not os.path.isdir(parent):
+            if os.path.lexists(parent) and (os.path.islink(parent) or not os.path.isdir(parent)):
                 os.unlink(parent)
             os.makedirs(parent, exist_ok=True)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        elif os.path.lexists(path):
-            os.unlink(path)
+        if os.path.lexists(path):
+            _remove(path)
         with open(path, "w", encoding="utf-8") as handle:
-            handle.write(content)
+            handle.write(PLACEHOLDER)
 
 
-class OutcomeRecorder:
-    """A pytest plugin: one outcome per test id (passed only if setup, call and teardown all passed)."""
+# -- the observer -------------------------------------------------------------------------------------------
 
-    def __init__(self, report_path):
-        self.report_path = report_path
-        self.outcomes = {}
-        self.collection_errors = []
 
-    def pytest_collectreport(self, report):
-        if report.failed:
-            self.collection_errors.append(report.nodeid)
+def _prctl(option, value):
+    ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
-    def pytest_runtest_logreport(self, report):
-        previous = self.outcomes.get(report.nodeid)
-        if previous in ("failed", "error"):
-            return
-        if report.failed:
-            self.outcomes[report.nodeid] = "failed" if report.when == "call" else "error"
-        elif report.skipped:
-            self.outcomes[report.nodeid] = "xfailed" if hasattr(report, "wasxfail") else "skipped"
-        elif report.when == "call":
-            self.outcomes[report.nodeid] = "passed"
 
-    def pytest_sessionfinish(self, session, exitstatus):
-        body = {
-            "outcomes": self.outcomes,
-            "collection_errors": self.collection_errors,
-            "exit_status": int(exitstatus),
-        }
-        temporary = self.report_path + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(body, handle)
-        os.replace(temporary, self.report_path)
+def _ancestors():
+    pids, pid = {os.getpid()}, os.getppid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+                pid = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids | {1}
+
+
+def kill_everything_else(deadline_s=10.0):
+    """SIGKILL every process of the sandbox except our ancestors (and PID 1), until none is left."""
+    keep = _ancestors()
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        others = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in keep]
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        while True:  # reap what we inherited as subreaper
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if not others:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def outcomes_from_events(events):
+    """``passed`` only when setup, call and teardown all reported passed; a test with any failed phase is
+    ``failed`` (call) or ``error`` (setup/teardown); skips are ``skipped``/``xfailed``."""
+    phases = {}
+    for event in events:
+        phases.setdefault(event["nodeid"], {})[event["when"]] = event
+    outcomes = {}
+    for nodeid, seen in phases.items():
+        failed = [
+            when for when in ("setup", "call", "teardown") if seen.get(when, {}).get("outcome") == "failed"
+        ]
+        skipped = [event for event in seen.values() if event.get("outcome") == "skipped"]
+        if failed:
+            outcomes[nodeid] = "failed" if failed == ["call"] else "error"
+        elif skipped:
+            outcomes[nodeid] = "xfailed" if any(event.get("xfail") for event in skipped) else "skipped"
+        elif all(seen.get(when, {}).get("outcome") == "passed" for when in ("setup", "call", "teardown")):
+            outcomes[nodeid] = "passed"
+        else:
+            outcomes[nodeid] = "incomplete"  # the process died (or was stopped) inside this test
+    return outcomes
+
+
+def observe(bundle, nonce):
+    workspace = bundle["workspace"]
+    runner_pattern = re.compile(bundle["test_runner_pattern"].encode())
+    reach_pattern = re.compile(bundle["interpreter_pattern"].encode())
+    verdict = {"outcomes": {}, "collection_errors": [], "timed_out": False, "exit_code": None}
+    verdict["scan"] = scan_tree(workspace, runner_pattern, reach_pattern)
+    if bundle.get("skip_tests_on_tampering") and verdict["scan"]["test_runner"]:
+        verdict["skipped"] = "the patched tree references the test runner"
+        return verdict
+    hidden = bundle["hidden_tests"]
+    write_hidden_placeholders(workspace, sorted(hidden))
+    ini_dir = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(ini_dir, "grader-pytest.ini"), "w", encoding="utf-8") as handle:
+        handle.write("[pytest]\naddopts =\n")
+    source_read, source_write = os.pipe()
+    event_read, event_write = os.pipe()
+    child_env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "LANG": "C.UTF-8",
+        "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-I",
+            os.path.abspath(__file__),
+            "--test-process",
+            str(source_read),
+            str(event_write),
+            json.dumps({"workspace": workspace, "ini_dir": ini_dir, "plugins": bundle.get("plugins", [])}),
+        ],
+        cwd=workspace,
+        env=child_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        pass_fds=(source_read, event_write),
+        start_new_session=True,
+    )
+    os.close(source_read)
+    os.close(event_write)
+    with os.fdopen(source_write, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(hidden))
+    collector = _EventCollector(verdict)
+    selector = selectors.DefaultSelector()
+    selector.register(event_read, selectors.EVENT_READ, collector.feed_events)
+    selector.register(child.stdout.fileno(), selectors.EVENT_READ, collector.feed_output)
+    deadline = time.monotonic() + float(bundle["timeout_s"])
+    while child.poll() is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            verdict["timed_out"] = True
+            break
+        for key, _ in selector.select(timeout=min(remaining, 0.2)):
+            _read_into(selector, key)
+    # The test process is over (or out of time): nothing of the agent's may run on while we read the rest,
+    # so every process goes first; then the pipes hold only what was written before, up to EOF.
+    kill_everything_else()
+    while selector.get_map():
+        for key, _ in selector.select(timeout=1.0):
+            _read_into(selector, key)
+    os.close(event_read)
+    child.stdout.close()
+    verdict["exit_code"] = child.poll()
+    verdict["outcomes"] = outcomes_from_events(collector.events)
+    verdict["output_tail"] = collector.output.decode("utf-8", "replace")
+    return verdict
+
+
+class _EventCollector:
+    def __init__(self, verdict):
+        self.verdict = verdict
+        self.events = []
+        self.output = bytearray()
+        self.pending = b""
+
+    def feed_output(self, chunk):
+        self.output += chunk
+        del self.output[: max(0, len(self.output) - _OUTPUT_TAIL_CHARS)]
+
+    def feed_events(self, chunk):
+        self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            try:
+                event = json.loads(line)
+                if event.get("kind") == "collect":
+                    self.verdict["collection_errors"].append(str(event["nodeid"]))
+                    continue
+                self.events.append(
+                    {
+                        "nodeid": str(event["nodeid"]),
+                        "when": str(event["when"]),
+                        "outcome": str(event["outcome"]),
+                        "xfail": bool(event.get("xfail")),
+                    }
+                )
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass  # garbage on the event pipe counts for nothing
+
+
+def _read_into(selector, key):
+    chunk = os.read(key.fd, 65536)
+    if chunk:
+        key.data(chunk)
+    else:
+        selector.unregister(key.fd)
 
 
 def main():
     with open(sys.argv[1], encoding="utf-8") as handle:
         bundle = json.load(handle)
-    os.unlink(
-        sys.argv[1]
-    )  # the report path now lives only in this process, not on disk for the code under test
-    workspace = bundle["workspace"]
-    removed = neutralise(workspace)
-    write_hidden_tests(workspace, bundle["hidden_tests"])
-    with open(bundle["neutralised_path"], "w", encoding="utf-8") as handle:
-        json.dump(removed, handle)
-    sys.dont_write_bytecode = True
-    import pytest
+    os.unlink(sys.argv[1])  # the nonce and the hidden tests now live only in this (non-dumpable) process
+    nonce = bundle.pop("nonce")
+    _prctl(4, 0)  # PR_SET_DUMPABLE = 0
+    _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER = 1
+    print(sign(nonce, STARTED_PREFIX, {"pid": os.getpid()}), flush=True)
+    try:
+        verdict = observe(bundle, nonce)
+    except Exception as error:  # the observer's own failure, reported as such (the host decides)
+        kill_everything_else()
+        verdict = {"observer_error": f"{type(error).__name__}: {error}"}
+    print(sign(nonce, VERDICT_PREFIX, verdict), flush=True)
 
-    ini_path = os.path.join(os.path.dirname(sys.argv[1]), "grader-pytest.ini")
-    with open(ini_path, "w", encoding="utf-8") as handle:
-        handle.write("[pytest]\naddopts =\n")
-    with open(bundle["started_path"], "w", encoding="utf-8") as handle:
-        handle.write("started\n")
-    sys.path.append(workspace)
-    os.chdir(workspace)
+
+# -- the test process ---------------------------------------------------------------------------------------
+
+
+def test_process(source_fd, event_fd, options):
+    with os.fdopen(int(source_fd), encoding="utf-8") as handle:
+        hidden = json.loads(handle.read())
+    events = os.fdopen(int(event_fd), "w", encoding="utf-8", buffering=1)
+    workspace = options["workspace"]
+    sys.dont_write_bytecode = True
+    import linecache
+    import types
+
+    import pytest
+    from _pytest.assertion.rewrite import rewrite_asserts
+
+    by_path = {os.path.join(workspace, relative): source for relative, source in hidden.items()}
+    hidden.clear()
+
+    class HiddenModule(pytest.Module):
+        """A hidden test module compiled from the source received over the pipe, not read from disk."""
+
+        def _getobj(self):
+            filename = str(self.path)
+            source = by_path[filename]
+            dotted = os.path.relpath(filename, workspace)[: -len(".py")].replace("/", ".")
+            tree = ast.parse(source, filename=filename)
+            rewrite_asserts(tree, source.encode(), filename, self.config)
+            module = types.ModuleType(dotted)
+            module.__file__ = filename
+            module.__package__ = dotted.rpartition(".")[0]
+            sys.modules[dotted] = module
+            lines = source.splitlines(keepends=True)
+            linecache.cache[filename] = (
+                len(source),
+                None,
+                lines,
+                filename,
+            )  # tracebacks show the real source
+            try:
+                exec(compile(tree, filename, "exec", dont_inherit=True), module.__dict__)
+            except Exception as error:
+                raise self.CollectError(f"importing the hidden test module failed: {error!r}") from error
+            return module
+
+    class EventSender:
+        def pytest_pycollect_makemodule(self, module_path, parent):
+            if str(module_path) in by_path:
+                return HiddenModule.from_parent(parent, path=module_path)
+            return None
+
+        def pytest_collectreport(self, report):
+            if report.failed:
+                events.write(json.dumps({"kind": "collect", "nodeid": report.nodeid}) + "\n")
+
+        def pytest_runtest_logreport(self, report):
+            event = {
+                "kind": "test",
+                "nodeid": report.nodeid,
+                "when": report.when,
+                "outcome": report.outcome,
+                "xfail": hasattr(report, "wasxfail"),
+            }
+            events.write(json.dumps(event) + "\n")
+
+    ini_path = os.path.join(options["ini_dir"], "grader-pytest.ini")
+    sys.path.append(workspace)  # after the stdlib and pytest: agent files cannot shadow them
     arguments = [
         "-c",
         ini_path,
@@ -132,12 +446,17 @@ def main():
         "-rN",
         "--tb=short",
     ]
-    for plugin in bundle.get("plugins", []):
+    for plugin in options.get("plugins", []):
         arguments += ["-p", plugin]
-    arguments += sorted(bundle["hidden_tests"])
-    exit_code = pytest.main(arguments, plugins=[OutcomeRecorder(bundle["report_path"])])
-    sys.exit(int(exit_code))
+    arguments += sorted(os.path.relpath(path, workspace) for path in by_path)
+    exit_code = pytest.main(arguments, plugins=[EventSender()])
+    events.flush()
+    sys.stdout.flush()
+    os._exit(int(exit_code))
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--test-process":
+        test_process(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))
+    else:
+        main()
