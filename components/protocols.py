@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # torch is heavy; only the type checker needs it here
     import numpy as np
     import torch
 
+    from components.trajectory import Trajectory
+
 
 # ----------------------------------------------------------------------------------------------------------
 # Inference
@@ -176,6 +178,22 @@ class Sandbox(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class SandboxProvider(Protocol):
+    """Hands out sandboxes (``sandboxes.SandboxPool``, ``E2BSandboxProvider``, ``ImageSandboxProvider``).
+
+    Contract: ``acquire(spec)`` returns a ready-to-use ``Sandbox`` for ``spec`` (its first call may wait for
+    the workspace copy) or raises ``SandboxError``; ``release`` takes it back, dead or alive (reset for reuse,
+    or destroyed) and never blocks on the reset; ``close`` destroys everything the provider made.
+    """
+
+    async def acquire(self, spec: SandboxSpec | None = None) -> Sandbox: ...
+
+    async def release(self, sandbox: Sandbox) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Tasks, rewards, harnesses
 # ----------------------------------------------------------------------------------------------------------
@@ -291,6 +309,48 @@ class MetricsLogger(Protocol):
     def log(self, metrics: Mapping[str, Any], *, step: int) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class SandboxAwareHarness(Protocol):
+    """A harness that runs programs inside the sandbox (black-box agents) and needs more from it: host paths
+    bound read-only, the proxy reachable, higher limits."""
+
+    def adapt_sandbox_spec(self, spec: SandboxSpec, *, proxy_url: str) -> SandboxSpec: ...
+
+
+@runtime_checkable
+class TaskWithSetup(Protocol):
+    """A task with set-up commands to run in its fresh sandbox before the agent starts (``SweTask``)."""
+
+    async def run_setup(self, sandbox: Sandbox) -> None: ...
+
+
+@runtime_checkable
+class SessionControl(Protocol):
+    """What the rollout runner needs of the proxy: open, describe, finalize or discard a recorded session
+    (``components.proxy.sessions.SessionRegistry`` provides it, in-process or over Ray session shards).
+
+    Contract: ``describe`` reports ``status`` (``context_overflow`` when the proxy refused an overlong prompt),
+    ``num_turns`` and ``num_engine_errors`` (engine calls that failed, with ``last_engine_error``), so that the
+    runner can tell an agent that gave up on a failing engine from one that failed by itself.
+    """
+
+    async def open_session(
+        self,
+        *,
+        session_id: str | None = None,
+        task_id: str = "",
+        group_id: str = "",
+        harness: str = "",
+        step: int = 0,
+    ) -> str: ...
+
+    async def describe(self, session_id: str) -> dict[str, Any]: ...
+
+    async def finalize(self, session_id: str, **fields: Any) -> Trajectory: ...
+
+    async def discard(self, session_id: str) -> None: ...
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 from components.config import require_one_of
-from components.protocols import Sandbox, SandboxSpec
+from components.protocols import SandboxProvider
 from sandboxes.e2b import E2BSandboxConfig, E2BSandboxProvider
 from sandboxes.pool import SandboxPool, SandboxPoolConfig
 
 BACKENDS = ("bwrap", "e2b")
 
 
-@runtime_checkable
-class SandboxProvider(Protocol):
-    """Hands out sandboxes.
-
-    Contract: ``acquire(spec)`` returns a ready-to-use ``Sandbox`` for ``spec`` (its first call may wait for
-    the workspace copy) or raises ``SandboxError``; ``release`` takes it back (reset for reuse, or destroyed)
-    and never blocks on the reset; ``close`` destroys everything the provider made.
-    """
-
-    async def acquire(self, spec: SandboxSpec | None = None) -> Sandbox: ...
-
-    async def release(self, sandbox: Sandbox) -> None: ...
-
-    async def close(self) -> None: ...
+__all__ = ["BACKENDS", "SandboxBackendConfig", "SandboxProvider", "make_sandbox_provider"]
 
 
 @dataclass(kw_only=True, frozen=True)

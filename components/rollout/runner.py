@@ -16,10 +16,19 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
 
 from components.config import require_positive
-from components.protocols import Harness, HarnessOutcome, Reward, Sandbox, SandboxSpec, Task
+from components.protocols import (
+    Harness,
+    HarnessOutcome,
+    Reward,
+    Sandbox,
+    SandboxAwareHarness,
+    SandboxProvider,
+    SessionControl,
+    Task,
+    TaskWithSetup,
+)
 from components.proxy.auth import SessionKeys
 from components.rollout.failures import classify_exception
 from components.rollout.log_text import clip_text
@@ -64,51 +73,6 @@ class RolloutConfig:
             "max_log_chars",
         ):
             require_positive(getattr(self, name), name)
-
-
-@runtime_checkable
-class SandboxProvider(Protocol):
-    """Hands out sandboxes (``sandboxes.SandboxPool`` is one). ``release`` takes back a sandbox, dead or alive."""
-
-    async def acquire(self, spec: SandboxSpec) -> Sandbox: ...
-
-    async def release(self, sandbox: Sandbox) -> None: ...
-
-
-@runtime_checkable
-class SessionControl(Protocol):
-    """What the runner needs of the proxy (``components.proxy.sessions.SessionRegistry`` provides it)."""
-
-    async def open_session(
-        self,
-        *,
-        session_id: str | None = None,
-        task_id: str = "",
-        group_id: str = "",
-        harness: str = "",
-        step: int = 0,
-    ) -> str: ...
-
-    async def describe(self, session_id: str) -> dict[str, Any]: ...
-
-    async def finalize(self, session_id: str, **fields: Any) -> Trajectory: ...
-
-    async def discard(self, session_id: str) -> None: ...
-
-
-@runtime_checkable
-class SandboxAwareHarness(Protocol):
-    """A harness that runs programs inside the sandbox (black-box agents) and needs more from it: host paths
-    bound read-only, the proxy reachable, higher limits."""
-
-    def adapt_sandbox_spec(self, spec: SandboxSpec, *, proxy_url: str) -> SandboxSpec: ...
-
-
-@runtime_checkable
-class TaskWithSetup(Protocol):
-    """A task with set-up commands to run in its fresh sandbox before the agent starts (``SweTask``)."""
-
-    async def run_setup(self, sandbox: Sandbox) -> None: ...
 
 
 class _Rollout:
