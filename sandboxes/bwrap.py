@@ -118,7 +118,10 @@ class BwrapSandboxConfig:
     resource_control: str = "cgroup"
     cgroup_root: str = "/sys/fs/cgroup"
     cgroup_parent: str = "rein"  # the parent cgroup's name (see sandboxes/cgroups.py for where it goes)
-    cpu_cores: float = 1.0  # CPU time per sandbox, in cores (cgroup quota); 0 = no quota
+    # CPU time per sandbox, in cores (cgroup quota). 0: no quota, and the sandbox is left out of the cpu
+    # controller altogether (on a host loaded many times over, a cpu cgroup of its own slows a start up by
+    # ~0.1 s: benchmarks/RESULTS.md).
+    cpu_cores: float = 1.0
     supervisor_tasks: int = 48  # tasks (threads) the supervisor may use on top of max_processes
     max_inodes: int = 131_072  # files + directories per writable tmpfs (/workspace, /tmp, $HOME, /dev/shm)
     max_read_bytes: int = 64 * 1024 * 1024  # read_file: a larger file raises SandboxFileRefusedError
@@ -202,9 +205,11 @@ def cgroup_hierarchy(config: BwrapSandboxConfig) -> CgroupHierarchy | None:
     process: ``CgroupUnavailableError`` says which controller is missing or not writable."""
     if config.resource_control != "cgroup":
         return None
-    key = (config.cgroup_root, config.cgroup_parent)
+    key = (config.cgroup_root, config.cgroup_parent, config.cpu_cores > 0)
     if key not in _hierarchies:
-        hierarchy = detect_hierarchy(root=config.cgroup_root, parent_name=config.cgroup_parent)
+        hierarchy = detect_hierarchy(
+            root=config.cgroup_root, parent_name=config.cgroup_parent, cpu=config.cpu_cores > 0
+        )
         prepare_parents(hierarchy)
         _remove_stale_cgroups(hierarchy)
         _hierarchies[key] = hierarchy

@@ -48,6 +48,8 @@ class CgroupHierarchy:
     version: int  # 1 or 2
     # v1: controller name -> the parent directory in that controller's hierarchy; v2: {"unified": parent}.
     parents: dict[str, str]
+    # The controllers sandboxes get (v1: the freezer too, for killing).
+    controllers: tuple[str, ...] = V2_CONTROLLERS
 
     def describe(self) -> str:
         return f"cgroup v{self.version} " + ", ".join(f"{k}={v}" for k, v in sorted(self.parents.items()))
@@ -87,10 +89,12 @@ def detect_hierarchy(
     *,
     root: str = "/sys/fs/cgroup",
     parent_name: str = "rein",
+    cpu: bool = True,
     mountinfo: str | None = None,
     proc_cgroup: str | None = None,
 ) -> CgroupHierarchy:
-    """The cgroup layout sandboxes use on this host; ``CgroupUnavailableError`` if a controller is missing."""
+    """The cgroup layout sandboxes use on this host; ``CgroupUnavailableError`` if a controller is missing.
+    ``cpu=False`` leaves the cpu controller out (no CPU quota: see ``BwrapSandboxConfig.cpu_cores``)."""
     mountinfo = Path("/proc/self/mountinfo").read_text() if mountinfo is None else mountinfo
     proc_cgroup = Path("/proc/self/cgroup").read_text() if proc_cgroup is None else proc_cgroup
     mounts, own = _mounts(mountinfo), _own_cgroups(proc_cgroup)
@@ -98,16 +102,20 @@ def detect_hierarchy(
     if unified:
         own_path = own.get("", "/")
         base = own_path if own_path == "/" else os.path.dirname(own_path.rstrip("/"))
-        return CgroupHierarchy(version=2, parents={"unified": _join(root, base, parent_name)})
+        controllers = tuple(c for c in V2_CONTROLLERS if cpu or c != "cpu")
+        return CgroupHierarchy(
+            version=2, parents={"unified": _join(root, base, parent_name)}, controllers=controllers
+        )
     parents = {}
-    for controller in V1_CONTROLLERS:
+    controllers = tuple(c for c in V1_CONTROLLERS if cpu or c != "cpu")
+    for controller in controllers:
         point = next((p for p, kind, opts in mounts if kind == "cgroup" and controller in opts), None)
         if point is None:
             raise CgroupUnavailableError(
                 f"no cgroup v2 at {root} and no cgroup v1 '{controller}' hierarchy is mounted"
             )
         parents[controller] = _join(point, own.get(controller, "/"), parent_name)
-    return CgroupHierarchy(version=1, parents=parents)
+    return CgroupHierarchy(version=1, parents=parents, controllers=controllers)
 
 
 def _join(mount_point: str, cgroup_path: str, name: str) -> str:
@@ -115,7 +123,7 @@ def _join(mount_point: str, cgroup_path: str, name: str) -> str:
 
 
 def _write(path: str, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # (cgroupfs ignores the truncation; a test tree needs it)
     try:
         os.write(fd, value.encode())
     finally:
@@ -150,17 +158,19 @@ def prepare_parents(hierarchy: CgroupHierarchy) -> None:
     if hierarchy.version == 2:
         parent = hierarchy.parents["unified"]
         available = set(Path(parent, "cgroup.controllers").read_text().split())
-        missing = [c for c in V2_CONTROLLERS if c not in available]
+        missing = [c for c in hierarchy.controllers if c not in available]
         if missing:
             raise CgroupUnavailableError(
                 f"cgroup v2 controllers {missing} are not available at {parent} "
                 f"(available: {sorted(available)}); enable them in the parent's cgroup.subtree_control"
             )
         try:
-            _write(os.path.join(parent, "cgroup.subtree_control"), " ".join(f"+{c}" for c in V2_CONTROLLERS))
+            _write(
+                os.path.join(parent, "cgroup.subtree_control"), " ".join(f"+{c}" for c in hierarchy.controllers)
+            )
         except OSError as exc:
             raise CgroupUnavailableError(
-                f"cannot enable {list(V2_CONTROLLERS)} in {parent}/cgroup.subtree_control: {exc.strerror}"
+                f"cannot enable {list(hierarchy.controllers)} in {parent}/cgroup.subtree_control: {exc.strerror}"
             ) from exc
 
 
@@ -200,13 +210,16 @@ class SandboxCgroup:
     def set_limits(self, limits: CgroupLimits) -> None:
         """Apply ``limits`` (may be called again, e.g. when a warm sandbox is handed a spec)."""
         if self.hierarchy.version == 2:
-            _write(self._file("memory", "memory.max"), str(limits.memory_bytes))
-            swap = self._file("memory", "memory.swap.max")
-            if os.path.exists(swap):
-                _write(swap, "0")
-            _write(self._file("pids", "pids.max"), str(limits.max_tasks))
-            quota = "max" if limits.cpu_cores is None else str(int(limits.cpu_cores * CPU_PERIOD_US))
-            _write(self._file("cpu", "cpu.max"), f"{quota} {CPU_PERIOD_US}")
+            if "memory" in self.hierarchy.controllers:
+                _write(self._file("memory", "memory.max"), str(limits.memory_bytes))
+                swap = self._file("memory", "memory.swap.max")
+                if os.path.exists(swap):
+                    _write(swap, "0")
+            if "pids" in self.hierarchy.controllers:
+                _write(self._file("pids", "pids.max"), str(limits.max_tasks))
+            if "cpu" in self.hierarchy.controllers:
+                quota = "max" if limits.cpu_cores is None else str(int(limits.cpu_cores * CPU_PERIOD_US))
+                _write(self._file("cpu", "cpu.max"), f"{quota} {CPU_PERIOD_US}")
             return
         limit = self._file("memory", "memory.limit_in_bytes")
         memsw = self._file("memory", "memory.memsw.limit_in_bytes")
@@ -221,9 +234,10 @@ class SandboxCgroup:
         else:
             _write(limit, str(limits.memory_bytes))
         _write(self._file("pids", "pids.max"), str(limits.max_tasks))
-        _write(self._file("cpu", "cpu.cfs_period_us"), str(CPU_PERIOD_US))
-        quota = -1 if limits.cpu_cores is None else int(limits.cpu_cores * CPU_PERIOD_US)
-        _write(self._file("cpu", "cpu.cfs_quota_us"), str(quota))
+        if "cpu" in self.hierarchy.controllers:
+            _write(self._file("cpu", "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+            quota = -1 if limits.cpu_cores is None else int(limits.cpu_cores * CPU_PERIOD_US)
+            _write(self._file("cpu", "cpu.cfs_quota_us"), str(quota))
 
     def members(self) -> list[int]:
         """Pids of every process in the sandbox's cgroup."""
