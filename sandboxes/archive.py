@@ -23,9 +23,10 @@ def directory_archive(source: Path) -> bytes:
 
 
 def _regular_files_and_dirs(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo | None:
-    """tarfile's ``data`` filter, minus every link: an archive made inside a sandbox is untrusted, and a
-    relative symlink that is harmless in staging could point at a host file once moved to its destination."""
-    if member.issym() or member.islnk():
+    """tarfile's ``data`` filter, keeping only regular files and directories: an archive made inside a sandbox
+    is untrusted; a relative symlink that is harmless in staging could point at a host file once moved to its
+    destination, and a FIFO or device node has no business on the host."""
+    if not (member.isreg() or member.isdir()):
         return None
     return tarfile.data_filter(member, dest_path)
 

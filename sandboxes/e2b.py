@@ -31,6 +31,15 @@ from components.config import require, require_positive
 from components.errors import SandboxError
 from components.protocols import ExecResult, Sandbox, SandboxSpec
 from sandboxes.archive import directory_archive, extract_single_entry
+from sandboxes.errors import SandboxFileRefusedError
+
+# read_file, checked inside the sandbox: a regular file (after links) of at most MAX bytes, read with a cap
+# even if it grows meanwhile; a FIFO swapped in after the check blocks only until the command's timeout.
+# Exit codes: 3 absent, 4 not a regular file, 5 over the cap.
+_READ_SCRIPT = (
+    'f={path}; [ -e "$f" ] || exit 3; [ -f "$f" ] || exit 4; '
+    '[ "$(stat -L -c %s "$f")" -le {max_bytes} ] || exit 5; head -c {read_bytes} "$f" | base64 -w0'
+)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -42,12 +51,16 @@ class E2BSandboxConfig:
     api_key: str = ""  # empty: the SDK reads E2B_API_KEY
     domain: str = ""  # empty: the SDK's default (E2B_DOMAIN)
     workspace_dir: str = "/home/user/workspace"
-    num_attempts: int = 3  # for creation and for idempotent calls (file reads/writes)
+    num_attempts: int = 3  # for creation and for idempotent calls (file writes)
+    max_read_bytes: int = 64 * 1024 * 1024  # read_file: a larger file raises SandboxFileRefusedError
+    max_download_bytes: int = 64 * 1024 * 1024  # download: bytes of the tar archive per call
     # The class whose ``create`` classmethod makes sandboxes; None means ``e2b.AsyncSandbox``. Tests pass a fake.
     sdk_class: Any = None
 
     def __post_init__(self) -> None:
         require_positive(self.sandbox_timeout_s, "sandbox_timeout_s")
+        require_positive(self.max_read_bytes, "max_read_bytes")
+        require_positive(self.max_download_bytes, "max_download_bytes")
         require(self.num_attempts >= 1, "num_attempts", f"must be >= 1, got {self.num_attempts}")
         require(
             self.workspace_dir.startswith("/"),
@@ -204,11 +217,26 @@ class E2BSandbox:
         return result.stdout
 
     async def read_file(self, path: str) -> bytes:
-        """The bytes of a file in the sandbox (FileNotFoundError if absent)."""
-        data = await self._idempotent(
-            "read_file", lambda: self._sdk_sandbox.files.read(self._path(path), format="bytes")
-        )
-        return bytes(data)
+        """The bytes of a regular file in the sandbox (FileNotFoundError if absent; SandboxFileRefusedError for
+        anything else, or a file over ``max_read_bytes``): checked and capped inside the sandbox, so the host
+        never receives more than the cap."""
+        remote = self._path(path)
+        max_bytes = self.config.max_read_bytes
+        script = _READ_SCRIPT.format(path=shlex.quote(remote), max_bytes=max_bytes, read_bytes=max_bytes + 1)
+        result = await self.exec(script, timeout_s=120)
+        if result.exit_code == 3:
+            raise FileNotFoundError(f"No such file or directory: {remote}")
+        if result.exit_code in (4, 5):
+            what = "is not a regular file" if result.exit_code == 4 else f"is over the cap of {max_bytes} bytes"
+            raise SandboxFileRefusedError(f"read_file refused: {remote} {what}", sandbox_id=self.sandbox_id)
+        if result.exit_code != 0 or result.timed_out:
+            raise SandboxError(f"read_file {remote} failed: {result.stderr.strip()}", sandbox_id=self.sandbox_id)
+        data = base64.b64decode(result.stdout)
+        if len(data) > max_bytes:  # grew after the size check
+            raise SandboxFileRefusedError(
+                f"read_file refused: {remote} is over the cap of {max_bytes} bytes", sandbox_id=self.sandbox_id
+            )
+        return data
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Create or replace a file in the sandbox (the SDK creates parent directories)."""
@@ -229,10 +257,16 @@ class E2BSandbox:
         """Copy a file or directory out of the sandbox to ``local_path``."""
         remote = self._path(remote_path)
         parent, name = os.path.split(remote.rstrip("/"))
+        cap = self.config.max_download_bytes
         encoded = await self._run_checked(
-            f"tar -C {shlex.quote(parent or '/')} -cf - {shlex.quote(name)} | base64 -w0"
-        )  # binary output is not text-safe through commands.run
-        extract_single_entry(base64.b64decode(encoded), Path(local_path))
+            f"tar -C {shlex.quote(parent or '/')} -cf - {shlex.quote(name)} | head -c {cap + 1} | base64 -w0"
+        )  # binary output is not text-safe through commands.run; head bounds it (and stops tar) at the cap
+        archive = base64.b64decode(encoded)
+        if len(archive) > cap:
+            raise SandboxFileRefusedError(
+                f"download refused: {remote} is over the cap of {cap} bytes", sandbox_id=self.sandbox_id
+            )
+        extract_single_entry(archive, Path(local_path))
 
     async def close(self) -> None:
         """Kill the E2B sandbox. Idempotent; a sandbox already gone counts as closed."""

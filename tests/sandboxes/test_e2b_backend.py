@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from components.errors import SandboxError
 from components.protocols import SandboxSpec
 from sandboxes.e2b import E2BSandbox, E2BSandboxConfig
+from sandboxes.errors import SandboxFileRefusedError
 from sandboxes.provider import SandboxBackendConfig, make_sandbox_provider
 from tests.sandboxes.fake_e2b_sdk import FakeAsyncSandbox
 from tests.sandboxes.sandbox_test_support import FAKE_E2B_CONFIG
@@ -78,3 +81,27 @@ async def test_provider_acquire_release_kills():
     await provider.close()
     assert FakeAsyncSandbox.created[-1].killed
     del leftover
+
+
+@pytest.mark.parametrize("cap", [pytest.param(1 << 20, id="hardened"), pytest.param(1 << 30, id="weakened-cap")])
+async def test_host_side_reads_are_typed_and_capped(cap, tmp_path):
+    """What the agent prepares for the host (a FIFO, a device behind a link, a huge sparse file, a tree over the
+    download cap) is refused inside the sandbox, typed; only a raised cap lets the oversized ones through."""
+    config = dataclasses.replace(FAKE_E2B_CONFIG, max_read_bytes=cap, max_download_bytes=cap)
+    async with await E2BSandbox.create(SandboxSpec(), config) as sandbox:
+        await sandbox.exec(
+            "mkfifo pipe; ln -s /dev/zero zero; head -c 3M /dev/urandom > big.bin; "
+            "mkdir tree && cp big.bin tree/ && mkfifo tree/pipe"
+        )
+        for name in ("pipe", "zero"):
+            with pytest.raises(SandboxFileRefusedError, match="not a regular file"):
+                await sandbox.read_file(name)
+        if cap == 1 << 20:
+            with pytest.raises(SandboxFileRefusedError, match="over the cap"):
+                await sandbox.read_file("big.bin")
+            with pytest.raises(SandboxFileRefusedError, match="over the cap"):
+                await sandbox.download("tree", tmp_path / "tree")
+        else:
+            assert len(await sandbox.read_file("big.bin")) == 3 << 20
+            await sandbox.download("tree", tmp_path / "tree")
+            assert sorted(p.name for p in (tmp_path / "tree").iterdir()) == ["big.bin"]  # the FIFO left out
