@@ -331,6 +331,11 @@ class SGLangEngine:
             return False
         return response.status_code == 200
 
+    async def get_load(self) -> list[dict[str, Any]]:
+        """``GET /get_load``: per data-parallel rank ``num_reqs`` (running + waiting), ``num_waiting_reqs`` …"""
+        load = await self._request("GET", "/get_load")
+        return load if isinstance(load, list) else [load]
+
     async def tensor_parallel_size(self) -> int:
         """The server's ``tp_size`` (``/get_server_info``, or the older ``/server_info``): its ranks in a
         weight-update group."""
@@ -426,6 +431,7 @@ class SGLangEngine:
             "max_new_tokens": min(params.max_tokens, self.context_window - len(prompt)),
             "temperature": params.temperature,
             "top_p": params.top_p,
+            "top_k": params.top_k or -1,  # SGLang: -1 disables top-k (0 is rejected)
         }
         if params.stop_strings:
             sampling["stop"] = list(params.stop_strings)

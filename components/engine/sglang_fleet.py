@@ -43,6 +43,8 @@ from components.protocols import GenerationResult, SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from components.launch import RunConfig
+
 logger = logging.getLogger(__name__)
 
 
@@ -79,6 +81,29 @@ class SGLangFleetConfig:
     def server_config(self, url: str) -> SGLangEngineConfig:
         """The client config of the server at ``url``."""
         return replace(self.server, base_url=url) if self.server else SGLangEngineConfig(base_url=url)
+
+
+def sglang_fleet_config(config: RunConfig, *, initial_weight_version: int) -> SGLangFleetConfig:
+    """The fleet a run's ``--sglang-*`` options describe (``--sglang-url`` may list several servers)."""
+    urls = parse_server_urls(config.sglang_url)
+    distributed = None
+    if config.sglang_weight_sync == "nccl":
+        address = config.sglang_nccl_address
+        if not address:
+            import ray.util
+
+            address = ray.util.get_node_ip_address()
+        distributed = DistributedWeightSyncConfig(master_address=address, backend="nccl")
+    server = SGLangEngineConfig(
+        base_url=urls[0],
+        api_key=config.sglang_api_key or None,
+        admin_api_key=config.sglang_admin_api_key or None,
+        startup_timeout_s=config.sglang_startup_timeout_s,
+        request_timeout_s=config.sglang_request_timeout_s,
+        context_window=config.sglang_context_window or None,
+        initial_weight_version=initial_weight_version,
+    )
+    return SGLangFleetConfig(urls=urls, server=server, distributed=distributed)
 
 
 @dataclass(frozen=True)
@@ -123,13 +148,28 @@ class SGLangFleet:
         fleet = cls(config)
         try:
             await asyncio.gather(*(server.wait_until_healthy() for server in fleet.servers))
-            await fleet.refresh()
+            await fleet.read_server_state()
         except BaseException:
             await fleet.aclose()
             raise
         return fleet
 
-    async def refresh(self) -> None:
+    async def refresh(self) -> dict[str, Any]:
+        """The live servers' queues (``/get_load``, summed): ``num_running``, ``num_waiting``; a server that
+        does not answer counts as idle here (generation, not this probe, takes it out)."""
+        loads = await asyncio.gather(
+            *(server.get_load() for server in self.live_servers()), return_exceptions=True
+        )
+        running = waiting = 0
+        for load in loads:
+            if isinstance(load, BaseException):
+                continue
+            for rank in load:
+                waiting += int(rank.get("num_waiting_reqs", 0))
+                running += max(int(rank.get("num_reqs", 0)) - int(rank.get("num_waiting_reqs", 0)), 0)
+        return {"num_running": running, "num_waiting": waiting, "num_prefilling": 0}
+
+    async def read_server_state(self) -> None:
         """Read every live server's context window and weight version; they must agree."""
         live = self.live_servers()
         await asyncio.gather(*(server.refresh() for server in live))

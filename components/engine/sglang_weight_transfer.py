@@ -188,6 +188,8 @@ class DistributedWeightSender:
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
         import torch.distributed as dist
 
+        if self.config.backend == "nccl":  # NCCL moves device memory: a CPU state dict goes to this GPU first
+            tensors = [tensor.to("cuda", non_blocking=True) for tensor in tensors]
         handles = [
             dist.broadcast(tensor.contiguous(), src=0, group=self._group, async_op=True) for tensor in tensors
         ]

@@ -1,6 +1,8 @@
-"""``rein proxy``: the inference proxy standalone (uvicorn + the embedded engine), for debugging and local use.
+"""``rein proxy``: the inference proxy standalone (uvicorn + the embedded engine or SGLang servers), for
+debugging and local use.
 
     rein proxy --model tiny --port 8000 --run-dir runs/debug
+    rein proxy --engine sglang --sglang-url http://GPU:30000 --model M   # M: the served model's tokenizer
     curl -X POST http://127.0.0.1:8000/sessions      # → {"session_id": ..., "base_url": ".../s/ID"}
     ANTHROPIC_BASE_URL=http://127.0.0.1:8000/s/ID claude -p "hi"
 
@@ -13,7 +15,9 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
+from components.errors import EngineError
 from components.proxy.config import ProxyConfig
 
 
@@ -40,22 +44,62 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-completion-tokens", type=int, default=None, help="cap on any one completion")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
+    parser.add_argument("--engine", choices=("embedded", "sglang"), default="embedded", help="who generates")
+    parser.add_argument(
+        "--sglang-url", default="", help="SGLang server URL(s), comma-separated (--engine sglang)"
+    )
+    parser.add_argument("--sglang-api-key", default=None, help="the servers' --api-key")
+    parser.add_argument("--sglang-admin-api-key", default=None, help="the servers' --admin-api-key")
+    parser.add_argument(
+        "--sglang-startup-timeout-s", type=float, default=600.0, help="wait this long for every /health"
+    )
+    parser.add_argument(
+        "--sglang-request-timeout-s", type=float, default=600.0, help="bound of one /generate call"
+    )
+    parser.add_argument(
+        "--context-window", type=int, default=None, help="SGLang: tokens per sequence (default: /v1/models)"
+    )
     return parser
 
 
+async def _start_engine(args: argparse.Namespace, model_path: Path) -> tuple[Any, Any]:
+    """The engine the arguments name and the tokenizer the proxy encodes with."""
+    if args.engine == "embedded":
+        from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+        engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_path, num_threads=args.threads))
+        return engine, engine.tokenizer
+    from transformers import AutoTokenizer
+
+    from components.engine.sglang import SGLangEngineConfig
+    from components.engine.sglang_fleet import SGLangFleet, SGLangFleetConfig, parse_server_urls
+
+    urls = parse_server_urls(args.sglang_url)
+    server = SGLangEngineConfig(
+        base_url=urls[0],
+        api_key=args.sglang_api_key,
+        admin_api_key=args.sglang_admin_api_key,
+        startup_timeout_s=args.sglang_startup_timeout_s,
+        request_timeout_s=args.sglang_request_timeout_s,
+        context_window=args.context_window,
+    )
+    engine = await SGLangFleet.connect(SGLangFleetConfig(urls=urls, server=server))
+    return engine, AutoTokenizer.from_pretrained(model_path)
+
+
 async def _serve(args: argparse.Namespace, config: ProxyConfig) -> None:
-    from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
     from components.models.registry import resolve_model
     from components.proxy.server import ProxyServer
     from components.proxy.sessions import LocalSessionRegistry
 
     model_path = resolve_model(args.model)
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_path, num_threads=args.threads))
+    engine, tokenizer = await _start_engine(args, model_path)
     try:
-        server = ProxyServer(LocalSessionRegistry(engine, engine.tokenizer, config), config)
+        server = ProxyServer(LocalSessionRegistry(engine, tokenizer, config), config)
         url = await server.start()
+        backend = f"SGLang {args.sglang_url}" if args.engine == "sglang" else str(model_path)
         print(
-            f"rein proxy: {model_path} at {url} (context window {engine.context_window})\n"
+            f"rein proxy: {backend} at {url} (context window {engine.context_window})\n"
             f"  create a session: curl -X POST {url}/sessions  → base_url {url}/s/SESSION_ID\n"
             f"  trajectories: {config.run_dir / 'trajectories' if config.run_dir else 'not written (no --run-dir)'}",
             flush=True,
@@ -82,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:
         print(f"rein proxy: {error}", file=sys.stderr)
         return 2
+    except EngineError as error:  # e.g. an SGLang server that never became healthy
+        print(f"rein proxy: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         pass
     return 0

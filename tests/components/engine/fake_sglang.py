@@ -166,6 +166,11 @@ def build_app(state: FakeSGLangState) -> FastAPI:
             return Response(status_code=503)
         return Response(status_code=200)
 
+    @app.get("/get_load")
+    async def get_load() -> list[dict[str, Any]]:
+        waiting = 0 if state.paused.is_set() else len(state.tasks)
+        return [{"dp_rank": 0, "num_reqs": len(state.tasks), "num_waiting_reqs": waiting, "num_tokens": 0}]
+
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def server_info() -> dict[str, Any]:
@@ -322,6 +327,7 @@ def build_app(state: FakeSGLangState) -> FastAPI:
             max_tokens=int(sampling.get("max_new_tokens", 128)),
             temperature=float(sampling.get("temperature", 1.0)),
             top_p=float(sampling.get("top_p", 1.0)),
+            top_k=max(int(sampling.get("top_k", -1)), 0),  # SGLang's -1 (off) is our 0
             stop_strings=tuple(sampling.get("stop") or ()),
             stop_token_ids=tuple(sampling.get("stop_token_ids") or ()),
             seed=sampling.get("sampling_seed"),
