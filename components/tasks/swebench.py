@@ -246,15 +246,21 @@ class RepoSources:
             if instance.instance_id in mapping:
                 reference = str(mapping[instance.instance_id])
                 return _resolve_reference(reference, images_dir, instance.instance_id)
-        name = instance.image_name or swebench_image_name(instance.instance_id)
-        base, _, tag = name.rpartition("/")[2].partition(":")
-        for candidate in (images_dir / base, images_dir / f"{base}.tar"):
-            if (candidate / "index.json").is_file():
-                return f"oci:{candidate}:{tag or 'latest'}"
-            if candidate.is_file():
-                return f"docker-archive:{candidate}"
+        names = (
+            [instance.image_name]
+            if instance.image_name
+            else [swebench_image_name(instance.instance_id), swegym_image_name(instance.instance_id)]
+        )
+        for name in names:
+            base, _, tag = name.rpartition("/")[2].partition(":")
+            for candidate in (images_dir / base, images_dir / f"{base}.tar"):
+                if (candidate / "index.json").is_file():
+                    return f"oci:{candidate}:{tag or 'latest'}"
+                if candidate.is_file():
+                    return f"docker-archive:{candidate}"
+        bases = " or ".join(name.rpartition("/")[2].partition(":")[0] for name in names)
         raise RowError(
-            instance.instance_id, f"unknown image {name!r}: neither {base}/ nor {base}.tar in {images_dir}"
+            instance.instance_id, f"unknown image {names[0]!r}: no {bases} (dir or .tar) in {images_dir}"
         )
 
     def snapshot_for(self, instance: SweBenchInstance) -> Path | None:
@@ -287,8 +293,13 @@ def _resolve_reference(reference: str, images_dir: Path, instance_id: str) -> st
 
 
 def swebench_image_name(instance_id: str) -> str:
-    """SWE-bench's instance image name (Docker Hub does not allow ``__``, so it becomes ``_1776_``)."""
-    return f"swebench/sweb.eval.x86_64.{instance_id.replace('__', '_1776_')}:latest"
+    """SWE-bench's instance image name (Docker Hub names are lower case without ``__``: it becomes ``_1776_``)."""
+    return f"swebench/sweb.eval.x86_64.{instance_id.lower().replace('__', '_1776_')}:latest"
+
+
+def swegym_image_name(instance_id: str) -> str:
+    """SWE-Gym's instance image name (as OpenHands pulls it: ``__`` becomes ``_s_``)."""
+    return f"xingyaoww/sweb.eval.x86_64.{instance_id.lower().replace('__', '_s_')}:latest"
 
 
 @dataclass(frozen=True, kw_only=True)

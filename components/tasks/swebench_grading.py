@@ -309,10 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     for check in checks:
         print(json.dumps({"instance_id": check.instance_id, "bad": not check.ok, "gold": check.gold.reward,
                           "empty": check.empty.reward, "log": (check.gold.error or check.gold.log)[-300:]}))  # fmt: skip
-    num_bad = len(loaded.rejected) + sum(not check.ok for check in checks)
-    print(
-        f"checked {len(checks)} instances: {len(checks) - num_bad + len(loaded.rejected)} ok, {num_bad} bad"
-    )
+    num_ok = sum(check.ok for check in checks)
+    num_bad = len(loaded.rejected) + len(checks) - num_ok
+    print(f"checked {len(checks) + len(loaded.rejected)} instances: {num_ok} ok, {num_bad} bad")
     return 1 if num_bad else 0
 
 

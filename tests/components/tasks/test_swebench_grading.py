@@ -8,6 +8,9 @@ the tests or plants test infrastructure gains nothing; ``--check`` reports an in
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from tests.components.tasks.swebench_fixtures import (
     IMAGE_LAYOUT,
     INSTANCES,
     MANIFEST,
+    ROOT,
     SNAPSHOTS,
     env_image_store,
     require_fixtures,
@@ -40,17 +44,23 @@ def loaded(tmp_path: Path):
 
 
 @pytest.mark.slow
-async def test_gold_earns_1_and_empty_earns_0_on_every_instance(loaded) -> None:
-    import json
-
-    assert loaded.rejected == []
-    assert len(loaded.tasks) == len(json.loads(MANIFEST.read_text())) >= 10
-    config = ImageSandboxConfig(cache_dir=IMAGE_CACHE, num_warm_per_image=2)
-    async with ImageSandboxProvider(config) as provider:
-        checks = await check_instances(loaded.tasks, SweBenchGrader(provider), concurrency=2)
-    bad = {check.instance_id: (check.gold.log + check.gold.error)[-400:] for check in checks if not check.ok}
-    assert bad == {}
-    assert all("RESOLVED_FULL" in check.gold.log for check in checks)
+def test_check_cli_gold_earns_1_and_empty_earns_0_on_every_instance(tmp_path: Path) -> None:
+    """The README's ``--check`` command, through the real loader from the Parquet file."""
+    require_fixtures(INSTANCES, SNAPSHOTS, IMAGE_LAYOUT)
+    images = env_image_store(tmp_path / "images")
+    completed = subprocess.run(
+        [sys.executable, "-m", "components.tasks.swebench_grading", "--check", "--tasks", f"swebench:{INSTANCES}",
+         "--images", str(images), "--snapshots", str(SNAPSHOTS)],
+        capture_output=True, text=True, timeout=1200, cwd=ROOT,
+    )  # fmt: skip
+    verdicts = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    manifest_ids = {entry["instance_id"] for entry in json.loads(MANIFEST.read_text())}
+    assert len(manifest_ids) >= 10
+    assert {verdict["instance_id"] for verdict in verdicts} == manifest_ids
+    assert all(
+        verdict["gold"] == 1.0 and verdict["empty"] == 0.0 and not verdict["bad"] for verdict in verdicts
+    )
 
 
 async def test_repository_from_the_instance_image_and_tampering(tmp_path: Path) -> None:

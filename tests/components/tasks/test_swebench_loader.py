@@ -153,6 +153,10 @@ def test_images_named_by_row_by_mapping_or_by_swebench_convention(tmp_path: Path
         == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
     )
     assert sources.image_for(django) == f"oci:{layout}:latest"
+    swegym = images / "sweb.eval.x86_64.getmoto_s_moto-5752"  # SWE-Gym's naming, found as well
+    swegym.mkdir()
+    (swegym / "index.json").write_text("{}")
+    assert sources.image_for(instance_from_row(_row("getmoto__moto-5752"))) == f"oci:{swegym}:latest"
     calc = instance_from_row(_row("calc-1", image_name="docker.io/org/calc:v2"))
     assert sources.image_for(calc) == f"docker-archive:{images / 'calc.tar'}"
     (images / "images.json").write_text(json.dumps({"calc-1": "docker-archive:calc.tar"}))
