@@ -18,15 +18,24 @@ Why a per-sandbox host uid: ``RLIMIT_NPROC`` is not enforced for host root (bwra
 unprivileged uid in its own user namespace, ``--nproc`` counts exactly this sandbox's tasks, so a fork bomb
 fails with ``EAGAIN`` at ``limits.max_processes`` and other sandboxes never notice.
 
+Resources: a cgroup per sandbox (``sandboxes/cgroups.py``; ``resource_control="cgroup"``, the default) caps
+the memory of everything in it together (processes, tmpfs files, the supervisor) at ``limits.memory_mb``, its
+tasks at ``limits.max_processes + supervisor_tasks`` and its CPU at ``cpu_cores``; bwrap is started inside it
+(a tiny shell joins it, then execs bwrap), so nothing the sandbox ever runs is outside it, and closing kills the
+whole cgroup. Each writable tmpfs is capped at ``max_inodes`` files too. Without the privileges to create
+cgroups, creating a sandbox raises ``CgroupUnavailableError`` (``resource_control="rlimit"``: rlimits only).
+
 Commands run through the supervisor (``sandboxes/supervisor.py``, the host's Python started with ``-I -S``),
 which is the sandbox's PID 1 (``--as-pid-1``): signals from inside cannot kill it, and it reaps what commands
 detach. Each exec is ``prlimit --cpu --as --nproc -- sh -c CMD`` in its own session. At the wall-clock timeout
 the command's process group and every process it detached are SIGKILLed (``timed_out=True``); when a command
 exits, its leftover background jobs are killed too. Closing a sandbox closes the supervisor's stdin: it exits,
-the kernel tears the PID namespace down with everything in it, and bwrap reaps it (a supervisor that does not
-exit within ``close_grace_s`` is SIGKILLed). File operations go through the supervisor as well, with the
-sandbox user's rights, so a symlink planted by an agent can never make the host read or write outside the
-sandbox; downloads drop links.
+the kernel tears the PID namespace down with everything in it, and bwrap reaps it; with a cgroup, the whole
+cgroup is killed first (freeze-kill-thaw on v1, ``cgroup.kill`` on v2). File operations go through the
+supervisor as well, with the sandbox user's rights, so a symlink planted by an agent can never make the host
+read or write outside the sandbox; reads take regular files only, up to ``max_read_bytes``, downloads regular
+files and directories only, up to ``max_download_bytes`` / ``max_download_entries``
+(``SandboxFileRefusedError``).
 
 Network: none by default (only the sandbox's own loopback). With ``spec.proxy_url = http://127.0.0.1:PORT``
 the supervisor listens on ``127.0.0.1:PORT`` inside the sandbox's loopback and forwards each connection over a

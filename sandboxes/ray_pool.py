@@ -276,7 +276,7 @@ class RaySandboxPool:
         return RaySandbox(actor, _unwrap(outcome))
 
     async def release(self, sandbox: Sandbox) -> None:
-        """Give the sandbox back to its node's pool (reset there in the background)."""
+        """Give the sandbox back to its node's pool (destroyed there in the background; this handle is dead)."""
         if not isinstance(sandbox, RaySandbox):
             raise ValueError(f"sandbox: {sandbox.sandbox_id} did not come from a RaySandboxPool")
         sandbox._closed = True
