@@ -118,6 +118,9 @@ def _record_diagnostics(
     totals["is_ratio_sq_sum"] += float((ratio * ratio).sum())
     if mask.sum() > 0:
         maxima["is_ratio_max"] = max(maxima["is_ratio_max"], float(ratio[mask > 0].max()))
+        maxima["logprob_abs_diff_max"] = max(
+            maxima["logprob_abs_diff_max"], float((train - rollout).abs()[mask > 0].max())
+        )
         minima["is_ratio_min"] = min(minima["is_ratio_min"], float(ratio[mask > 0].min()))
 
 
@@ -144,7 +147,7 @@ def run_train_step(
     started = time.perf_counter()
     model.train()
     totals = dict.fromkeys(_SUM_KEYS, 0.0)
-    maxima = {"is_ratio_max": -math.inf}
+    maxima = {"is_ratio_max": -math.inf, "logprob_abs_diff_max": 0.0}
     minima = {"is_ratio_min": math.inf}
     proximal: list[torch.Tensor | None] = [None] * len(micro_batches)
     if num_updates > 1:
@@ -227,6 +230,8 @@ def summarize_step(
         "train_step_s": elapsed_s,
         "entropy": totals["entropy_sum"] / n,
         "logprob_abs_diff_mean": totals["logprob_abs_diff_sum"] / n,
+        # the worst token: a mean hides a segment recomputed under the wrong distribution
+        "logprob_abs_diff_max": maxima.get("logprob_abs_diff_max", 0.0),
         "is_ratio_mean": totals["is_ratio_sum"] / n,
         "is_ratio_max": maxima["is_ratio_max"] if math.isfinite(maxima["is_ratio_max"]) else 1.0,
         "is_ratio_min": minima["is_ratio_min"] if math.isfinite(minima["is_ratio_min"]) else 1.0,

@@ -12,6 +12,8 @@ import torch
 
 from components.protocols import SamplingParams
 from components.sampling import SamplingDistribution, sampling_logprobs
+from components.training.grpo import GRPO, GRPOConfig
+from components.training.step import OptimizerConfig, build_optimizer, run_train_step
 from components.trajectory import Segment
 from components.trajectory_store import TrajectoryStore
 from tests.components.training.signal_helpers import (
@@ -93,6 +95,16 @@ async def test_mixed_distributions_packed_in_one_micro_batch_match_the_rollout(t
     # each segment alone agrees too (per-segment parameters, not the row's first)
     for t in stored:
         assert max_abs_gap(model, [t]) <= AGREEMENT
+
+    # the train step itself (its diagnostics use the pre-update logprobs) reports the worst token
+    metrics = run_train_step(
+        model,
+        build_optimizer(model, OptimizerConfig()),
+        batches,
+        GRPO(GRPOConfig()),
+        optimizer_config=OptimizerConfig(),
+    )
+    assert metrics["logprob_abs_diff_max"] <= AGREEMENT
 
 
 def test_sampling_logprobs_truncation_rules():
