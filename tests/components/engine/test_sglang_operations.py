@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from openai import OpenAI
 from ray import cloudpickle
 
@@ -160,3 +161,17 @@ def test_rein_proxy_engine_sglang_serves_an_agent_request(tiny_model_dir, tmp_pa
     assert len(generated) == 1
     assert segment.token_ids[: len(generated[0])].tolist() == generated[0]
     assert int(segment.loss_mask.sum()) == 5
+
+
+@pytest.mark.slow
+def test_gpu_check_reports_each_check_and_what_it_could_not_run(tmp_path):
+    """``bash benchmarks/gpu_check.sh`` on this machine: every GPU check is listed, none is faked."""
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_check.sh"
+    completed = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    lines = completed.stdout.splitlines()
+    for check in ("fsdp2 bf16 step", "sglang server", "proxy session", "nccl weight sync"):
+        (line,) = [line for line in lines if line.startswith(f"  {check}: ")]
+        if not torch.cuda.is_available():
+            assert "SKIPPED (" in line, line
+    assert re.fullmatch(r"gpu_check: \d of 4 GPU checks ran \(target 4 of 4, < 480 s\)", lines[-1])
