@@ -150,6 +150,7 @@ class HiddenTestRun:
     test_runner_lines: tuple[str, ...] = ()  # "path: line" added lines naming the test runner
     interpreter_lines: tuple[str, ...] = ()  # "path: line" added lines reaching into the interpreter
     observer_error: str = ""
+    tampered: tuple[str, ...] = ()  # pytest/pluggy/builtins objects the code under test changed
 
 
 class SweGrader:
@@ -222,6 +223,12 @@ class SweGrader:
             f"FLAGGED: exits the process or reaches into the interpreter: {line}"
             for line in report.interpreter_lines
         )
+        if report.tampered:
+            log.append(
+                "reward 0: the test runner or builtins changed while the tests ran: "
+                + ", ".join(report.tampered)
+            )
+            return RewardResult(reward=0.0, log="\n".join(log))
         if self.config.reject_test_runner_tampering and report.test_runner_lines:
             log.append("reward 0: the patched code reaches into the test runner")
             return RewardResult(reward=0.0, log="\n".join(log))
@@ -348,6 +355,7 @@ class SweGrader:
             test_runner_lines=tuple(scan.get("test_runner", ())),
             interpreter_lines=tuple(scan.get("interpreter", ())),
             observer_error=str(verdict.get("observer_error", "")),
+            tampered=tuple(str(name) for name in verdict.get("tampered") or ()),
         )
 
     async def _exec(self, sandbox: Sandbox, command: list[str]) -> ExecResult:

@@ -329,6 +329,9 @@ class _EventCollector:
                 if event.get("kind") == "collect":
                     self.verdict["collection_errors"].append(str(event["nodeid"]))
                     continue
+                if event.get("kind") == "tampered":
+                    self.verdict.setdefault("tampered", []).extend(str(name) for name in event["names"])
+                    continue
                 self.events.append(
                     {
                         "nodeid": str(event["nodeid"]),
@@ -366,6 +369,44 @@ def main():
 
 
 # -- the test process ---------------------------------------------------------------------------------------
+
+
+_WATCHED_PREFIXES = ("pytest", "_pytest", "pluggy", "builtins")
+_PLAIN_DATA = (bool, int, float, str, bytes, type(None))
+
+
+def _code_of(value):
+    function = getattr(value, "__func__", value)  # classmethod / staticmethod / bound method
+    return id(getattr(function, "__code__", None))
+
+
+def runner_fingerprint(plugin_manager):
+    """What code under test would have to change to forge outcomes from inside the test process: every
+    callable and class of pytest/pluggy/builtins (their identity, their code, every class's own attributes),
+    the registered plugins, and the tracing hooks. Taken before any code of the agent runs, compared after
+    every test phase."""
+    fingerprint = {}
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module_name.split(".", 1)[0] not in _WATCHED_PREFIXES:
+            continue
+        for name, value in list(vars(module).items()):
+            if isinstance(value, type) and value.__module__.split(".", 1)[0] in _WATCHED_PREFIXES:
+                attributes = {
+                    key: (id(item), _code_of(item))
+                    for key, item in list(vars(value).items())
+                    if not isinstance(item, _PLAIN_DATA)  # flags pytest sets on classes; instances shadow them
+                }
+                fingerprint[f"{module_name}.{name}"] = (id(value), tuple(sorted(attributes.items())))
+            elif callable(value) and not isinstance(value, type(sys)):
+                fingerprint[f"{module_name}.{name}"] = (id(value), _code_of(value))
+    fingerprint["<plugins>"] = tuple(sorted(id(plugin) for plugin in plugin_manager.get_plugins()))
+    fingerprint["<trace>"] = (id(sys.gettrace()), id(sys.getprofile()))
+    return fingerprint
+
+
+def fingerprint_changes(before, after):
+    """Names whose fingerprint changed or vanished (additions of new names are allowed: lazy imports)."""
+    return sorted(name for name, value in before.items() if after.get(name) != value)
 
 
 def test_process(source_fd, event_fd, options):
@@ -410,6 +451,28 @@ def test_process(source_fd, event_fd, options):
             return module
 
     class EventSender:
+        def __init__(self):
+            self.fingerprint = None
+            self.tampered = False
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_sessionstart(self, session):
+            # Plugins are loaded and collection has not begun: no code of the agent has run yet.
+            self.fingerprint = runner_fingerprint(session.config.pluginmanager)
+            self.plugin_manager = session.config.pluginmanager
+
+        def _check(self):
+            if self.tampered or self.fingerprint is None:
+                return
+            changed = fingerprint_changes(self.fingerprint, runner_fingerprint(self.plugin_manager))
+            if changed:
+                self.tampered = True
+                events.write(json.dumps({"kind": "tampered", "names": changed[:20]}) + "\n")
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_sessionfinish(self, session):
+            self._check()  # before unconfigure undoes pytest's own patches
+
         def pytest_pycollect_makemodule(self, module_path, parent):
             if str(module_path) in by_path:
                 return HiddenModule.from_parent(parent, path=module_path)
@@ -420,6 +483,8 @@ def test_process(source_fd, event_fd, options):
                 events.write(json.dumps({"kind": "collect", "nodeid": report.nodeid}) + "\n")
 
         def pytest_runtest_logreport(self, report):
+            if report.when == "teardown":  # after fixtures (monkeypatch) undid what the test itself changed
+                self._check()
             event = {
                 "kind": "test",
                 "nodeid": report.nodeid,
@@ -449,7 +514,8 @@ def test_process(source_fd, event_fd, options):
     for plugin in options.get("plugins", []):
         arguments += ["-p", plugin]
     arguments += sorted(os.path.relpath(path, workspace) for path in by_path)
-    exit_code = pytest.main(arguments, plugins=[EventSender()])
+    sender = EventSender()
+    exit_code = pytest.main(arguments, plugins=[sender])
     events.flush()
     sys.stdout.flush()
     os._exit(int(exit_code))
