@@ -1,9 +1,11 @@
 """What every recipe shares: the run directory, Ray, the engine + proxy + trainer stack, and resume bookkeeping.
 
-A recipe builds its tasks, harness and grader, then drives ``RunStack`` step by step::
+A recipe builds its tasks, harness and grader, then drives ``RunStack`` step by step; the stack's own bricks
+(algorithm, sandbox provider: objects satisfying ``components.protocols``) come from ``Bricks.from_config``
+unless the recipe passes its own, and the stack never asks which kind they are::
 
     run = RunDirectory.create(config, recipe="swe_grpo")
-    async with RunStack.start(config, run, sandbox_paths=...) as stack:
+    async with RunStack.start(config, run, sandbox_paths=...) as stack:  # or bricks=Bricks(...)
         for step in stack.ledger.pending_steps(config.num_steps):
             trajectories, shard = await stack.rollout_or_load(step, runner, tasks)
             train_metrics = await stack.train_and_sync(step, shard)
@@ -47,6 +49,7 @@ from typing import Any, Literal
 from components.config import require, require_non_negative, require_positive
 from components.loop import LoopConfig
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
+from components.protocols import Algorithm, SandboxProvider
 from components.recipe_config import config_to_json, option
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
@@ -79,7 +82,11 @@ class RunConfig:
     )
     temperature: float = option(1.0, "sampling temperature of the policy")
     max_tokens: int = option(128, "cap on the tokens of one model reply")
-    algorithm: Literal["grpo", "dr_grpo"] = option("grpo", "policy-gradient algorithm: GRPO or Dr.GRPO")
+    algorithm: Literal["grpo", "dr_grpo", "gspo", "rloo"] = option(
+        "grpo",
+        "policy-gradient algorithm (components/training/algorithms/): GRPO, Dr.GRPO, GSPO (sequence-level ratio "
+        "and clipping) or RLOO (leave-one-out baseline)",
+    )
     learning_rate: float = option(1e-5, "AdamW learning rate")
     max_tokens_per_micro_batch: int = option(
         1024, "token budget of one packed training row (bounds trainer memory)"
@@ -230,32 +237,65 @@ class StepLedger:
         return self.shards.get(step)
 
 
+@dataclass(kw_only=True)
+class Bricks:
+    """The objects the stack snaps together, each satisfying a Protocol of ``components.protocols``. A recipe
+    builds them from its config (``from_config``: the one place a config name picks a class) or passes its own
+    (a new algorithm or sandbox is one file implementing the Protocol; ``tests/contracts`` checks it)."""
+
+    algorithm: Algorithm
+    sandboxes: SandboxProvider  # the agents' sandboxes (closed with the stack)
+
+    @classmethod
+    def from_config(cls, config: RunConfig, *, sandbox_paths: Sequence[str] = ()) -> Bricks:
+        """The bricks ``config`` names; ``sandbox_paths``: host paths the sandboxes bind read-only."""
+        from components.training.algorithms import make_algorithm
+        from sandboxes import SandboxBackendConfig, SandboxPoolConfig, make_sandbox_provider
+
+        sandboxes = make_sandbox_provider(
+            SandboxBackendConfig(
+                backend=config.sandbox_backend,
+                pool=SandboxPoolConfig(
+                    num_warm=config.num_warm_sandboxes, read_only_paths=tuple(dict.fromkeys(sandbox_paths))
+                ),
+            )
+        )
+        return cls(algorithm=make_algorithm(config.algorithm), sandboxes=sandboxes)
+
+
 class RunStack:
     """Engine + proxy + trainer + weight sync + sandboxes + trajectory store of one run."""
 
-    def __init__(self, config: RunConfig, run: RunDirectory) -> None:
+    def __init__(self, config: RunConfig, run: RunDirectory, bricks: Bricks) -> None:
         self.config = config
         self.run = run
+        self.bricks = bricks
         self.store = TrajectoryStore(run.path)
         self._cleanups: list[Callable[[], Awaitable[Any]]] = []
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def start(cls, config: RunConfig, run: RunDirectory, *, sandbox_paths: Sequence[str] = ()):
-        """Start everything (Ray first); stop it all on exit, crash or not."""
-        stack = cls(config, run)
+    async def start(
+        cls,
+        config: RunConfig,
+        run: RunDirectory,
+        *,
+        sandbox_paths: Sequence[str] = (),
+        bricks: Bricks | None = None,
+    ):
+        """Start everything (Ray first); stop it all on exit, crash or not. ``bricks``: default
+        ``Bricks.from_config(config, sandbox_paths=sandbox_paths)``."""
+        stack = cls(config, run, bricks or Bricks.from_config(config, sandbox_paths=sandbox_paths))
         try:
-            await stack._start(sandbox_paths)
+            await stack._start()
             yield stack
         finally:
             await stack.close()
 
-    async def _start(self, sandbox_paths: Sequence[str]) -> None:
+    async def _start(self) -> None:
         from components.engine.embedded import EmbeddedEngineConfig
         from components.engine.ray_actor import RayEngineClient, start_engine_actor
         from components.training import (
-            GRPO,
-            GRPOConfig,
             OptimizerConfig,
             SampleBatchConfig,
             Trainer,
@@ -282,7 +322,6 @@ class RunStack:
                 num_cpus=config.engine_num_cpus,
                 num_gpus=config.engine_num_gpus,
             )
-        algorithm = GRPOConfig.dr_grpo() if config.algorithm == "dr_grpo" else GRPOConfig()
         self.trainer = Trainer(
             TrainerConfig(
                 model_path=run.model_path,
@@ -296,7 +335,7 @@ class RunStack:
                 seed=config.seed,
                 resume=True,
             ),
-            algorithm=GRPO(algorithm),
+            algorithm=self.bricks.algorithm,
         )
         self._cleanups.append(lambda: _to_thread(self.trainer.shutdown))
         if self.trainer.resumed_from:
@@ -318,7 +357,8 @@ class RunStack:
             if checkpoint:  # the server still serves whatever it was started with
                 await self.engine.update_weights_from_disk(str(checkpoint.path), version)
         self.proxy_url, self.sessions = await self._start_proxy()
-        self.sandboxes = self._start_sandboxes(sandbox_paths)
+        self.sandboxes = self.bricks.sandboxes
+        self._cleanups.append(self.sandboxes.close)
         self.ledger = StepLedger(self.store, self.trainer.state.consumed_shards)
 
     async def _start_proxy(self) -> tuple[str, Any]:
@@ -363,21 +403,6 @@ class RunStack:
         )
         self._cleanups.append(lambda: _to_thread(serve.delete, app_name))  # Serve apps outlive a driver
         return url, registry
-
-    def _start_sandboxes(self, read_only_paths: Sequence[str]) -> Any:
-        from sandboxes import SandboxBackendConfig, SandboxPoolConfig, make_sandbox_provider
-
-        provider = make_sandbox_provider(
-            SandboxBackendConfig(
-                backend=self.config.sandbox_backend,
-                pool=SandboxPoolConfig(
-                    num_warm=self.config.num_warm_sandboxes,
-                    read_only_paths=tuple(dict.fromkeys(read_only_paths)),
-                ),
-            )
-        )
-        self._cleanups.append(provider.close)
-        return provider
 
     async def rollout_or_load(
         self, step: int, runner: Any, tasks: Sequence[Any]
