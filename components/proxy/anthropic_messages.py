@@ -5,8 +5,9 @@ Accepted: ``system`` (a string or text blocks), ``messages`` (roles user/assista
 blocks, ``is_error`` → the text is prefixed with ``Error: ``), ``thinking`` (→ the assistant turn's reasoning);
 ``redacted_thinking``, server-tool blocks and unknown block types are skipped), ``tools`` (custom tools with
 ``input_schema``; server tools such as ``web_search_20250305`` are skipped), ``max_tokens``, ``temperature``,
-``top_p``, ``stop_sequences``, ``stream``. Ignored: ``model``, ``thinking`` budgets, ``cache_control``,
-``metadata``, ``tool_choice``, ``top_k``, ``?beta=true`` and ``anthropic-beta`` headers.
+``top_p``, ``top_k`` (sampling settings: used only when the proxy lets agents choose), ``stop_sequences``,
+``stream``. Ignored: ``model``, ``thinking`` budgets, ``cache_control``, ``metadata``, ``tool_choice``,
+``?beta=true`` and ``anthropic-beta`` headers.
 
 A ``system`` role inside ``messages`` (Claude Code sends mid-conversation notes that way) becomes a canonical
 system message at that position.
@@ -187,6 +188,7 @@ def parse_request(body: dict[str, Any]) -> MessagesRequest:
         max_tokens=get_int(body, "max_tokens", "body", minimum=1),
         temperature=get_number(body, "temperature", "body", default=1.0, minimum=0.0, maximum=1.0),
         top_p=get_number(body, "top_p", "body", default=1.0, minimum=0.0, maximum=1.0, open_low=True),
+        top_k=get_int(body, "top_k", "body", default=0, minimum=0),
         stop=get_stop(body, "stop_sequences", "body"),
     )
     model = body.get("model")

@@ -98,3 +98,21 @@ async def test_agent_sampling_is_recorded_and_a_change_starts_a_segment(tokenize
 def test_config_names_the_field():
     with pytest.raises(ValueError, match="sampling"):
         ProxyConfig(sampling=0.7)
+
+
+def test_anthropic_top_k_reaches_the_engine_when_agents_choose(start_proxy, tokenizer):
+    import anthropic
+
+    engine = RecordingEngine(ScriptedEngine(tokenizer, ["Hi."]))
+    proxy = start_proxy(engine, sampling=RUN, agent_sampling=True)
+    session_id = proxy.open_session()
+    client = anthropic.Anthropic(base_url=proxy.session_url(session_id), api_key="unused")
+    client.messages.create(
+        model="m",
+        max_tokens=16,
+        extra_body={"temperature": 0.5, "top_k": 5},  # this SDK version has no typed temperature argument
+        messages=[{"role": "user", "content": "hi"}],
+    )
+    assert [(p.temperature, p.top_p, p.top_k) for p in engine.params] == [(0.5, 1.0, 5)]
+    record = proxy.server.call(lambda: proxy.registry.describe(session_id))
+    assert record["segments"][0]["sampling"] == {"temperature": 0.5, "top_p": 1.0, "top_k": 5}
