@@ -22,7 +22,8 @@ Resources: a cgroup per sandbox (``sandboxes/cgroups.py``; ``resource_control="c
 the memory of everything in it together (processes, tmpfs files, the supervisor) at ``limits.memory_mb``, its
 tasks at ``limits.max_processes + supervisor_tasks`` and its CPU at ``cpu_cores``; bwrap is started inside it
 (a tiny shell joins it, then execs bwrap), so nothing the sandbox ever runs is outside it, and closing kills the
-whole cgroup. Each writable tmpfs is capped at ``max_inodes`` files too. Without the privileges to create
+whole cgroup. Each writable tmpfs is capped at ``max_inodes`` files too (as root only: unprivileged bwrap
+leaves the supervisor no capability to remount them). Without the privileges to create
 cgroups, creating a sandbox raises ``CgroupUnavailableError`` (``resource_control="rlimit"``: rlimits only).
 
 Commands run through the supervisor (``sandboxes/supervisor.py``, the host's Python started with ``-I -S``),
@@ -131,7 +132,8 @@ class BwrapSandboxConfig:
     # controller altogether (on a host loaded many times over, a cpu cgroup of its own slows a start up by
     # ~0.1 s: benchmarks/RESULTS.md).
     cpu_cores: float = 1.0
-    supervisor_tasks: int = 48  # tasks (threads) the supervisor may use on top of max_processes
+    # Tasks (threads) the supervisor may use on top of max_processes: 2 per proxy connection, 1 per request.
+    supervisor_tasks: int = 96
     max_inodes: int = 131_072  # files + directories per writable tmpfs (/workspace, /tmp, $HOME, /dev/shm)
     max_read_bytes: int = 64 * 1024 * 1024  # read_file: a larger file raises SandboxFileRefusedError
     max_download_bytes: int = 64 * 1024 * 1024  # download: file bytes per call
