@@ -3,6 +3,8 @@ and weight updates that reach every server with one version.
 
 Routing is done here, in the process that calls ``generate`` (each proxy session shard holds a copy):
 
+- *Routers.* A URL that is an SGLang router (sgl-model-gateway / sglang-router: ``GET /workers``) stands for
+  the workers it lists; Rein routes to them itself.
 - *Affinity by token prefix.* Every turn of a TITO session sends the previous turn's prompt + output ids
   followed by the new tokens, so a prompt that extends a sequence this fleet generated before belongs to that
   session: it goes to the server that generated it, where SGLang's radix cache still holds its KV. The
@@ -106,6 +108,24 @@ def sglang_fleet_config(config: RunConfig, *, initial_weight_version: int) -> SG
     return SGLangFleetConfig(urls=urls, server=server, distributed=distributed)
 
 
+async def expand_router_urls(config: SGLangFleetConfig) -> SGLangFleetConfig:
+    """``config`` with every SGLang router URL replaced by the workers it lists. Rein then talks to the
+    workers itself: session affinity, failover, and weight updates, which must reach every worker anyway."""
+    urls: list[str] = []
+    for url in config.urls:
+        probe = SGLangEngine(config.server_config(url))
+        try:
+            await probe.wait_until_healthy()
+            workers = await probe.router_workers()
+        finally:
+            await probe.aclose()
+        if workers is not None:
+            require(len(workers) > 0, "sglang_url", f"the SGLang router {url} lists no workers")
+            logger.info("SGLang router %s: workers %s", url, workers)
+        urls += [worker for worker in (workers or [url]) if worker not in urls]
+    return replace(config, urls=tuple(urls))
+
+
 @dataclass(frozen=True)
 class FailoverEvent:
     """A request (and its session) moved off a server that was taken out."""
@@ -144,7 +164,9 @@ class SGLangFleet:
 
     @classmethod
     async def connect(cls, config: SGLangFleetConfig) -> SGLangFleet:
-        """Wait for ``/health`` on every server, then read the context window and the weight version."""
+        """Expand router URLs to their workers, wait for ``/health`` on every server, then read the context
+        window and the weight version."""
+        config = await expand_router_urls(config)
         fleet = cls(config)
         try:
             await asyncio.gather(*(server.wait_until_healthy() for server in fleet.servers))

@@ -663,3 +663,51 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class FakeSGLangRouter:
+    """An sgl-model-gateway's worker registry only (``GET /workers``, ``GET /health``) in a thread: what Rein
+    reads to find the workers behind a router URL."""
+
+    def __init__(self, worker_urls: list[str]) -> None:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health() -> Response:
+            return Response(status_code=200)
+
+        @app.get("/workers")
+        async def workers() -> dict[str, Any]:
+            entries = [
+                {
+                    "id": f"worker-{i}",
+                    "url": url,
+                    "model_id": "policy",
+                    "worker_type": "regular",
+                    "is_healthy": True,
+                }
+                for i, url in enumerate(worker_urls)
+            ]
+            return {"workers": entries, "total": len(entries), "stats": {"regular_count": len(entries)}}
+
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve(sockets=[self._socket])), daemon=True
+        )
+
+    def __enter__(self) -> FakeSGLangRouter:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("fake SGLang router did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()

@@ -20,7 +20,7 @@ from components.engine.sglang_fleet import SGLangFleet, SGLangFleetConfig, parse
 from components.engine.sglang_weight_transfer import DistributedWeightSyncConfig
 from components.errors import EngineError
 from components.protocols import SamplingParams
-from tests.components.engine.fake_sglang import FakeSGLangProcess
+from tests.components.engine.fake_sglang import FakeSGLangProcess, FakeSGLangRouter
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -184,6 +184,16 @@ async def test_gloo_weight_broadcast_delivers_exactly_the_trainers_weights_to_ev
     np.testing.assert_allclose(result.logprobs, scored, atol=1e-4)
     assert result.weight_versions == (6,) * 5
     await fleet.aclose()  # destroys the group on every server
+
+
+async def test_a_router_url_stands_for_the_workers_it_lists(servers):
+    with FakeSGLangRouter([server.url for server in servers[:2]]) as router:
+        fleet = await connect([router, servers[2]])  # a router and a plain server, mixed
+    assert [server.url for server in fleet.servers] == [server.url for server in servers]
+    for index in range(3):
+        await fleet.generate([*SYSTEM_PROMPT, 8000 + index], SamplingParams(max_tokens=2))
+    assert [server["sessions"] for server in fleet.status()["servers"]] == [1, 1, 1]
+    await fleet.aclose()
 
 
 async def test_killed_server_sessions_fail_over_and_nothing_is_lost(servers):
