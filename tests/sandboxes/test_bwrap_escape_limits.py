@@ -84,6 +84,38 @@ async def test_memory_in_tmpfs_files_no_process_owns(config):
             assert stored_mb <= spec.limits.memory_mb, result
 
 
+SYSV_SHM_FILLER = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+size = {chunk_mb} << 20
+segment = libc.shmget(0, size, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+address = libc.shmat(segment, None, 0)
+ctypes.memset(address, 1, size)  # resident now, and stays so after we detach and exit
+libc.shmdt(ctypes.c_void_p(address))
+print("kept", segment)
+"""
+
+
+@pytest.mark.parametrize("config", VARIANTS)
+async def test_memory_in_sysv_shm_segments_outliving_their_processes(config):
+    """SysV shared memory stays allocated with no process attached: each filler is under its own rlimit and
+    gone before the next starts, but the segments add up."""
+    chunk_mb = 60
+    filler = SYSV_SHM_FILLER.format(chunk_mb=chunk_mb)
+    async with await BwrapSandbox.create(SandboxSpec(limits=LIMITS), config) as sandbox:
+        kept = 0
+        for _ in range(4):
+            result = await python_in(sandbox, filler)
+            kept += result.stdout.startswith("kept")
+        listed = await sandbox.exec("ipcs -m | grep -c '^0x'")
+        if weakened(config):
+            assert kept * chunk_mb > LIMITS.memory_mb and int(listed.stdout) == 4
+        else:
+            assert kept * chunk_mb <= LIMITS.memory_mb, (kept, listed)
+            assert (await sandbox.exec("echo alive")).stdout == "alive\n"
+
+
 @pytest.mark.parametrize("config", VARIANTS)
 async def test_fork_bomb_without_the_process_rlimit(config, monkeypatch):
     """RLIMIT_NPROC is the second line; with it lifted, only the cgroup's pids cap bounds the tasks."""
