@@ -34,6 +34,7 @@ duplicated, and the engine restarts from the checkpoint's weights and version.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -44,15 +45,19 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from components.config import require, require_non_negative, require_positive
 from components.loop import LoopConfig
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
-from components.protocols import Algorithm, SandboxProvider
+from components.protocols import Algorithm, EngineProvider, InferenceEngine, SandboxProvider
 from components.recipe_config import config_to_json, option
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
+
+if TYPE_CHECKING:
+    from components.training import Trainer
+    from components.training.weight_sync import WeightSync
 
 logger = logging.getLogger("rein.recipe")
 
@@ -237,12 +242,77 @@ class StepLedger:
         return self.shards.get(step)
 
 
+class EmbeddedEngineProvider:
+    """``EngineProvider``: the embedded torch engine in one Ray actor (``engine_*`` fields); weights travel
+    through Ray's object store."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self._actor: Any = None
+
+    async def start(
+        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
+    ) -> tuple[InferenceEngine, WeightSync]:
+        from components.engine.embedded import EmbeddedEngineConfig
+        from components.engine.ray_actor import RayEngineClient, start_engine_actor
+        from components.training import WeightSync, WeightSyncConfig
+
+        config = self.config
+        self._actor = start_engine_actor(
+            EmbeddedEngineConfig(
+                model_path=model_path,
+                max_batch_size=config.engine_max_batch_size,
+                num_threads=config.engine_threads,
+                kv_cache_gb=config.engine_kv_cache_gb,
+                device="cuda" if config.engine_num_gpus > 0 else "cpu",
+                initial_weight_version=weight_version,
+            ),
+            num_cpus=config.engine_num_cpus,
+            num_gpus=config.engine_num_gpus,
+        )
+        engine = await RayEngineClient.connect(self._actor)
+        return engine, WeightSync(WeightSyncConfig(mode="memory"), engine)
+
+    async def close(self) -> None:
+        if self._actor is not None:
+            self._actor.close.remote()
+            self._actor = None
+
+
+class SGLangEngineProvider:
+    """``EngineProvider``: an SGLang server outside Ray (``sglang_url``), reached over HTTP."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self._engine: Any = None
+
+    async def start(
+        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
+    ) -> tuple[InferenceEngine, WeightSync]:
+        from components.engine.sglang import SGLangEngine, SGLangEngineConfig
+        from components.training import WeightSync, WeightSyncConfig
+
+        engine = self._engine = await SGLangEngine.connect(
+            SGLangEngineConfig(base_url=self.config.sglang_url, initial_weight_version=weight_version)
+        )
+        weight_sync = WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
+        if resumed:  # the server still serves whatever it was started with
+            await engine.update_weights_from_disk(str(model_path), weight_version)
+        return engine, weight_sync
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.aclose()
+            self._engine = None
+
+
 @dataclass(kw_only=True)
 class Bricks:
     """The objects the stack snaps together, each satisfying a Protocol of ``components.protocols``. A recipe
     builds them from its config (``from_config``: the one place a config name picks a class) or passes its own
     (a new algorithm or sandbox is one file implementing the Protocol; ``tests/contracts`` checks it)."""
 
+    engine: EngineProvider  # starts the inference engine and says how new weights reach it
     algorithm: Algorithm
     sandboxes: SandboxProvider  # the agents' sandboxes (closed with the stack)
 
@@ -260,7 +330,8 @@ class Bricks:
                 ),
             )
         )
-        return cls(algorithm=make_algorithm(config.algorithm), sandboxes=sandboxes)
+        engine = EmbeddedEngineProvider(config) if config.engine == "embedded" else SGLangEngineProvider(config)
+        return cls(engine=engine, algorithm=make_algorithm(config.algorithm), sandboxes=sandboxes)
 
 
 class RunStack:
@@ -293,36 +364,41 @@ class RunStack:
             await stack.close()
 
     async def _start(self) -> None:
-        from components.engine.embedded import EmbeddedEngineConfig
-        from components.engine.ray_actor import RayEngineClient, start_engine_actor
-        from components.training import (
-            OptimizerConfig,
-            SampleBatchConfig,
-            Trainer,
-            TrainerConfig,
-            WeightSync,
-            WeightSyncConfig,
-            latest_checkpoint,
-        )
+        from components.training import latest_checkpoint
 
         config, run = self.config, self.run
         connect_ray(config)
         checkpoint = latest_checkpoint(run.path / "checkpoints")
-        version = checkpoint.state.weight_version if checkpoint else 0
-        if config.engine == "embedded":  # start the engine actor while the trainer starts
-            actor = start_engine_actor(
-                EmbeddedEngineConfig(
-                    model_path=checkpoint.path if checkpoint else run.model_path,
-                    max_batch_size=config.engine_max_batch_size,
-                    num_threads=config.engine_threads,
-                    kv_cache_gb=config.engine_kv_cache_gb,
-                    device="cuda" if config.engine_num_gpus > 0 else "cpu",
-                    initial_weight_version=version,
-                ),
-                num_cpus=config.engine_num_cpus,
-                num_gpus=config.engine_num_gpus,
+        # The engine starts (e.g. its actor loads the model) while the trainer's workers start.
+        engine_start = asyncio.create_task(
+            self.bricks.engine.start(
+                model_path=checkpoint.path if checkpoint else run.model_path,
+                weight_version=checkpoint.state.weight_version if checkpoint else 0,
+                run_dir=run.path,
+                resumed=checkpoint is not None,
             )
-        self.trainer = Trainer(
+        )
+        self._cleanups.append(self.bricks.engine.close)
+        await asyncio.sleep(0)  # let the engine start launch before the trainer blocks this thread
+        try:
+            self.trainer = self._start_trainer()
+        except BaseException:
+            engine_start.cancel()
+            raise
+        self._cleanups.append(lambda: _to_thread(self.trainer.shutdown))
+        if self.trainer.resumed_from:
+            logger.info("resumed from %s (state %s)", self.trainer.resumed_from, self.trainer.state)
+        self.engine, self.weight_sync = await engine_start
+        self.proxy_url, self.sessions = await self._start_proxy()
+        self.sandboxes = self.bricks.sandboxes
+        self._cleanups.append(self.sandboxes.close)
+        self.ledger = StepLedger(self.store, self.trainer.state.consumed_shards)
+
+    def _start_trainer(self) -> Trainer:
+        from components.training import OptimizerConfig, SampleBatchConfig, Trainer, TrainerConfig
+
+        config, run = self.config, self.run
+        return Trainer(
             TrainerConfig(
                 model_path=run.model_path,
                 run_dir=run.path,
@@ -337,29 +413,6 @@ class RunStack:
             ),
             algorithm=self.bricks.algorithm,
         )
-        self._cleanups.append(lambda: _to_thread(self.trainer.shutdown))
-        if self.trainer.resumed_from:
-            logger.info("resumed from %s (state %s)", self.trainer.resumed_from, self.trainer.state)
-        if config.engine == "embedded":
-            self.engine = await RayEngineClient.connect(actor)
-            self._cleanups.append(lambda: actor.close.remote())
-            self.weight_sync = WeightSync(WeightSyncConfig(mode="memory"), self.engine)
-        else:
-            from components.engine.sglang import SGLangEngine, SGLangEngineConfig
-
-            self.engine = await SGLangEngine.connect(
-                SGLangEngineConfig(base_url=config.sglang_url, initial_weight_version=version)
-            )
-            self._cleanups.append(self.engine.aclose)
-            self.weight_sync = WeightSync(
-                WeightSyncConfig(mode="disk", weights_dir=run.path / "weights"), self.engine
-            )
-            if checkpoint:  # the server still serves whatever it was started with
-                await self.engine.update_weights_from_disk(str(checkpoint.path), version)
-        self.proxy_url, self.sessions = await self._start_proxy()
-        self.sandboxes = self.bricks.sandboxes
-        self._cleanups.append(self.sandboxes.close)
-        self.ledger = StepLedger(self.store, self.trainer.state.consumed_shards)
 
     async def _start_proxy(self) -> tuple[str, Any]:
         from components.proxy.auth import generate_admin_key

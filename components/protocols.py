@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # torch is heavy; only the type checker needs it here
     import numpy as np
     import torch
 
+    from components.training.weight_sync import WeightSync
     from components.trajectory import Trajectory
 
 
@@ -379,3 +380,20 @@ class DiskReloadingEngine(Protocol):
     """
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> Any: ...
+
+
+@runtime_checkable
+class EngineProvider(Protocol):
+    """Starts a run's inference engine and says how the trainer's new weights reach it (embedded actor,
+    SGLang servers, or a user's engine).
+
+    Contract: ``start`` returns an engine serving the weights at ``model_path`` (the newest checkpoint when
+    ``resumed``) stamped ``weight_version``, and the ``WeightSync`` that pushes later versions to it; ``close``
+    stops what ``start`` started, is idempotent, and is safe to call when ``start`` failed or never ran.
+    """
+
+    async def start(
+        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
+    ) -> tuple[InferenceEngine, WeightSync]: ...
+
+    async def close(self) -> None: ...
