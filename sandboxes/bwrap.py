@@ -560,11 +560,19 @@ class BwrapSandbox:
         return not (self._closed or self._dead_reason)
 
     async def _wait_setup(self, *, allow_failed: bool = False) -> None:
+        if self._lease_ended:
+            raise SandboxLeaseEndedError("the lease on this sandbox ended (released)", sandbox_id=self.sandbox_id)
         task = self._setup_task
         if task is None:
             return
         try:
             await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise  # our caller was cancelled
+            raise SandboxError(
+                "sandbox closed while its workspace was being prepared", sandbox_id=self.sandbox_id
+            ) from None
         except SandboxError:
             if not allow_failed:
                 raise

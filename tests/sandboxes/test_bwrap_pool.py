@@ -330,3 +330,19 @@ async def test_http_client_in_the_venv_reaches_the_proxy_with_large_bodies():
             assert "got 3000000 bytes at /s/abc/v1/messages" in result.stdout, result
     finally:
         server.shutdown()
+
+
+async def test_release_during_the_background_workspace_copy(tmp_path):
+    """Released before its workspace copy finished: calls on the handle fail typed, never with CancelledError."""
+    (tmp_path / "repo").mkdir()
+    for index in range(200):
+        (tmp_path / "repo" / f"f{index}.txt").write_text("x" * 10_000)
+    async with SandboxPool(SandboxPoolConfig(num_warm=1, workspace_mb=32)) as pool:
+        spec = SandboxSpec(limits=SandboxLimits(workspace_mb=32), workspace_source=tmp_path / "repo")
+        sandbox = await pool.acquire(spec)
+        await pool.release(sandbox)
+        with pytest.raises(SandboxLeaseEndedError):
+            await sandbox.exec("ls")
+        await asyncio.sleep(0.5)
+        with pytest.raises(SandboxLeaseEndedError):
+            await sandbox.read_file("f1.txt")
