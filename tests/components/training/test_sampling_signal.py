@@ -146,3 +146,19 @@ def test_distribution_and_segment_validation():
         Segment(token_ids=[1], loss_mask=[0], logprobs=[0.0], weight_versions=[-1], sampling=0.7)
     with pytest.raises(ValueError, match="top_k"):
         SamplingParams(top_k=-1)
+
+
+async def test_engine_samples_from_the_top_k_and_reports_its_renormalised_logprob(tiny_model_dir):
+    """Checked against the definition, independently of ``sampling_logprobs``."""
+    (segment,) = await _rollouts(tiny_model_dir, [SamplingDistribution(temperature=0.9, top_k=3)])
+    model = load_model(tiny_model_dir)
+    ids = torch.as_tensor(segment.token_ids, dtype=torch.long)[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / 0.9
+    for position in np.flatnonzero(segment.loss_mask):
+        probs = torch.softmax(logits[position - 1], dim=-1)
+        top = torch.topk(probs, 3)
+        token = int(segment.token_ids[position])
+        assert token in top.indices.tolist(), "sampled a token outside the top-k"
+        expected = float(torch.log(probs[token] / top.values.sum()))
+        assert abs(float(segment.logprobs[position]) - expected) < 1e-4
