@@ -101,7 +101,21 @@ class RunConfig:
     engine: Literal["embedded", "sglang"] = option(
         "embedded", "inference engine: embedded torch actor or SGLang"
     )
-    sglang_url: str = option("", "SGLang server URL (engine=sglang), e.g. http://10.0.0.5:30000")
+    sglang_url: str = option(
+        "",
+        "SGLang server URL(s) (engine=sglang), comma-separated (a router URL stands for its workers), "
+        "e.g. http://10.0.0.5:30000,http://10.0.0.6:30000",
+    )
+    sglang_api_key: str = option("", "the servers' --api-key ('' = none)")
+    sglang_admin_api_key: str = option("", "the servers' --admin-api-key for weight/pause/memory calls ('' = none)")
+    sglang_startup_timeout_s: float = option(600.0, "how long to wait for every server's /health at start")
+    sglang_request_timeout_s: float = option(600.0, "bound of one /generate call")
+    sglang_context_window: int = option(0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)")
+    sglang_weight_sync: Literal["disk", "nccl"] = option(
+        "disk", "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from this process"
+    )
+    sglang_nccl_address: str = option("", "address the servers reach this process at (nccl); '' = Ray node IP")
+    sglang_colocated: bool = option(False, "trainer and servers share GPUs: servers release memory while training")
     engine_num_cpus: float = option(1.0, "Ray CPUs reserved for the embedded engine actor")
     engine_num_gpus: float = option(0.0, "Ray GPUs for the embedded engine actor (device cuda when > 0)")
     engine_threads: int = option(1, "torch threads of the embedded engine")
@@ -146,10 +160,17 @@ class RunConfig:
         require_non_negative(self.engine_num_gpus, "engine_num_gpus")
         require_non_negative(self.engine_kv_cache_gb, "engine_kv_cache_gb")
         LoopConfig.of(self)  # rollout_mode, max_staleness: a bad value names its field
+        if self.engine == "sglang":
+            from components.engine.sglang_fleet import parse_server_urls
+
+            parse_server_urls(self.sglang_url)  # ValueError naming sglang_url
+        for name in ("sglang_startup_timeout_s", "sglang_request_timeout_s"):
+            require_positive(getattr(self, name), name)
+        require_non_negative(self.sglang_context_window, "sglang_context_window")
         require(
-            self.engine != "sglang" or self.sglang_url.startswith(("http://", "https://")),
-            "sglang_url",
-            f"must be an http(s) URL when engine is 'sglang', got {self.sglang_url!r}",
+            not self.sglang_colocated or (self.engine == "sglang" and self.rollout_mode == "sync"),
+            "sglang_colocated",
+            "needs engine=sglang and rollout_mode=sync (the servers give their GPU memory up while training)",
         )
         if self.model == "default":
             require(
@@ -280,7 +301,7 @@ class EmbeddedEngineProvider:
 
 
 class SGLangEngineProvider:
-    """``EngineProvider``: an SGLang server outside Ray (``sglang_url``), reached over HTTP."""
+    """``EngineProvider``: SGLang servers outside Ray (``sglang_*`` fields), reached over HTTP."""
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -289,13 +310,19 @@ class SGLangEngineProvider:
     async def start(
         self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
     ) -> tuple[InferenceEngine, WeightSync]:
-        from components.engine.sglang import SGLangEngine, SGLangEngineConfig
+        from components.engine.sglang_fleet import SGLangFleet, sglang_fleet_config
         from components.training import WeightSync, WeightSyncConfig
 
-        engine = self._engine = await SGLangEngine.connect(
-            SGLangEngineConfig(base_url=self.config.sglang_url, initial_weight_version=weight_version)
+        config = self.config
+        # Waits for /health on every server (clear timeout message), reads the context window.
+        engine = self._engine = await SGLangFleet.connect(
+            sglang_fleet_config(config, initial_weight_version=weight_version)
         )
-        weight_sync = WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
+        weight_sync = (
+            WeightSync(WeightSyncConfig(mode="memory"), engine)  # fleet.update_weights broadcasts
+            if config.sglang_weight_sync == "nccl"
+            else WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
+        )
         if resumed:  # the server still serves whatever it was started with
             await engine.update_weights_from_disk(str(model_path), weight_version)
         return engine, weight_sync
@@ -473,10 +500,17 @@ class RunStack:
         """One optimizer step on the shard, then the new weights to the engine; checkpoint when due."""
         trainer, version = self.trainer, self.trainer.state.weight_version
         metrics: dict[str, float] = {"trained": 0.0}
+        colocated = self.config.sglang_colocated  # the servers' GPU memory goes to the trainer meanwhile
+        if colocated:
+            await self.engine.release_memory_occupation()
         if shard is not None:
             metrics = await _to_thread(trainer.step, [shard], version)
+        if colocated:
+            await self.engine.resume_memory_occupation(["weights"])
         if metrics.get("trained"):
             metrics.update(await self.weight_sync.push(trainer, trainer.state.weight_version))
+        if colocated:
+            await self.engine.resume_memory_occupation(["kv_cache"])
         every = self.config.checkpoint_every_steps
         if step + 1 == self.config.num_steps or (every and (step + 1) % every == 0):
             started = time.perf_counter()
