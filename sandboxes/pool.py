@@ -10,8 +10,11 @@ a path the pool does not mount) gets a cold sandbox. A health loop pings idle sa
 destroys the sandbox in the background (its cgroup killed, everything in it gone) and starts a fresh one. A
 sandbox is never reused: the next tenant always gets one that nothing of the last tenant ever ran in, so no
 process, IPC object (each sandbox has its own IPC namespace), changed limit, file or connection can carry
-over. Reuse was measured not to be worth its risk: a fresh start costs ~10-20 ms of one core in the background
-and acquire stays a deque pop (benchmarks/sandbox_start.py).
+over. Why not reset in place: every reset must find and undo all state a tenant can create (processes that
+hop pids, IPC objects, rlimits of the supervisor, unreadable directories: tests/sandboxes/
+test_bwrap_escape_reset.py shows each surviving the old reset), while a fresh sandbox has none by construction.
+The price is one sandbox start per rollout, in the background ("sandbox start" in benchmarks/RESULTS.md); acquire
+stays a deque pop plus the new tenant's cgroup limits (a few file writes, well under 1 ms).
 
 ``start`` (and the first ``acquire``) raise ``CgroupUnavailableError`` when the pool's config asks for cgroup
 limits (``bwrap.resource_control="cgroup"``, the default) and this host cannot give them.
