@@ -68,20 +68,34 @@ def sampling_logprobs(
     if not bool(truncated.any()):
         return logprobs
     rows = torch.nonzero(truncated).flatten()
+    drop = torch.empty((len(rows), logprobs.shape[-1]), dtype=torch.bool, device=logprobs.device)
     with torch.no_grad():
-        sub = logprobs[rows].detach()
-        sorted_logprobs, order = torch.sort(sub, dim=-1, descending=True, stable=True)
-        sorted_probs = sorted_logprobs.exp()
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        row_top_p = top_p[rows].to(sub)[:, None]
-        drop_sorted = mass_before >= row_top_p  # the tokens before this one already reach top_p
-        row_top_k = top_k[rows].to(order.device)[:, None]
-        rank = torch.arange(sub.shape[-1], device=order.device)[None, :]
-        drop_sorted |= (row_top_k > 0) & (rank >= row_top_k)
-        drop_sorted[:, 0] = False  # the most likely token is always kept
-        drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
+        # in chunks of rows: the sort's values and int64 indices cost 12 bytes per row × vocab entry
+        for start in range(0, len(rows), _TRUNCATION_ROWS_PER_CHUNK):
+            chunk = rows[start : start + _TRUNCATION_ROWS_PER_CHUNK]
+            drop[start : start + len(chunk)] = _dropped_tokens(
+                logprobs[chunk].detach(), top_p[chunk], top_k[chunk]
+            )
         if keep_tokens is not None:
             drop[torch.arange(len(rows), device=drop.device), keep_tokens[rows].to(drop.device)] = False
     kept = logprobs[rows].masked_fill(drop, float("-inf"))
     kept = kept - torch.logsumexp(kept, dim=-1, keepdim=True)
     return logprobs.index_put((rows,), kept)
+
+
+_TRUNCATION_ROWS_PER_CHUNK = 512
+
+
+def _dropped_tokens(logprobs: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Per row of ``logprobs`` ([rows, vocab]), which tokens the top-k / top-p truncation drops."""
+    import torch
+
+    sorted_logprobs, order = torch.sort(logprobs, dim=-1, descending=True, stable=True)
+    sorted_probs = sorted_logprobs.exp()
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop_sorted = mass_before >= top_p.to(logprobs)[:, None]  # the tokens before this one already reach top_p
+    row_top_k = top_k.to(order.device)[:, None]
+    rank = torch.arange(logprobs.shape[-1], device=order.device)[None, :]
+    drop_sorted |= (row_top_k > 0) & (rank >= row_top_k)
+    drop_sorted[:, 0] = False  # the most likely token is always kept
+    return torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
