@@ -444,12 +444,15 @@ class RunStack:
     async def _start_proxy(self) -> tuple[str, Any]:
         from components.proxy.auth import generate_admin_key
         from components.proxy.config import ProxyConfig
+        from components.sampling import SamplingDistribution
 
         # Isolated mode: the admin key stays on the host; agents get per-session tokens (session_keys).
         proxy_config = ProxyConfig(
             port=0,
             default_max_tokens=self.config.max_tokens,
             max_completion_tokens=self.config.max_tokens,
+            # every rollout is sampled with the run's temperature, whatever the agent asks (recorded per segment)
+            sampling=SamplingDistribution(temperature=self.config.temperature),
             admin_key=generate_admin_key(),
         )
         self.session_keys = proxy_config.session_keys

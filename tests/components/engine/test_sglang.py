@@ -72,6 +72,7 @@ async def test_generate_request_shape_and_parsed_reply(client, fake_server):
         "max_new_tokens": 12,
         "temperature": 0.8,
         "top_p": 0.95,
+        "top_k": -1,
         "stop": ["\n\n"],
         "stop_token_ids": [17],
         "sampling_seed": 4,
