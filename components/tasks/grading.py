@@ -151,6 +151,8 @@ class HiddenTestRun:
     interpreter_lines: tuple[str, ...] = ()  # "path: line" added lines reaching into the interpreter
     observer_error: str = ""
     tampered: tuple[str, ...] = ()  # pytest/pluggy/builtins objects the code under test changed
+    finished: bool = False  # the test process itself reported the end of its pytest session
+    foreign_events: int = 0  # events sent by other processes (forks of the test process): ignored
 
 
 class SweGrader:
@@ -244,8 +246,19 @@ class SweGrader:
                 f"or stopped it\n{report.output_tail[-1500:]}"
             )
             return RewardResult(reward=0.0, log="\n".join(log))
+        if report.foreign_events:
+            log.append(
+                f"FLAGGED: {report.foreign_events} test events from processes other than the test process"
+            )
         reward, summary = compute_reward(task, report.outcomes, partial_credit=self.config.partial_credit)
         log.append(summary)
+        if not report.finished:
+            log.append(
+                f"the test process ended before its session did (exit {report.exit_code}): the tests that did "
+                "not report count as failed"
+            )
+            if not self.config.partial_credit:
+                reward = 0.0
         if reward < 1.0 and report.output_tail:
             log.append(f"test output (tail):\n{report.output_tail[-1500:]}")
         return RewardResult(reward=reward, log="\n".join(log))
@@ -356,6 +369,8 @@ class SweGrader:
             interpreter_lines=tuple(scan.get("interpreter", ())),
             observer_error=str(verdict.get("observer_error", "")),
             tampered=tuple(str(name) for name in verdict.get("tampered") or ()),
+            finished=bool(verdict.get("finished")),
+            foreign_events=int(verdict.get("foreign_events") or 0),
         )
 
     async def _exec(self, sandbox: Sandbox, command: list[str]) -> ExecResult:

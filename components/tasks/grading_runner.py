@@ -42,7 +42,9 @@ import re
 import selectors
 import shutil
 import signal
+import socket
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -252,7 +254,11 @@ def observe(bundle, nonce):
     with open(os.path.join(ini_dir, "grader-pytest.ini"), "w", encoding="utf-8") as handle:
         handle.write("[pytest]\naddopts =\n")
     source_read, source_write = os.pipe()
-    event_read, event_write = os.pipe()
+    # Events: a SOCK_SEQPACKET pair with SO_PASSCRED, so every message carries its sender's pid as the kernel
+    # saw it; only the test process's own messages count (not those of a process it forked).
+    event_socket, child_socket = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    event_socket.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    event_write = child_socket.fileno()
     child_env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/tmp"),
@@ -280,29 +286,31 @@ def observe(bundle, nonce):
         start_new_session=True,
     )
     os.close(source_read)
-    os.close(event_write)
+    child_socket.close()
     with os.fdopen(source_write, "w", encoding="utf-8") as handle:
         handle.write(json.dumps(hidden))
-    collector = _EventCollector(verdict)
+    collector = _EventCollector(verdict, child.pid)
     selector = selectors.DefaultSelector()
-    selector.register(event_read, selectors.EVENT_READ, collector.feed_events)
-    selector.register(child.stdout.fileno(), selectors.EVENT_READ, collector.feed_output)
+    selector.register(event_socket, selectors.EVENT_READ, collector.receive)
+    selector.register(child.stdout, selectors.EVENT_READ, collector.read_output)
     deadline = time.monotonic() + float(bundle["timeout_s"])
-    while child.poll() is None:
+    while child.poll() is None and not collector.finished:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             verdict["timed_out"] = True
             break
         for key, _ in selector.select(timeout=min(remaining, 0.2)):
-            _read_into(selector, key)
-    # The test process is over (or out of time): nothing of the agent's may run on while we read the rest,
-    # so every process goes first; then the pipes hold only what was written before, up to EOF.
+            key.data(selector, key.fileobj)
+    # The session finished (or the test process is gone, or out of time): nothing of the agent's may run on
+    # while we read the rest, so every process goes first; then the channels hold only what was sent before.
     kill_everything_else()
     while selector.get_map():
         for key, _ in selector.select(timeout=1.0):
-            _read_into(selector, key)
-    os.close(event_read)
+            key.data(selector, key.fileobj)
+    event_socket.close()
     child.stdout.close()
+    verdict["finished"] = collector.finished
+    verdict["foreign_events"] = collector.foreign_events
     verdict["exit_code"] = child.poll()
     verdict["outcomes"] = outcomes_from_events(collector.events)
     verdict["output_tail"] = collector.output.decode("utf-8", "replace")
@@ -310,28 +318,46 @@ def observe(bundle, nonce):
 
 
 class _EventCollector:
-    def __init__(self, verdict):
+    def __init__(self, verdict, test_pid):
         self.verdict = verdict
+        self.test_pid = test_pid
         self.events = []
         self.output = bytearray()
-        self.pending = b""
+        self.finished = False  # the test process itself reported the end of its session
+        self.foreign_events = 0
 
-    def feed_output(self, chunk):
+    def read_output(self, selector, stream):
+        chunk = os.read(stream.fileno(), 65536)
+        if not chunk:
+            selector.unregister(stream)
+            return
         self.output += chunk
         del self.output[: max(0, len(self.output) - _OUTPUT_TAIL_CHARS)]
 
-    def feed_events(self, chunk):
-        self.pending += chunk
-        *lines, self.pending = self.pending.split(b"\n")
-        for line in lines:
-            try:
-                event = json.loads(line)
-                if event.get("kind") == "collect":
-                    self.verdict["collection_errors"].append(str(event["nodeid"]))
-                    continue
-                if event.get("kind") == "tampered":
-                    self.verdict.setdefault("tampered", []).extend(str(name) for name in event["names"])
-                    continue
+    def receive(self, selector, sock):
+        data, ancillary, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(struct.calcsize("3i")))
+        if not data and not ancillary:
+            selector.unregister(sock)
+            return
+        sender = None
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                sender = struct.unpack("3i", payload[: struct.calcsize("3i")])[0]
+        if sender != self.test_pid:
+            self.foreign_events += 1  # a process the test process forked (or anything else): ignored
+            return
+        if self.finished:
+            return  # nothing after the end of the session counts
+        try:
+            event = json.loads(data)
+            kind = event.get("kind")
+            if kind == "done":
+                self.finished = True
+            elif kind == "collect":
+                self.verdict["collection_errors"].append(str(event["nodeid"]))
+            elif kind == "tampered":
+                self.verdict.setdefault("tampered", []).extend(str(name) for name in event["names"])
+            else:
                 self.events.append(
                     {
                         "nodeid": str(event["nodeid"]),
@@ -340,16 +366,8 @@ class _EventCollector:
                         "xfail": bool(event.get("xfail")),
                     }
                 )
-            except (ValueError, KeyError, TypeError, AttributeError):
-                pass  # garbage on the event pipe counts for nothing
-
-
-def _read_into(selector, key):
-    chunk = os.read(key.fd, 65536)
-    if chunk:
-        key.data(chunk)
-    else:
-        selector.unregister(key.fd)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # garbage on the channel counts for nothing
 
 
 def main():
@@ -394,7 +412,9 @@ def runner_fingerprint(plugin_manager):
                 attributes = {
                     key: (id(item), _code_of(item))
                     for key, item in list(vars(value).items())
-                    if not isinstance(item, _PLAIN_DATA)  # flags pytest sets on classes; instances shadow them
+                    if not isinstance(
+                        item, _PLAIN_DATA
+                    )  # flags pytest sets on classes; instances shadow them
                 }
                 fingerprint[f"{module_name}.{name}"] = (id(value), tuple(sorted(attributes.items())))
             elif callable(value) and not isinstance(value, type(sys)):
@@ -412,7 +432,11 @@ def fingerprint_changes(before, after):
 def test_process(source_fd, event_fd, options):
     with os.fdopen(int(source_fd), encoding="utf-8") as handle:
         hidden = json.loads(handle.read())
-    events = os.fdopen(int(event_fd), "w", encoding="utf-8", buffering=1)
+    channel = socket.socket(fileno=int(event_fd))
+
+    def send(event):
+        channel.send(json.dumps(event).encode())
+
     workspace = options["workspace"]
     sys.dont_write_bytecode = True
     import linecache
@@ -467,11 +491,12 @@ def test_process(source_fd, event_fd, options):
             changed = fingerprint_changes(self.fingerprint, runner_fingerprint(self.plugin_manager))
             if changed:
                 self.tampered = True
-                events.write(json.dumps({"kind": "tampered", "names": changed[:20]}) + "\n")
+                send({"kind": "tampered", "names": changed[:20]})
 
         @pytest.hookimpl(tryfirst=True)
-        def pytest_sessionfinish(self, session):
+        def pytest_sessionfinish(self, session, exitstatus):
             self._check()  # before unconfigure undoes pytest's own patches
+            send({"kind": "done", "exit_status": int(exitstatus)})
 
         def pytest_pycollect_makemodule(self, module_path, parent):
             if str(module_path) in by_path:
@@ -480,7 +505,7 @@ def test_process(source_fd, event_fd, options):
 
         def pytest_collectreport(self, report):
             if report.failed:
-                events.write(json.dumps({"kind": "collect", "nodeid": report.nodeid}) + "\n")
+                send({"kind": "collect", "nodeid": report.nodeid})
 
         def pytest_runtest_logreport(self, report):
             if report.when == "teardown":  # after fixtures (monkeypatch) undid what the test itself changed
@@ -492,7 +517,7 @@ def test_process(source_fd, event_fd, options):
                 "outcome": report.outcome,
                 "xfail": hasattr(report, "wasxfail"),
             }
-            events.write(json.dumps(event) + "\n")
+            send(event)
 
     ini_path = os.path.join(options["ini_dir"], "grader-pytest.ini")
     sys.path.append(workspace)  # after the stdlib and pytest: agent files cannot shadow them
@@ -516,7 +541,6 @@ def test_process(source_fd, event_fd, options):
     arguments += sorted(os.path.relpath(path, workspace) for path in by_path)
     sender = EventSender()
     exit_code = pytest.main(arguments, plugins=[sender])
-    events.flush()
     sys.stdout.flush()
     os._exit(int(exit_code))
 
