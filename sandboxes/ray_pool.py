@@ -25,9 +25,18 @@ from components.config import require
 from components.errors import SandboxError
 from components.protocols import ExecResult, Sandbox, SandboxSpec
 from sandboxes.archive import directory_archive, extract_single_entry
+from sandboxes.cgroups import CgroupUnavailableError
+from sandboxes.errors import SandboxFileRefusedError, SandboxLeaseEndedError
 from sandboxes.pool import SandboxPool, SandboxPoolConfig
 
-_ERRORS = {"SandboxError": SandboxError, "FileNotFoundError": FileNotFoundError, "ValueError": ValueError}
+_ERRORS = {
+    "SandboxError": SandboxError,
+    "SandboxFileRefusedError": SandboxFileRefusedError,
+    "SandboxLeaseEndedError": SandboxLeaseEndedError,
+    "CgroupUnavailableError": CgroupUnavailableError,
+    "FileNotFoundError": FileNotFoundError,
+    "ValueError": ValueError,
+}
 
 
 @dataclass(kw_only=True, frozen=True)

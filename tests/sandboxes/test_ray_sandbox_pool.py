@@ -6,7 +6,9 @@ import asyncio
 
 import ray
 
+from components.errors import SandboxError
 from components.protocols import SandboxLimits, SandboxSpec
+from sandboxes.errors import SandboxFileRefusedError
 from sandboxes.pool import SandboxPoolConfig
 from sandboxes.ray_pool import (
     RaySandboxPool,
@@ -37,9 +39,26 @@ def rollout(index: int) -> dict:
                 missing = "no error"
             except FileNotFoundError:
                 missing = "FileNotFoundError"
-            return {"stdout": result.stdout, "missing": missing, "sandbox_id": sandbox.sandbox_id}
+            await sandbox.exec("mkfifo pipe")
+            try:
+                await sandbox.read_file("pipe")
+                fifo = "no error"
+            except SandboxFileRefusedError:  # typed across the actor boundary too
+                fifo = "SandboxFileRefusedError"
         finally:
             await pool.release(sandbox)
+        try:
+            await sandbox.exec("true")
+            after_release = "no error"
+        except SandboxError as exc:
+            after_release = type(exc).__name__
+        return {
+            "stdout": result.stdout,
+            "missing": missing,
+            "fifo": fifo,
+            "after_release": after_release,
+            "sandbox_id": sandbox.sandbox_id,
+        }
 
     return asyncio.run(run())
 
@@ -52,6 +71,8 @@ def test_rollouts_in_ray_tasks_use_the_node_pool(ray_session):
         for index, outcome in enumerate(outcomes):
             assert outcome["stdout"] == f"rollout {index}\n1000\n"
             assert outcome["missing"] == "FileNotFoundError"
+            assert outcome["fifo"] == "SandboxFileRefusedError"
+            assert outcome["after_release"] == "SandboxError"  # the handle's lease ended
         (handle,) = handles.values()
         stats = ray.get(handle.stats.remote())
         assert stats["num_in_use"] == 0 and stats["num_cold_starts"] == 0
