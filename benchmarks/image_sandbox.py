@@ -73,11 +73,9 @@ def overlay_time(rootfs: Path) -> float:
     for directory in (upper, work, merged):
         directory.mkdir()
     start = time.perf_counter()
-    subprocess.run(
-        ["fuse-overlayfs", "-o", f"lowerdir={rootfs},upperdir={upper},workdir={work}", str(merged)],
-        check=True,
-    )
-    subprocess.run(["fusermount", "-u", str(merged)], check=True)
+    overlay = ["fuse-overlayfs", "-o", f"lowerdir={rootfs},upperdir={upper},workdir={work}", str(merged)]
+    subprocess.run(overlay, check=True, capture_output=True)
+    subprocess.run(["fusermount", "-u", str(merged)], check=True, capture_output=True)
     elapsed = time.perf_counter() - start
     shutil.rmtree(scratch, ignore_errors=True)
     return elapsed
@@ -133,7 +131,7 @@ async def main(quick: bool) -> None:
         print(f"{name:<24} {medians[name]:>10.3f} {p90:>10.3f} {len(times_ms):>6}")
     cold, host_cold = medians["image: sandbox start"], medians["host: sandbox start"]
     print(
-        f"image_sandbox: cold {cold:.1f} ms ({cold / host_cold:.2f}x host {host_cold:.1f} ms), acquire "
+        f"image_sandbox: cold start {cold:.1f} ms ({cold / host_cold:.2f}x host {host_cold:.1f} ms), acquire "
         f"{medians['image: pooled acquire']:.3f} ms, first unpack {medians['first unpack (oci)'] / 1000:.1f} s "
         "(target cold <= 100 ms and <= 5x host, acquire <= 1 ms)"
     )
