@@ -18,7 +18,7 @@ test: setup-test
 
 setup: $(VENV)/.installed $(MODEL_DIR)/config.json /usr/bin/bwrap
 
-setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed /usr/bin/chromium
+setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet
 
 # bubblewrap (sandboxes) and chromium (viewer test) come from Debian's packages.
 /usr/bin/bwrap:
@@ -44,6 +44,23 @@ $(VENV)/.test-installed: $(VENV)/.installed
 # once into a normal HF folder. Nothing is downloaded at run time.
 $(MODEL_DIR)/config.json: $(VENV)/.installed
 	$(PY) -m components.models.setup --out $(MODEL_DIR)
+
+# SWE-bench-format fixtures (image sandboxes, data-set grading): an OCI image built with mmdebstrap + umoci
+# (Debian python3 + pytest + git), and instances built from real bug-fix releases on PyPI (the manifest names
+# them; the sdists are downloaded here, once). Tests are offline afterwards.
+IMAGES_DIR := .images
+SWEBENCH_DIR := .swebench
+SWEBENCH_MANIFEST := tests/components/tasks/data/pypi_instances.json
+
+/usr/bin/umoci:
+	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq umoci skopeo fuse-overlayfs mmdebstrap
+
+$(IMAGES_DIR)/rein-py-env/oci-layout: /usr/bin/umoci
+	$(SUDO) tests/sandboxes/images/build_test_image.sh $(IMAGES_DIR)
+
+$(SWEBENCH_DIR)/instances.parquet: $(IMAGES_DIR)/rein-py-env/oci-layout $(SWEBENCH_MANIFEST) $(VENV)/.test-installed
+	$(PY) -m components.tasks.swebench_pypi build --manifest $(SWEBENCH_MANIFEST) --out $(SWEBENCH_DIR) \
+		--image rein-py-env:latest --bake-into $(IMAGES_DIR)/rein-py-env
 
 # Unmodified real agents for the black-box harness tests (npm registry).
 $(AGENTS_DIR)/.installed:

@@ -145,6 +145,11 @@ class SandboxSpec:
     # at the same URL. None: no network at all.
     proxy_url: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    # A container image the sandbox runs on instead of the host's root filesystem, in skopeo's transport
+    # syntax (``oci:DIR:TAG`` or ``docker-archive:PATH``); the workspace is then also reachable at the image's
+    # repository path (e.g. ``/testbed``). None: the host's root. A backend that cannot provide the image must
+    # refuse the spec (``sandboxes/image.py`` provides it; the host-root bubblewrap pool refuses it).
+    root_image: str | None = None
 
 
 @runtime_checkable

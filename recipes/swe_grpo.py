@@ -4,6 +4,7 @@
     python recipes/swe_grpo.py --harness mini_swe_agent    # the same run with an unmodified black-box agent
     python recipes/swe_grpo.py --engine sglang --sglang-url http://HOST:30000 --trainer-use-gpu true
     python recipes/swe_grpo.py --rollout-mode async --max-staleness 2   # rollouts overlap training
+    python recipes/swe_grpo.py --tasks swebench:rows.parquet --images IMAGES_DIR   # a SWE-bench-format set
     python recipes/swe_grpo.py --help                      # every field, its meaning and default
 
 Each step: roll out ``num_tasks`` tasks × ``group_size`` samples (agent in a warm sandbox → proxy session →
@@ -14,7 +15,9 @@ all recipes share: ``components/loop.py``). Placement, run directory and resume:
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from components.config import require, require_positive
@@ -31,7 +34,10 @@ from components.recipe_config import option
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks import SweGrader, load_builtin_tasks
 from components.tasks.swe import python_tool_paths
+from components.tasks.swebench import R2E_TESTS_PATH, load_task_set
+from components.tasks.swebench_grading import SweBenchGrader
 from sandboxes import BwrapSandbox
+from sandboxes.image import ImageSandboxConfig, ImageSandboxProvider
 
 HARNESSES = ("swe_agent", "mini_swe_agent", "claude_code", "codex")
 
@@ -46,6 +52,9 @@ class SweGrpoConfig(RunConfig):
     claude_code_bare: bool = option(True, "claude_code: --bare mode (~1k prompt tokens instead of ~20k)")
     num_tasks: int = option(2, "tasks (GRPO groups) per step, taken in order from the task list")
     task_ids: tuple[str, ...] = option((), "comma-separated built-in task ids to train on (default: all 45)")
+    tasks: str = option("builtin", "builtin, swebench:PATH or r2e:PATH (Parquet / JSONL rows)")
+    images: str = option("", "image store for swebench:/r2e: tasks (OCI layouts / docker archives)")
+    snapshots: str = option("", "repository snapshots for swebench:/r2e: tasks (<instance_id>[.tar.gz])")
     max_turns: int = option(3, "model calls per rollout")
     max_tokens: int = option(192, "cap on the tokens of one model reply")
     wall_time_s: float = option(300.0, "wall-clock bound of one agent run")
@@ -94,7 +103,18 @@ def build_harness(config: SweGrpoConfig) -> tuple[Harness, tuple[str, ...]]:
 
 
 def load_tasks(config: SweGrpoConfig) -> list:
-    """The built-in tasks, or those named by ``task_ids`` (an unknown id fails naming the field)."""
+    """The built-in tasks, or those named by ``task_ids`` (an unknown id fails naming the field); or a
+    SWE-bench-format set (``tasks``), whose bad rows are reported and skipped."""
+    if config.tasks != "builtin":
+        loaded = load_task_set(
+            config.tasks,
+            images=Path(config.images) if config.images else None,
+            snapshots=Path(config.snapshots) if config.snapshots else None,
+        )
+        for row in loaded.rejected:
+            print(f"skipped instance {row.instance_id}: {row.reason}")
+        require(bool(loaded.tasks), "tasks", f"no usable instance in {config.tasks}")
+        return loaded.tasks
     tasks = load_builtin_tasks()
     if not config.task_ids:
         return tasks
@@ -104,21 +124,36 @@ def load_tasks(config: SweGrpoConfig) -> list:
     return [by_id[task_id] for task_id in config.task_ids]
 
 
+async def swebench_sandboxes(config: SweGrpoConfig, stack: RunStack, tasks: list, agent_paths, exits):
+    """SWE-bench-format tasks: agents and grader on the tasks' images (a pool per image; R2E-Gym's hidden
+    tests hidden from agents), or on the host root when the set has no image store."""
+    if not any(task.image for task in tasks):
+        return stack.sandboxes, SweBenchGrader(BwrapSandbox.create)
+    hidden = (R2E_TESTS_PATH,) if config.tasks.startswith("r2e:") else ()
+    agents = ImageSandboxProvider(ImageSandboxConfig(read_only_paths=tuple(agent_paths), hidden_paths=hidden))
+    grading = ImageSandboxProvider(ImageSandboxConfig(num_warm_per_image=0))
+    for provider in (agents, grading):
+        await exits.enter_async_context(provider)
+    return agents, SweBenchGrader(grading)
+
+
 async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
     tasks = load_tasks(config)
     run = RunDirectory.create(config, recipe=recipe)
     harness, sandbox_paths = build_harness(config)
-    async with RunStack.start(config, run, sandbox_paths=sandbox_paths) as stack:
+    async with RunStack.start(config, run, sandbox_paths=sandbox_paths) as stack, AsyncExitStack() as images:
+        # Grading gets fresh sandboxes of its own, never the agent's.
+        sandboxes, grader = stack.sandboxes, SweGrader(BwrapSandbox.create)
+        if config.tasks != "builtin":
+            sandboxes, grader = await swebench_sandboxes(config, stack, tasks, sandbox_paths, images)
         runner = RolloutRunner(
             RolloutConfig(group_size=config.group_size, max_concurrency=config.max_concurrency),
             harness=harness,
-            sandboxes=stack.sandboxes,
+            sandboxes=sandboxes,
             sessions=stack.sessions,
             proxy_url=stack.proxy_url,
             session_keys=stack.session_keys,
-            grader=SweGrader(
-                BwrapSandbox.create
-            ),  # grading gets fresh sandboxes of its own, never the agent's
+            grader=grader,
         )
         await run_recipe_loop(
             config, run, stack, runner, lambda step: tasks_for_step(tasks, step=step, num_tasks=config.num_tasks)
