@@ -116,3 +116,18 @@ def test_anthropic_top_k_reaches_the_engine_when_agents_choose(start_proxy, toke
     assert [(p.temperature, p.top_p, p.top_k) for p in engine.params] == [(0.5, 1.0, 5)]
     record = proxy.server.call(lambda: proxy.registry.describe(session_id))
     assert record["segments"][0]["sampling"] == {"temperature": 0.5, "top_p": 1.0, "top_k": 5}
+
+
+def test_recipe_options_name_the_run_distribution(capsys):
+    from components.launch import RunConfig
+    from components.recipe_config import parse_config
+
+    config = parse_config(
+        RunConfig, ["--model", "tiny", "--temperature", "0.6", "--top-p", "0.95", "--top-k", "50"]
+    )
+    assert config.sampling == SamplingDistribution(temperature=0.6, top_p=0.95, top_k=50)
+    assert not config.agent_sampling and not config.record_routed_experts
+    assert parse_config(RunConfig, ["--model", "tiny", "--agent-sampling", "true"]).agent_sampling
+    with pytest.raises(SystemExit):
+        parse_config(RunConfig, ["--model", "tiny", "--top-k", "-2"])
+    assert "top_k" in capsys.readouterr().err
