@@ -78,20 +78,49 @@ async def test_repository_from_the_instance_image_and_tampering(tmp_path: Path) 
         grader = SweBenchGrader(provider)
         gold = await grader.grade_patch(task, task.instance.patch)
         assert gold.reward == 1.0, gold.log + gold.error
-        # The agent rewrites the failing tests to pass and adds a conftest that skips everything: both restored.
-        test_file = task.instance.test_files[0]
-        sandbox = await provider.acquire(task.sandbox_spec())
-        try:
-            await sandbox.write_file(
-                "conftest.py",
-                "import pytest\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_call(item):\n    pass\n",
-            )
-            await sandbox.write_file(test_file, "def test_nothing():\n    pass\n")
-            result = await grader.score(task, sandbox)
-        finally:
-            await provider.release(sandbox)
-    assert result.reward == 0.0, result.log
-    assert "FLAGGED: test infrastructure" in result.log and "conftest.py" in result.log
+        # Attack 1: a conftest that reports every test as passed. Restored away by the grader -> 0; against a
+        # grader that does not restore test infrastructure (the weakened variant) the same diff earns 1.
+        forged = await _agent_diff(provider, grader, task, {"conftest.py": FORGING_CONFTEST})
+        assert "conftest.py" in forged
+        result = await grader.grade_patch(task, forged)
+        assert result.reward == 0.0, result.log
+        assert "FLAGGED: test infrastructure" in result.log and "conftest.py" in result.log
+        weakened = await _NoRestoreGrader(provider).grade_patch(task, forged)
+        assert weakened.reward == 1.0, weakened.log + weakened.error
+        # Attack 2: rewriting the failing tests themselves: they are restored before test_patch -> 0.
+        gutted = await _agent_diff(
+            provider, grader, task, {task.instance.test_files[0]: "def test_nothing():\n    pass\n"}
+        )
+        result = await grader.grade_patch(task, gutted)
+        assert result.reward == 0.0, result.log + result.error
+
+
+FORGING_CONFTEST = """import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+"""
+
+
+class _NoRestoreGrader(SweBenchGrader):
+    """The weakened variant: leaves whatever the agent did to tests and test infrastructure in place."""
+
+    async def _restore(self, sandbox, base, path) -> None:
+        return None
+
+
+async def _agent_diff(provider, grader: SweBenchGrader, task, files: dict[str, str]) -> str:
+    """What an agent that wrote ``files`` leaves behind, read the way the grader reads it."""
+    sandbox = await provider.acquire(task.sandbox_spec())
+    try:
+        for path, content in files.items():
+            await sandbox.write_file(path, content)
+        return await grader._diff_reader.extract_diff(task, sandbox)
+    finally:
+        await provider.release(sandbox)
 
 
 async def test_check_reports_an_instance_whose_gold_patch_fails(loaded) -> None:
