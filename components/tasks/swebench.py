@@ -426,8 +426,9 @@ def load_swebench(
 ) -> SweBenchLoad:
     """Load a SWE-bench-format file (Parquet or JSONL) into tasks; bad rows are rejected, never raised.
 
-    ``check_patches``: materialise each repository and check that ``patch`` and ``test_patch`` apply
-    (``git apply --check``); unpacks each image once. ``row_converter``: maps a foreign row (R2E-Gym) to a
+    ``check_patches``: for repositories from local snapshots, check that ``patch`` and ``test_patch`` apply
+    (``git apply --check``); a repository inside an image is checked by ``--check`` (unpacking every image
+    of a large set at load time would cost more than the run's first steps). ``row_converter``: maps a foreign row (R2E-Gym) to a
     SWE-bench row first (``components.tasks.swebench_r2e.r2e_row``).
     """
     tasks: list[SweBenchTask] = []
@@ -444,7 +445,7 @@ def load_swebench(
                 raise RowError(instance.instance_id, "instance_id used by an earlier row")
             seen.add(instance.instance_id)
             task = _task_for(instance, sources, limits)
-            if check_patches:
+            if check_patches and task.snapshot_source is not None:
                 _check_patches(task)
         except RowError as error:
             rejected.append(RejectedRow(instance_id=error.instance_id, reason=error.reason))
