@@ -27,9 +27,10 @@ them to ``run_recipe_loop``, which runs the steps in the mode ``rollout_mode`` n
     engine  |== step 0 groups ==|== step 1 groups ==...==|== step 2 groups ==|
     trainer |                   |== train 0 ==|push|     |== train 1 ==|push|
 
-  Rollouts of step n+1 start while step n trains (one step ahead); steps train their own groups in order (as
-  ``sync``); a rollout still generating when new weights arrive continues with them (the engine re-prefills
-  in-flight requests and stamps every token with its version), so no rollout is thrown away.
+  Rollouts of step n+1 start while step n trains (up to ``max_staleness`` steps ahead, as slots free up);
+  steps train their own groups in order (as ``sync``: never overtaken, so never too stale); a rollout still
+  generating when new weights arrive continues with them (the engine re-prefills in-flight requests and
+  stamps every token with its version), so no rollout is thrown away.
 
 In both overlapped modes every sampled token carries the version that produced it, and the trainer's truncated
 importance-sampling weights are computed per token from those behaviour logprobs.
@@ -51,7 +52,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from components.config import require, require_non_negative
 from components.protocols import Task
@@ -110,9 +111,58 @@ class LoopConfig:
         """How many steps' groups the producer may hold open (started, not yet taken by the trainer): a group
         started while step k trains is trained at step k + steps_ahead at the latest, so in order its
         staleness stays within ``steps_ahead`` versions."""
-        if self.rollout_mode == "partial":
-            return 1
         return max(1, self.max_staleness)
+
+
+@runtime_checkable
+class ReportsLoad(Protocol):
+    """An engine that reports its queues (``RayEngineClient.refresh``: num_running / num_prefilling /
+    num_waiting)."""
+
+    async def refresh(self) -> dict[str, Any]: ...
+
+
+class EngineIdleProbe:
+    """Samples the engine's queues a few times a second: the fraction of samples with no request in it is the
+    engine idle fraction (an engine that does not report its queues reports nothing)."""
+
+    def __init__(self, engine: Any, *, interval_s: float = 0.25) -> None:
+        self.engine = engine if isinstance(engine, ReportsLoad) else None
+        self.interval_s = interval_s
+        self._samples = 0
+        self._idle = 0
+
+    async def run(self) -> None:
+        if self.engine is None:
+            return
+        while True:
+            try:
+                info = await self.engine.refresh()
+            except Exception as error:  # a probe never takes the run down
+                logger.debug("engine probe failed: %s", error)
+            else:
+                busy = sum(int(info.get(key, 0)) for key in ("num_running", "num_prefilling", "num_waiting"))
+                self._samples += 1
+                self._idle += busy == 0
+            await asyncio.sleep(self.interval_s)
+
+    def take(self) -> dict[str, float]:
+        """The idle fraction since the last call (empty when nothing was sampled)."""
+        samples, idle = self._samples, self._idle
+        self._samples = self._idle = 0
+        return {"pipeline/engine_idle_fraction": idle / samples} if samples else {}
+
+
+@contextlib.asynccontextmanager
+async def engine_probe(engine: Any):
+    probe = EngineIdleProbe(engine)
+    task = asyncio.create_task(probe.run())
+    try:
+        yield probe
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def checkpoint_due(step: int, *, num_steps: int, every: int) -> bool:
@@ -165,7 +215,7 @@ def _timing_metrics(
 ) -> dict[str, float]:
     return {
         "pipeline/trainer_idle_fraction": max(0.0, 1.0 - train_s / wall_s) if wall_s > 0 else 0.0,
-        "pipeline/engine_idle_fraction": 1.0
+        "pipeline/rollout_slot_idle_fraction": 1.0
         - _slot_occupancy(trajectories, max_concurrency=max_concurrency, wall_s=wall_s),
         "pipeline/rollouts_per_min": 60.0 * len(trajectories) / wall_s if wall_s > 0 else 0.0,
         "pipeline/trained_tokens_per_s": trained_tokens / wall_s if wall_s > 0 else 0.0,
@@ -185,34 +235,51 @@ async def _run_sync(
     pending = stack.ledger.pending_steps(config.num_steps)
     first_step = pending[0] if pending else config.num_steps
     rollouts_per_step = groups_per_step * config.group_size
-    with _monitor(config, run, rollouts_per_step=rollouts_per_step, first_step=first_step) as monitor:
-        for step in pending:
-            monitor.start_step(step)
-            started = time.monotonic()
-            # 1. rollout (or, after a restart, the step's stored shard)
-            trajectories, shard = await stack.rollout_or_load(step, runner, tasks_for_step(step))
-            for trajectory in trajectories:
-                monitor.rollout_finished(trajectory)
-            rollout_s = time.monotonic() - started
-            # 2. train, 3. sync weights to the engine, checkpoint when due
-            train_metrics = await stack.train_and_sync(step, shard)
-            wall_s = time.monotonic() - started
-            pipeline = _timing_metrics(
-                trajectories,
-                max_concurrency=config.max_concurrency,
-                wall_s=wall_s,
-                train_s=wall_s - rollout_s,
-                trained_tokens=float(train_metrics.get("train/num_tokens", 0.0)),
-            )
-            pipeline.update(staleness_histogram([0] * groups_per_step))
-            # 4. log
-            monitor.end_step(
-                step,
-                trajectories,
-                train_metrics=train_metrics,
-                rollout_wall_time_s=rollout_s,
-                extra_metrics=pipeline,
-            )
+    monitor = _monitor(config, run, rollouts_per_step=rollouts_per_step, first_step=first_step)
+    async with engine_probe(stack.engine) as probe:
+        with monitor:
+            await _sync_steps(pending, stack, runner, tasks_for_step, config, groups_per_step, monitor, probe)
+
+
+async def _sync_steps(
+    pending: Sequence[int],
+    stack: Any,
+    runner: Any,
+    tasks_for_step: TasksForStep,
+    config: Any,
+    groups_per_step: int,
+    monitor: Any,
+    probe: EngineIdleProbe,
+) -> None:
+    """Steps of ``sync``: roll out → one shard → train → push → log (and checkpoint)."""
+    for step in pending:
+        monitor.start_step(step)
+        started = time.monotonic()
+        # 1. rollout (or, after a restart, the step's stored shard)
+        trajectories, shard = await stack.rollout_or_load(step, runner, tasks_for_step(step))
+        for trajectory in trajectories:
+            monitor.rollout_finished(trajectory)
+        rollout_s = time.monotonic() - started
+        # 2. train, 3. sync weights to the engine, checkpoint when due
+        train_metrics = await stack.train_and_sync(step, shard)
+        wall_s = time.monotonic() - started
+        pipeline = _timing_metrics(
+            trajectories,
+            max_concurrency=config.max_concurrency,
+            wall_s=wall_s,
+            train_s=wall_s - rollout_s,
+            trained_tokens=float(train_metrics.get("train/num_tokens", 0.0)),
+        )
+        pipeline.update(staleness_histogram([0] * groups_per_step))
+        pipeline.update(probe.take())
+        # 4. log
+        monitor.end_step(
+            step,
+            trajectories,
+            train_metrics=train_metrics,
+            rollout_wall_time_s=rollout_s,
+            extra_metrics=pipeline,
+        )
 
 
 class OverlappedLoop:
@@ -275,11 +342,14 @@ class OverlappedLoop:
         self.open_groups.update(self.redo)
         remaining = (self.config.num_steps - self.ledger.steps_done) * self.groups_per_step
         self.groups_wanted = max(0, remaining - len(self.open_groups))
-        if self.buffer.depth or self.redo:
+        if seen:
             logger.info(
-                "resume: %d committed groups to train, %d interrupted groups rolled out again",
+                "resume: %d steps done, %d committed groups to train, %d interrupted groups rolled out again, "
+                "next group %d",
+                self.ledger.steps_done,
                 self.buffer.depth,
                 len(self.redo),
+                self.next_index,
             )
 
     # --- producer ------------------------------------------------------------------------------------------
@@ -416,46 +486,8 @@ class OverlappedLoop:
         self.monitor = monitor
         producer = asyncio.create_task(self.produce())
         try:
-            with monitor:
-                step_started = time.monotonic()
-                for step in range(first_step, self.config.num_steps):
-                    monitor.start_step(step)
-                    waiter = asyncio.create_task(self._collect_step())
-                    while not waiter.done():
-                        if producer.done() and producer.exception() is not None:
-                            waiter.cancel()
-                            raise producer.exception()  # type: ignore[misc]
-                        monitor.pipeline_changed(in_flight=self.in_flight, buffered=self.buffer.depth)
-                        watched = {waiter} if producer.done() else {waiter, producer}
-                        await asyncio.wait(watched, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-                    groups, staleness, waited_s = waiter.result()
-                    trajectories = [t for g in groups for t in g.trajectories]
-                    buffer_depth = self.buffer.depth
-                    train_started = time.monotonic()
-                    train_metrics = await self._train(step, groups)
-                    now = time.monotonic()
-                    committed, self.committed_since_step = self.committed_since_step, []
-                    extra = _timing_metrics(
-                        committed,
-                        max_concurrency=self.loop_config.max_concurrency,
-                        wall_s=now - step_started,
-                        train_s=now - train_started,
-                        trained_tokens=float(train_metrics.get("train/num_tokens", 0.0)),
-                    )
-                    extra.update(staleness_histogram(staleness))
-                    extra["staleness/groups_dropped"] = float(self.dropped_groups)
-                    extra["pipeline/buffer_depth"] = float(buffer_depth)
-                    extra["pipeline/rollouts_in_flight"] = float(self.in_flight)
-                    extra["pipeline/trainer_wait_s"] = waited_s
-                    monitor.end_step(
-                        step,
-                        trajectories,
-                        train_metrics=train_metrics,
-                        rollout_wall_time_s=waited_s,
-                        extra_metrics=extra,
-                    )
-                    self.dropped_groups = 0
-                    step_started = now
+            async with engine_probe(self.stack.engine) as probe:
+                await self._steps(first_step, monitor, producer, probe)
         finally:
             if not producer.done():
                 producer.cancel()
@@ -464,6 +496,60 @@ class OverlappedLoop:
         leftover = self.buffer.depth + self.buffer.num_partial
         if leftover:
             logger.warning("%d committed groups were left untrained at the end of the run", leftover)
+
+    async def _steps(
+        self, first_step: int, monitor: Any, producer: asyncio.Task, probe: EngineIdleProbe
+    ) -> None:
+        with monitor:
+            step_started = time.monotonic()
+            for step in range(first_step, self.config.num_steps):
+                monitor.start_step(step)
+                groups, staleness, waited_s = await self._wait_for_groups(producer, monitor)
+                buffer_depth = self.buffer.depth
+                train_started = time.monotonic()
+                train_metrics = await self._train(step, groups)
+                now = time.monotonic()
+                committed, self.committed_since_step = self.committed_since_step, []
+                extra = _timing_metrics(
+                    committed,
+                    max_concurrency=self.loop_config.max_concurrency,
+                    wall_s=now - step_started,
+                    train_s=now - train_started,
+                    trained_tokens=float(train_metrics.get("train/num_tokens", 0.0)),
+                )
+                extra.update(staleness_histogram(staleness))
+                extra.update(probe.take())
+                extra["staleness/groups_dropped"] = float(self.dropped_groups)
+                extra["pipeline/buffer_depth"] = float(buffer_depth)
+                extra["pipeline/rollouts_in_flight"] = float(self.in_flight)
+                extra["pipeline/trainer_wait_s"] = waited_s
+                trajectories = [t for g in groups for t in g.trajectories]
+                monitor.end_step(
+                    step,
+                    trajectories,
+                    train_metrics=train_metrics,
+                    rollout_wall_time_s=waited_s,
+                    extra_metrics=extra,
+                )
+                self.dropped_groups = 0
+                step_started = now
+
+    async def _wait_for_groups(
+        self, producer: asyncio.Task, monitor: Any
+    ) -> tuple[list[Group], list[int], float]:
+        """``_collect_step``, showing the producer's state meanwhile; a failed producer fails the run."""
+        waiter = asyncio.create_task(self._collect_step())
+        try:
+            while not waiter.done():
+                if producer.done() and producer.exception() is not None:
+                    raise producer.exception()  # type: ignore[misc]
+                monitor.pipeline_changed(in_flight=self.in_flight, buffered=self.buffer.depth)
+                watched = {waiter} if producer.done() else {waiter, producer}
+                await asyncio.wait(watched, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+        return waiter.result()
 
 
 def shard_steps_of(ledger_state: dict[str, Any]) -> dict[int, list[str]]:

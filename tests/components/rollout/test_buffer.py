@@ -162,4 +162,4 @@ def test_loop_config_names_bad_fields():
     with pytest.raises(ValueError, match="max_staleness"):
         LoopConfig(rollout_mode="partial", max_staleness=0)
     assert LoopConfig(rollout_mode="async", max_staleness=3).steps_ahead == 3
-    assert LoopConfig(rollout_mode="partial", max_staleness=3).steps_ahead == 1
+    assert LoopConfig(rollout_mode="async", max_staleness=0).steps_ahead == 1  # drops what goes stale

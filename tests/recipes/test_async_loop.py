@@ -1,0 +1,214 @@
+"""The overlapped rollout modes end to end on the toy recipe (tiny model, real Ray, engine, proxy, bubblewrap,
+FSDP2 trainer): ``async`` and ``partial`` runs complete their steps and train every committed group exactly
+once (the checkpoint's ledger against the store); in ``partial`` a rollout spans a weight push and the trainer
+gets its per-token behaviour logprobs and versions; a run SIGKILLed five times at random moments loses and
+duplicates nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from components.rollout.buffer import group_index
+from tests.recipes.recipe_runs import (
+    REPO_ROOT,
+    latest_trainer_state,
+    metric_steps,
+    recipe_command,
+    recipe_env,
+    run_recipe,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+GROUP_SIZE, GAMES_PER_STEP = 2, 2
+
+
+def toy_flags(
+    run_dir: Path, *, mode: str, num_steps: int, model_dir: Path, max_tokens: int = 48
+) -> tuple[str, ...]:
+    return (
+        "--model", str(model_dir), "--run-dir", str(run_dir), "--num-steps", str(num_steps),
+        "--max-tokens", str(max_tokens),
+        "--group-size", str(GROUP_SIZE), "--games-per-step", str(GAMES_PER_STEP), "--max-concurrency", "4",
+        "--rollout-mode", mode, "--max-staleness", "2", "--trainer-workers", "1", "--wandb-mode", "offline",
+    )  # fmt: skip
+
+
+def committed_groups(run_dir: Path) -> dict[str, dict]:
+    """Every committed shard: its group index and trajectory ids (one complete group per shard)."""
+    groups = {}
+    for path in sorted((run_dir / "trajectories").glob("shard-*.parquet")):
+        table = pq.read_table(path, columns=["group_id", "trajectory_id"])
+        group_ids = set(table.column("group_id").to_pylist())
+        assert len(group_ids) == 1, f"{path.name} holds parts of several groups: {group_ids}"
+        ids = table.column("trajectory_id").to_pylist()
+        assert len(ids) == GROUP_SIZE, f"{path.name} holds an incomplete group"
+        groups[path.name] = {"index": group_index(group_ids.pop()), "ids": ids}
+    return groups
+
+
+def assert_every_committed_group_trained_once(run_dir: Path, *, num_steps: int) -> dict:
+    """The ledger in the last checkpoint accounts for every committed shard exactly once (trained into one
+    step, or dropped for staleness), agrees with the trainer's consumed shards, and no trajectory repeats."""
+    groups = committed_groups(run_dir)
+    state = latest_trainer_state(run_dir)
+    ledger = state["extra"]["trajectory_ledger"]
+    trained = [name for names in ledger["step_shards"].values() for name in names]
+    dropped = list(ledger["dropped"])
+    assert sorted(int(step) for step in ledger["step_shards"]) == list(range(num_steps))
+    assert len(trained) == len(set(trained)), "a group was trained twice"
+    assert not set(trained) & set(dropped), "a dropped group was trained"
+    assert sorted(trained + dropped) == sorted(groups), "a committed group was neither trained nor dropped"
+    assert sorted(state["consumed_shards"]) == sorted(trained)
+    assert all(reason == "stale" for reason in ledger["dropped"].values())
+    ids = [i for group in groups.values() for i in group["ids"]]
+    assert len(ids) == len(set(ids)), "a trajectory was committed twice"
+    indices = [group["index"] for group in groups.values()]
+    assert len(indices) == len(set(indices)), "a group index was committed twice"
+    assert set(metric_steps(run_dir)) == set(range(num_steps))
+    return ledger
+
+
+@pytest.mark.parametrize("mode", ["async", "partial"])
+def test_overlapped_run_trains_every_committed_group_exactly_once(tmp_path, tiny_model_dir, mode):
+    run_dir = tmp_path / "run"
+    # partial: replies long enough (6 turns × 128 tokens) that rollouts started while a step trains (after the
+    # first, whose trainer warm-up outlasts every rollout) are still generating when its weights arrive.
+    num_steps, max_tokens = (4, 128) if mode == "partial" else (3, 48)
+    flags = toy_flags(
+        run_dir, mode=mode, num_steps=num_steps, model_dir=tiny_model_dir, max_tokens=max_tokens
+    )
+    run_recipe("tictactoe_grpo", *flags, timeout_s=600)
+
+    ledger = assert_every_committed_group_trained_once(run_dir, num_steps=num_steps)
+    for names in ledger["step_shards"].values():  # every step trained groups_per_step complete groups
+        assert len(names) == GAMES_PER_STEP
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    for row in metrics:
+        assert row["staleness/max"] <= 2 and row["train/trained"] == 1.0
+        assert 0.0 <= row["pipeline/trainer_idle_fraction"] <= 1.0
+        assert 0.0 <= row["pipeline/engine_idle_fraction"] <= 1.0
+        assert "pipeline/buffer_depth" in row and "staleness/groups_dropped" in row
+    # Rollouts overlapped training: some group was trained with tokens of an older version than the trainer's
+    assert any(row["staleness/max"] >= 1 for row in metrics[1:]), metrics
+    if mode == "partial":  # ordered like sync: step k trains the groups the producer started k-th
+        groups = committed_groups(run_dir)
+        for step, names in ledger["step_shards"].items():
+            assert sorted(groups[name]["index"] for name in names) == [
+                int(step) * GAMES_PER_STEP + i for i in range(GAMES_PER_STEP)
+            ]
+        assert_a_rollout_spans_a_weight_push_with_per_token_importance_weights(run_dir)
+
+
+def assert_a_rollout_spans_a_weight_push_with_per_token_importance_weights(run_dir: Path) -> None:
+    """Some trajectory holds tokens of two weight versions; the trainer's micro-batch carries each token's own
+    behaviour logprob and version, and the truncated IS weight is computed from them token by token."""
+    import torch
+
+    from components.training.data import MicroBatch, SampleBatchConfig, build_micro_batches_locally
+    from components.training.grpo import GRPO, GRPOConfig
+    from components.training.losses import importance_weights
+    from components.trajectory_store import TrajectoryStore
+
+    mixed = None
+    for path in TrajectoryStore(run_dir).shard_paths():
+        for trajectory in TrajectoryStore.read_shard(path):
+            versions = {int(v) for s in trajectory.segments for v in s.weight_versions[s.loss_mask == 1]}
+            if len(versions) >= 2 and trajectory.trainable:
+                mixed = (path, trajectory, versions)
+                break
+        if mixed:
+            break
+    assert mixed is not None, "no trajectory continued across a weight push"
+    path, trajectory, versions = mixed
+    batches = build_micro_batches_locally(
+        [path], GRPO(GRPOConfig()), SampleBatchConfig(), current_version=max(versions) + 1
+    )
+    rows = [MicroBatch.from_row(row) for row in batches.micro_batches.to_pylist()]
+    sampled = [
+        (float(lp), int(v))
+        for batch in rows
+        for lp, v, m in zip(batch.old_logprobs, batch.weight_versions, batch.loss_mask, strict=True)
+        if m > 0
+    ]
+    stored = [
+        (float(lp), int(v))
+        for t in TrajectoryStore.read_shard(path)
+        if t.trainable
+        for s in t.segments
+        for lp, v, m in zip(s.logprobs, s.weight_versions, s.loss_mask, strict=True)
+        if m == 1
+    ]
+    # per-token behaviour logprobs and versions reach the trainer untouched
+    assert len(sampled) == len(stored)
+    assert np.allclose(np.array(sorted(sampled)), np.array(sorted(stored)), rtol=0, atol=1e-6)
+    assert len({v for _, v in sampled}) >= 2
+    batch = rows[0]
+    # A proximal policy that moved by a different amount per version: the IS weights follow token by token.
+    shift = torch.where(batch.weight_versions == min(versions), 0.3, -0.2)
+    weights = importance_weights(
+        (batch.old_logprobs + shift) - batch.old_logprobs, batch.loss_mask, level="token", cap=2.0
+    )
+    sampled_mask = batch.loss_mask > 0
+    expected = np.where(batch.weight_versions.numpy() == min(versions), np.exp(0.3), np.exp(-0.2))
+    assert np.allclose(weights.numpy()[sampled_mask.numpy()], expected[sampled_mask.numpy()], atol=1e-5)
+
+
+def wait_for_more_shards(run_dir: Path, *, than: int, process: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(list((run_dir / "trajectories").glob("shard-*.parquet"))) <= than:
+        assert process.poll() is None, "the run ended before it was killed"
+        assert time.monotonic() < deadline, "no new group was committed in time"
+        time.sleep(0.2)
+
+
+def test_async_run_killed_five_times_loses_and_duplicates_nothing(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    num_steps = 6  # 12 groups: enough that five kills, each after one more committed group, leave work to do
+    flags = toy_flags(run_dir, mode="async", num_steps=num_steps, model_dir=tiny_model_dir)
+    chance = random.Random(int(os.environ.get("REIN_KILL_SEED", "11")))
+    seen: dict[str, dict] = {}
+    for kill in range(5):
+        process = subprocess.Popen(
+            recipe_command("tictactoe_grpo", *flags),
+            cwd=REPO_ROOT,
+            env=recipe_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: the SIGKILL takes its local Ray with it
+        )
+        try:
+            # Progress first (one more committed group), then a random moment: rollout, step, push, checkpoint.
+            wait_for_more_shards(run_dir, than=len(seen), process=process, timeout_s=300)
+            time.sleep(chance.uniform(0, 12))
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        committed = committed_groups(run_dir) if (run_dir / "trajectories").exists() else {}
+        for name, group in seen.items():  # a committed group is never changed or removed
+            assert committed.get(name) == group, f"kill {kill}: committed group {name} changed or vanished"
+        seen = committed
+    checkpointed = bool(list((run_dir / "checkpoints").glob("step-*/trainer_state.json")))
+    run_recipe("tictactoe_grpo", *flags, timeout_s=400)
+
+    assert_every_committed_group_trained_once(run_dir, num_steps=num_steps)
+    final = committed_groups(run_dir)
+    assert all(final[name] == group for name, group in seen.items())
+    assert latest_trainer_state(run_dir)["weight_version"] >= 1
+    log = (run_dir / "logs" / "driver.log").read_text()
+    assert "resume:" in log  # committed groups went back to the buffer, interrupted ones were redone
+    if checkpointed:  # the trainer and the engine restarted from a checkpoint's weights and version
+        assert "resumed from" in log
+    assert all(group["index"] is not None for group in final.values())
