@@ -11,7 +11,8 @@ Routing is done here, in the process that calls ``generate`` (each proxy session
   lookup keys are digests of whole sequences (no token lists kept), found through the lengths recorded
   under the prompt's first ``anchor_tokens`` tokens; the table keeps the newest ``affinity_entries``.
 - *Least-loaded placement.* A prompt that extends nothing known is a new session: it goes to the live
-  server with the fewest requests in flight from this process (then the fewest sessions placed, then order).
+  server with the fewest requests (as the servers report them with ``/get_load``, so every proxy shard's
+  requests count; then the fewest sessions placed from here, then order).
 - *Failover.* A server that cannot be reached (refused, reset - after the client's retries) is taken out for
   the rest of the run with the reason recorded (``status()``, ``failovers``); the request, and later every
   turn of its sessions, goes to another live server (same prompt, so nothing is lost but cached KV). A
@@ -73,6 +74,9 @@ class SGLangFleetConfig:
     distributed: DistributedWeightSyncConfig | None = None
     affinity_entries: int = 65536  # remembered sequences (one digest + length each)
     anchor_tokens: int = 64  # prompt prefix under which candidate sequence lengths are filed
+    # New sessions go where the servers report the fewest requests (/get_load, one call per server and new
+    # session; it counts every proxy shard's requests). False: this process's own requests in flight only.
+    placement_by_server_load: bool = True
 
     def __post_init__(self) -> None:
         require(len(self.urls) > 0, "urls", "needs at least one SGLang server URL")
@@ -229,7 +233,9 @@ class SGLangFleet:
     async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
         """Generate on the session's server (or the least-loaded live one), failing over when it is down."""
         prompt = np.asarray(input_ids, dtype=np.int64)
-        index = self._place(prompt)
+        index = self._session_server(prompt)
+        if index is None:  # a new session
+            index = await self._place_new_session()
         tried: set[int] = set()
         while True:
             attempt = index
@@ -327,8 +333,9 @@ class SGLangFleet:
     def _anchor(self, tokens: np.ndarray) -> bytes:
         return self._digest(tokens[: self.config.anchor_tokens])
 
-    def _place(self, prompt: np.ndarray) -> int:
-        """The server of the session ``prompt`` continues, else the least-loaded live one (a new session)."""
+    def _session_server(self, prompt: np.ndarray) -> int | None:
+        """The server of the session ``prompt`` continues (another live one if it was taken out); None when
+        ``prompt`` extends no sequence generated here: a new session."""
         lengths = self._lengths.get(self._anchor(prompt))
         if lengths:
             for length in sorted((n for n in lengths if n <= len(prompt)), reverse=True):
@@ -339,9 +346,29 @@ class SGLangFleet:
                 if index not in self._down:
                     return index
                 return self._fail_over(index, self._down[index], exclude={index})
-        index = self._least_loaded(exclude=set())
-        if index is None:
+        return None
+
+    async def _place_new_session(self) -> int:
+        """The least-loaded live server. Load = the requests the server reports (``/get_load``: every proxy
+        shard's, not only this process's) beyond this process's own at the time of asking, plus this process's
+        own now - so sessions placed concurrently here still spread."""
+        live = self._live()
+        if not live:
             raise EngineError(f"every SGLang server is down: {self._down_summary()}")
+        others = dict.fromkeys(live, 0)
+        if self.config.placement_by_server_load and len(live) > 1:
+            mine = {index: self._in_flight[index] for index in live}
+            loads = await asyncio.gather(
+                *(self.servers[index].get_load() for index in live), return_exceptions=True
+            )
+            for index, load in zip(live, loads, strict=True):
+                if not isinstance(load, BaseException):
+                    reported = sum(int(rank.get("num_reqs", 0)) for rank in load)
+                    others[index] = max(reported - mine[index], 0)
+        candidates = [index for index in self._live() if index in others]
+        if not candidates:
+            raise EngineError(f"every SGLang server is down: {self._down_summary()}")
+        index = min(candidates, key=lambda i: (others[i] + self._in_flight[i], self._sessions[i], i))
         self._sessions[index] += 1
         return index
 

@@ -66,6 +66,7 @@ class FakeSGLangState:
     received: dict[str, str] = field(default_factory=dict)  # tensor name → sha256 of its received bytes
     released_tags: set[str] = field(default_factory=set)  # /release_memory_occupation
     tp_size: int = 1
+    num_waiting: int = 0  # /generate requests held by a pause
 
     def version_int(self) -> int:
         return 0 if self.weight_version == "default" else int(self.weight_version)
@@ -168,8 +169,9 @@ def build_app(state: FakeSGLangState) -> FastAPI:
 
     @app.get("/get_load")
     async def get_load() -> list[dict[str, Any]]:
-        waiting = 0 if state.paused.is_set() else len(state.tasks)
-        return [{"dp_rank": 0, "num_reqs": len(state.tasks), "num_waiting_reqs": waiting, "num_tokens": 0}]
+        waiting = state.num_waiting
+        running = len(state.tasks)
+        return [{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting, "num_tokens": 0}]
 
     @app.get("/get_server_info")
     @app.get("/server_info")
@@ -322,7 +324,11 @@ def build_app(state: FakeSGLangState) -> FastAPI:
         if state.released_tags:  # the weights / KV cache are not on the GPU: nothing can run
             message = f"memory released ({sorted(state.released_tags)}): call /resume_memory_occupation"
             return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
-        await state.paused.wait()
+        state.num_waiting += 1  # in SGLang's waiting queue until generation is not paused
+        try:
+            await state.paused.wait()
+        finally:
+            state.num_waiting -= 1
         params = SamplingParams(
             max_tokens=int(sampling.get("max_new_tokens", 128)),
             temperature=float(sampling.get("temperature", 1.0)),

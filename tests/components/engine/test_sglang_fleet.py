@@ -106,6 +106,12 @@ async def test_new_session_goes_to_the_least_loaded_server(servers):
         for index in range(3):  # the idle server takes every new session, although it has the most sessions
             await fleet.generate([*SYSTEM_PROMPT, 3000 + index], SamplingParams(max_tokens=3))
         assert [server["sessions"] for server in fleet.status()["servers"]] == [1, 1, 3]
+        # Another process (a second proxy shard) knows nothing of those requests: the servers' own load
+        # (/get_load) sends its new session to the idle server too.
+        other_shard = await connect(servers)
+        await other_shard.generate([*SYSTEM_PROMPT, 3500], SamplingParams(max_tokens=3))
+        assert [server["sessions"] for server in other_shard.status()["servers"]] == [0, 0, 1]
+        await other_shard.aclose()
         for server in servers[:2]:
             await client.post(f"{server.url}/continue_generation", json={})
     results = await asyncio.gather(*busy)
@@ -196,7 +202,7 @@ async def test_a_router_url_stands_for_the_workers_it_lists(servers):
     await fleet.aclose()
 
 
-async def test_killed_server_sessions_fail_over_and_nothing_is_lost(servers):
+async def test_killed_server_sessions_fail_over_and_nothing_is_lost(servers, tiny_model_dir):
     fleet = await connect(servers)
     firsts = [[*SYSTEM_PROMPT, 6000 + index] for index in range(6)]
     placed = [await run_session(fleet, first, num_turns=1) for first in firsts]
@@ -225,6 +231,13 @@ async def test_killed_server_sessions_fail_over_and_nothing_is_lost(servers):
     for (first_prompts, _), (prompts, _) in zip(placed, completed, strict=True):
         if first_prompts[0] in on_victim:
             assert prompts[-1] in seen_live
+    # A weight update skips the server taken out; the live ones agree on the new version.
+    await fleet.update_weights_from_disk(tiny_model_dir, version=7)
+    async with httpx.AsyncClient() as client:
+        for server in servers:
+            if server is not victim:
+                assert (await client.get(f"{server.url}/model_info")).json()["weight_version"] == "7"
+    assert fleet.weight_version == 7
     # With every server gone the failure is a typed engine error (recorded as engine_error by the runner).
     for server in servers:
         server.kill()
