@@ -19,17 +19,24 @@ observer starts trusted and stays out of the reach of what it then runs:
    the sources over a pipe it reads (and closes) before it imports anything of the agent's, then compiles
    them from memory (with pytest's assertion rewriting).
 4. The test process (``python -I``, workspace appended to ``sys.path`` after the stdlib and pytest) runs
-   pytest with a grader-written ini, ``--noconftest``, no plugin autoload, ``-p no:cacheprovider``, and sends
-   one event per test phase over an inherited pipe. Its stdout/stderr go to the observer, never to the exec's
-   output, and it is given nothing else.
-5. When the test process ends, or at the deadline, the observer SIGKILLs every process in the sandbox but its
-   own ancestors (repeating until none is left), then prints the verdict: per-test outcomes (``passed`` only
-   when setup, call and teardown all reported passed) as one line authenticated with HMAC-SHA256 under the
-   nonce, which only the host and the observer know. Anything else on the exec's output is ignored.
+   pytest with a grader-written ini, ``--noconftest``, no plugin autoload, ``-p no:cacheprovider``. It sends
+   one event per test phase over a ``SOCK_SEQPACKET`` socket with ``SO_PASSCRED``: the kernel stamps each
+   message with its sender's pid, and only the test process's own messages count (a process it forked cannot
+   speak for it); a ``done`` event closes its session, nothing after it counts, and a session without one
+   earns 0. Its stdout/stderr go to the observer, never to the exec's output, and it is given nothing else.
+   Before any code of the agent runs it fingerprints pytest, pluggy, builtins and its registered plugins
+   (every callable's identity and code, every class's attributes); after each test's teardown and at the end
+   of the session a change is reported (reward 0).
+5. When the session is done, the test process is gone, or at the deadline, the observer SIGKILLs every process
+   in the sandbox but its own ancestors (repeating until none is left), reads what the channels still hold,
+   then prints the verdict: per-test outcomes (``passed`` only when setup, call and teardown all reported
+   passed) as one line authenticated with HMAC-SHA256 under the nonce, which only the host and the observer
+   know. Anything else on the exec's output is ignored.
 
-Known limit: the code under test runs inside the test process, so code that reaches into pytest's objects in
-memory (obfuscated so that the scan does not see it) can still forge that process's events; the tree scan
-rejects the plain forms (see ``components/tasks/grading.py``).
+Known limit: the code under test runs inside the test process, so code aimed at this grader's internals (its
+event socket, its fingerprint) can still forge that process's events, and a patch undone between a report and
+the next teardown escapes the fingerprint; the tree scan rejects the plain forms (see
+``components/tasks/grading.py``). Values whose ``__eq__`` lies are a weakness of the tests, not of the runner.
 """
 
 import ast
