@@ -411,7 +411,15 @@ class BwrapSandbox:
         argv += ["--chdir", WORKSPACE]
         for key, value in BASE_ENV.items():
             argv += ["--setenv", key, value]
-        argv += ["--", config.python, "-I", "-S", SUPERVISOR_INSIDE, str(self.host_uid), str(config.max_inodes)]
+        argv += [
+            "--",
+            config.python,
+            "-I",
+            "-S",
+            SUPERVISOR_INSIDE,
+            str(self.host_uid),
+            str(config.max_inodes),
+        ]
         return argv
 
     def _launch_argv(self) -> list[str]:
@@ -429,7 +437,8 @@ class BwrapSandbox:
         self._ready = loop.create_future()
         if not os.access(self.config.bwrap_path, os.X_OK):  # the cgroup-joining shell would only say "127"
             raise SandboxError(
-                f"could not start bwrap: {self.config.bwrap_path} is not an executable", sandbox_id=self.sandbox_id
+                f"could not start bwrap: {self.config.bwrap_path} is not an executable",
+                sandbox_id=self.sandbox_id,
             )
         hierarchy = cgroup_hierarchy(self.config)
         if hierarchy is not None:
@@ -542,7 +551,9 @@ class BwrapSandbox:
             try:
                 self.cgroup.set_limits(_cgroup_limits(self.config, limits))
             except OSError as exc:  # e.g. a memory limit below what the sandbox already uses
-                raise SandboxError(f"cannot apply limits {limits}: {exc}", sandbox_id=self.sandbox_id) from exc
+                raise SandboxError(
+                    f"cannot apply limits {limits}: {exc}", sandbox_id=self.sandbox_id
+                ) from exc
 
     def revoke(self) -> None:
         """End this handle's lease now (its pool is about to destroy the sandbox): every later call raises
@@ -561,7 +572,9 @@ class BwrapSandbox:
 
     async def _wait_setup(self, *, allow_failed: bool = False) -> None:
         if self._lease_ended:
-            raise SandboxLeaseEndedError("the lease on this sandbox ended (released)", sandbox_id=self.sandbox_id)
+            raise SandboxLeaseEndedError(
+                "the lease on this sandbox ended (released)", sandbox_id=self.sandbox_id
+            )
         task = self._setup_task
         if task is None:
             return
@@ -590,7 +603,9 @@ class BwrapSandbox:
 
     async def _request(self, message: dict, *, timeout_s: float | None = None) -> dict:
         if self._lease_ended:
-            raise SandboxLeaseEndedError("the lease on this sandbox ended (released)", sandbox_id=self.sandbox_id)
+            raise SandboxLeaseEndedError(
+                "the lease on this sandbox ended (released)", sandbox_id=self.sandbox_id
+            )
         if self._closed:
             raise SandboxError("sandbox is closed", sandbox_id=self.sandbox_id)
         if self._dead_reason:
@@ -666,7 +681,9 @@ class BwrapSandbox:
         """The bytes of a regular file in the sandbox (FileNotFoundError if absent; SandboxFileRefusedError for
         a FIFO, device, socket, or a file over ``config.max_read_bytes``)."""
         await self._wait_setup()
-        reply = await self._request({"op": "read_file", "path": path, "max_bytes": self.config.max_read_bytes})
+        reply = await self._request(
+            {"op": "read_file", "path": path, "max_bytes": self.config.max_read_bytes}
+        )
         return base64.b64decode(reply["data"])
 
     async def write_file(self, path: str, data: bytes | str) -> None:

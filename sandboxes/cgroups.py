@@ -166,7 +166,8 @@ def prepare_parents(hierarchy: CgroupHierarchy) -> None:
             )
         try:
             _write(
-                os.path.join(parent, "cgroup.subtree_control"), " ".join(f"+{c}" for c in hierarchy.controllers)
+                os.path.join(parent, "cgroup.subtree_control"),
+                " ".join(f"+{c}" for c in hierarchy.controllers),
             )
         except OSError as exc:
             raise CgroupUnavailableError(
@@ -181,7 +182,9 @@ class SandboxCgroup:
     def __init__(self, hierarchy: CgroupHierarchy, name: str) -> None:
         self.hierarchy = hierarchy
         self.name = name
-        self.dirs = {controller: os.path.join(parent, name) for controller, parent in hierarchy.parents.items()}
+        self.dirs = {
+            controller: os.path.join(parent, name) for controller, parent in hierarchy.parents.items()
+        }
         # One cgroup.procs per hierarchy: v1 needs the process in each controller's hierarchy.
         self.procs_files = tuple(os.path.join(path, "cgroup.procs") for path in self.dirs.values())
         self.removed = False

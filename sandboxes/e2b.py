@@ -227,14 +227,19 @@ class E2BSandbox:
         if result.exit_code == 3:
             raise FileNotFoundError(f"No such file or directory: {remote}")
         if result.exit_code in (4, 5):
-            what = "is not a regular file" if result.exit_code == 4 else f"is over the cap of {max_bytes} bytes"
+            what = (
+                "is not a regular file" if result.exit_code == 4 else f"is over the cap of {max_bytes} bytes"
+            )
             raise SandboxFileRefusedError(f"read_file refused: {remote} {what}", sandbox_id=self.sandbox_id)
         if result.exit_code != 0 or result.timed_out:
-            raise SandboxError(f"read_file {remote} failed: {result.stderr.strip()}", sandbox_id=self.sandbox_id)
+            raise SandboxError(
+                f"read_file {remote} failed: {result.stderr.strip()}", sandbox_id=self.sandbox_id
+            )
         data = base64.b64decode(result.stdout)
         if len(data) > max_bytes:  # grew after the size check
             raise SandboxFileRefusedError(
-                f"read_file refused: {remote} is over the cap of {max_bytes} bytes", sandbox_id=self.sandbox_id
+                f"read_file refused: {remote} is over the cap of {max_bytes} bytes",
+                sandbox_id=self.sandbox_id,
             )
         return data
 

@@ -196,7 +196,11 @@ def _collect_output(proc: subprocess.Popen, timeout_s: float, limit: int) -> tup
     try:
         while open_fds or exited_at is None:
             now = time.monotonic()
-            end = start + timeout_s if exited_at is None else min(start + timeout_s, exited_at) + OUTPUT_READ_GRACE_S
+            end = (
+                start + timeout_s
+                if exited_at is None
+                else min(start + timeout_s, exited_at) + OUTPUT_READ_GRACE_S
+            )
             if now >= end:
                 break
             for fd, _ in poller.poll(max(1, int((end - now) * 1000))):

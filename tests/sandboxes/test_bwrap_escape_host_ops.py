@@ -164,7 +164,9 @@ async def test_detached_job_holding_the_output_pipes(sandbox, detach):
 
 
 async def test_exec_output_is_capped(sandbox):
-    result = await sandbox.exec("head -c 20M /dev/zero | tr '\\0' x; echo; head -c 20M /dev/zero | tr '\\0' y >&2")
+    result = await sandbox.exec(
+        "head -c 20M /dev/zero | tr '\\0' x; echo; head -c 20M /dev/zero | tr '\\0' y >&2"
+    )
     if sandbox.weakened:
         assert len(result.stdout) > 10 << 20
     else:

@@ -122,7 +122,11 @@ async def test_fork_bomb_without_the_process_rlimit(config, monkeypatch):
     monkeypatch.setattr(
         bwrap_module,
         "_limits_message",
-        lambda limits: {"cpu_time_s": limits.cpu_time_s, "memory_mb": limits.memory_mb, "max_processes": NPROC_HARD},
+        lambda limits: {
+            "cpu_time_s": limits.cpu_time_s,
+            "memory_mb": limits.memory_mb,
+            "max_processes": NPROC_HARD,
+        },
     )
     code = (
         "import os, time\nn = 0\ntry:\n    while n < 400:\n        if os.fork() == 0:\n"
@@ -135,7 +139,9 @@ async def test_fork_bomb_without_the_process_rlimit(config, monkeypatch):
             assert forked == 400
         else:
             assert forked <= LIMITS.max_processes + config.supervisor_tasks, result
-            assert int(sandbox.cgroup.read("pids", "pids.max")) == LIMITS.max_processes + config.supervisor_tasks
+            assert (
+                int(sandbox.cgroup.read("pids", "pids.max")) == LIMITS.max_processes + config.supervisor_tasks
+            )
 
 
 @pytest.mark.parametrize("config", VARIANTS)
@@ -182,7 +188,9 @@ async def test_cpu_spread_over_processes(config):
             assert int(stats["nr_throttled"]) > 0
 
 
-@pytest.mark.parametrize("max_inodes", [pytest.param(2000, id="hardened"), pytest.param(10**7, id="weakened")])
+@pytest.mark.parametrize(
+    "max_inodes", [pytest.param(2000, id="hardened"), pytest.param(10**7, id="weakened")]
+)
 async def test_inode_exhaustion(max_inodes):
     """Empty files cost no bytes of the size cap; the inode cap bounds them."""
     config = BwrapSandboxConfig(max_inodes=max_inodes)

@@ -19,7 +19,8 @@ from sandboxes.errors import SandboxLeaseEndedError
 from sandboxes.pool import SandboxPool, SandboxPoolConfig
 from tests.sandboxes.sandbox_test_support import HOST_PYTHON, processes_of_uid
 
-LIMITS = SandboxLimits(command_timeout_s=20, memory_mb=256, max_processes=32, workspace_mb=32)
+# Room for a pid hopper's zombies (reaped every 0.2 s): the attack must not be stopped by the process cap.
+LIMITS = SandboxLimits(command_timeout_s=20, memory_mb=256, max_processes=256, workspace_mb=32)
 SPEC = SandboxSpec(limits=LIMITS)
 
 # The old in-place reset, run as the sandbox user: what the supervisor's "reset" op did.
@@ -120,33 +121,39 @@ time.sleep(903)
 
 
 async def test_processes_do_not_survive_into_the_next_tenant(pool):
-    first = await pool.acquire(SPEC)
-    uid = first.host_uid
-    await first.write_file("hopper.py", PID_HOPPER)
-    await first.write_file("tracer.py", PTRACE_STOPPED)
-    await first.exec(
-        # detached (setsid, double fork), stopped, ptrace-stopped, in a nested PID namespace, and pid-hopping
-        f"setsid {HOST_PYTHON} hopper.py > /dev/null 2>&1 & "
-        f"setsid {HOST_PYTHON} hopper.py > /dev/null 2>&1 & "
-        "(setsid sh -c 'sleep 900 & sleep 901' > /dev/null 2>&1 &); "
-        "setsid sleep 902 > /dev/null 2>&1 & kill -STOP $!; "
-        f"setsid {HOST_PYTHON} tracer.py > /dev/null 2>&1 & "
-        "setsid unshare -Urpf --mount-proc sleep 904 > /dev/null 2>&1 & "
-        "sleep 0.5"
-    )
-    assert len(non_supervisor_processes(uid)) >= 4
-    second = await next_tenant(pool, first)
-    await second.write_file("secret.txt", "SECOND-TENANT-SECRET")
-    await asyncio.sleep(1.0)
-    stolen = await second.exec("cat /tmp/stolen.txt 2>/dev/null; ps -eo args --no-headers | grep -c '[h]opper'")
-    survivors = non_supervisor_processes(uid)
-    if weakened(pool):
-        assert "SECOND-TENANT-SECRET" in stolen.stdout, (stolen, survivors)
-    else:
-        assert second.host_uid != uid and survivors == [], survivors
-        assert "SECOND-TENANT-SECRET" not in stolen.stdout
-        assert stolen.stdout.split()[-1] == "0"
-    await pool.release(second)
+    """A policy has many tries: a pid hopper may lose any one race against a one-pass kill, so the attack is
+    repeated (up to 6 tenancies); it must never work against the real pool and must work against the old one."""
+    tenant = await pool.acquire(SPEC)
+    stolen_once = False
+    for _ in range(6):
+        uid = tenant.host_uid
+        await tenant.write_file("hopper.py", PID_HOPPER)
+        await tenant.write_file("tracer.py", PTRACE_STOPPED)
+        await tenant.exec(
+            # detached (setsid, double fork), stopped, ptrace-stopped, in a nested PID namespace, pid-hopping
+            f"for i in 1 2 3; do setsid {HOST_PYTHON} hopper.py > /dev/null 2>&1 & done; "
+            "(setsid sh -c 'sleep 900 & sleep 901' > /dev/null 2>&1 &); "
+            "setsid sleep 902 > /dev/null 2>&1 & kill -STOP $!; "
+            f"setsid {HOST_PYTHON} tracer.py > /dev/null 2>&1 & "
+            "setsid unshare -Urpf --mount-proc sleep 904 > /dev/null 2>&1 & "
+            "sleep 0.5"
+        )
+        assert len(non_supervisor_processes(uid)) >= 4
+        next_one = await next_tenant(pool, tenant)
+        await next_one.write_file("secret.txt", "SECOND-TENANT-SECRET")
+        await asyncio.sleep(0.5)
+        stolen = await next_one.exec(
+            "cat /tmp/stolen.txt 2>/dev/null; ps -eo args --no-headers | grep -c '[h]opper'"
+        )
+        tenant = next_one
+        if not weakened(pool):
+            assert next_one.host_uid != uid and non_supervisor_processes(uid) == []
+            assert "SECOND-TENANT-SECRET" not in stolen.stdout and stolen.stdout.split()[-1] == "0", stolen
+        if "SECOND-TENANT-SECRET" in stolen.stdout:
+            stolen_once = True
+            break
+    await pool.release(tenant)
+    assert stolen_once == weakened(pool)
 
 
 async def test_ipc_objects_do_not_survive_into_the_next_tenant(pool):

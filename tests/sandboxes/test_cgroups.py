@@ -66,7 +66,9 @@ def test_v2_control_file_writes(tmp_path):
     hierarchy = CgroupHierarchy(version=2, parents={"unified": str(tmp_path)})
     cgroup_dir = tmp_path / "box"
     cgroup_dir.mkdir()
-    fake_tree(cgroup_dir, {"memory.max": "max", "memory.swap.max": "max", "pids.max": "max", "cpu.max": "max"})
+    fake_tree(
+        cgroup_dir, {"memory.max": "max", "memory.swap.max": "max", "pids.max": "max", "cpu.max": "max"}
+    )
     cgroup = SandboxCgroup(hierarchy, "box")
     cgroup.set_limits(LIMITS)
     assert (cgroup_dir / "memory.max").read_text() == str(64 << 20)
@@ -136,7 +138,7 @@ def test_real_cgroup_v2_kill_leaves_nothing(cgroup2_mount, spare_the_leader):
         leader = spawn_in(
             cgroup,
             "setsid sleep 900 & (sleep 901 &); sleep 902 & kill -STOP $!; "
-            "(while :; do sh -c \"exit 0\" & wait; done) & sleep 903",
+            '(while :; do sh -c "exit 0" & wait; done) & sleep 903',
         )
         deadline = time.monotonic() + 10
         while len(cgroup.members()) < 6:

@@ -83,7 +83,9 @@ async def test_provider_acquire_release_kills():
     del leftover
 
 
-@pytest.mark.parametrize("cap", [pytest.param(1 << 20, id="hardened"), pytest.param(1 << 30, id="weakened-cap")])
+@pytest.mark.parametrize(
+    "cap", [pytest.param(1 << 20, id="hardened"), pytest.param(1 << 30, id="weakened-cap")]
+)
 async def test_host_side_reads_are_typed_and_capped(cap, tmp_path):
     """What the agent prepares for the host (a FIFO, a device behind a link, a huge sparse file, a tree over the
     download cap) is refused inside the sandbox, typed; only a raised cap lets the oversized ones through."""
