@@ -187,6 +187,10 @@ def build_instances(
             row["image_name"] = bake_instance_image(
                 bake_into, snapshots / row["instance_id"], row["instance_id"]
             )
+        # Re-baking leaves the previous instance layers unreferenced: drop them.
+        subprocess.run(
+            ["umoci", "gc", "--layout", str(bake_into)], check=True, capture_output=True, timeout=600
+        )
     table = pa.Table.from_pylist(rows)
     path = out / "instances.parquet"
     pq.write_table(table, path)
