@@ -9,6 +9,9 @@ command, run in the repository; default ``python3 -m pytest --no-header -rA --tb
 the files ``test_patch`` touches, as SWE-bench runs pytest repositories), ``log_parser`` (a name in
 ``swebench.harness.log_parsers.PARSER_REGISTRY``; default: the parser SWE-bench maps the repository to, else
 ``parse_log_pytest``). Every other column is kept verbatim in ``SweBenchInstance.extra`` — nothing is lost.
+Not executed: the ``eval_script`` column of swebench >= 4 rows (it checks out the data set's own base commit,
+which the flattened workspace does not have); repositories whose tests are not pytest (Django's
+``runtests.py``, SymPy's ``bin/test``) need a ``test_cmd``.
 
 Where a repository comes from (``RepoSources``):
   * an image: ``images_dir`` holds one OCI layout per image (``skopeo copy docker://NAME:TAG oci:DIR/BASE:TAG``,
@@ -67,6 +70,7 @@ SWEBENCH_COLUMNS = (
 REQUIRED_COLUMNS = ("instance_id", "repo", "patch", "test_patch", "problem_statement", "FAIL_TO_PASS")
 OPTIONAL_REIN_COLUMNS = ("image_name", "test_cmd", "log_parser")
 DEFAULT_REPO_PATH = "/testbed"
+SWEBENCH_CONDA_ENV = "/opt/miniconda3/envs/testbed"
 DEFAULT_TASK_CACHE = Path.home() / ".cache" / "rein" / "swebench"
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
@@ -354,6 +358,10 @@ class SweBenchTask:
         unpacked = self.unpacked_image()
         if unpacked is not None:
             env = {key: value for key, value in unpacked.env.items() if key not in ("HOME", "USER")}
+            # SWE-bench / SWE-Gym images keep the repository's environment in the conda env "testbed", which
+            # their own scripts activate; leading PATH with it gives agents and tests the same interpreter.
+            if (unpacked.rootfs / SWEBENCH_CONDA_ENV.lstrip("/") / "bin").is_dir():
+                env["PATH"] = f"{SWEBENCH_CONDA_ENV}/bin:{env.get('PATH', SYSTEM_PATH)}"
         else:
             env = {"PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}"}
         return SandboxSpec(

@@ -194,3 +194,29 @@ def test_r2e_gym_rows_convert_to_swebench_rows(tmp_path: Path) -> None:
     bad = dict(row, expected_output_json="{nope")
     with pytest.raises(ValueError, match="JSON column unreadable"):
         r2e_row(bad)
+
+
+def test_swebench_images_conda_env_leads_path(tmp_path: Path, snapshots: Path) -> None:
+    """SWE-bench images keep the repository's environment in /opt/miniconda3/envs/testbed: it leads PATH."""
+    from components.tasks.swebench import SweBenchTask
+    from sandboxes.image import UnpackedImage
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "opt" / "miniconda3" / "envs" / "testbed" / "bin").mkdir(parents=True)
+
+    class UnpackedAlready:  # an image cache whose image is already unpacked at ``rootfs``
+        def unpack(self, reference: str) -> UnpackedImage:
+            return UnpackedImage(
+                reference=reference, digest="sha256:0", rootfs=rootfs, env={"PATH": "/usr/bin"}, workdir="/"
+            )
+
+    task = SweBenchTask(
+        instance=instance_from_row(_row("calc-1")),
+        image="oci:/store/calc:latest",
+        snapshot_source=snapshots / "calc-1",
+        cache_dir=tmp_path / "cache",
+        image_cache=UnpackedAlready(),
+    )
+    spec = task.sandbox_spec()
+    assert spec.root_image == "oci:/store/calc:latest"
+    assert spec.env["PATH"] == "/opt/miniconda3/envs/testbed/bin:/usr/bin"
