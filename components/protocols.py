@@ -388,6 +388,18 @@ class DiskReloadingEngine(Protocol):
 
 
 @runtime_checkable
+class TrainerBroadcastEngine(Protocol):
+    """An engine whose servers receive new weights straight from the trainer's rank 0 (SGLang's NCCL
+    weight-update group).
+
+    Contract: after ``update_weights_from_trainer`` returns, new requests are served by the trainer's current
+    weights and their tokens carry ``version``; generation was paused on every server meanwhile.
+    """
+
+    async def update_weights_from_trainer(self, trainer: Any, version: int) -> Any: ...
+
+
+@runtime_checkable
 class EngineProvider(Protocol):
     """Starts a run's inference engine and says how the trainer's new weights reach it (embedded actor,
     SGLang servers, or a user's engine).
