@@ -93,13 +93,8 @@ def sglang_fleet_config(config: RunConfig, *, initial_weight_version: int) -> SG
     """The fleet a run's ``--sglang-*`` options describe (``--sglang-url`` may list several servers)."""
     urls = parse_server_urls(config.sglang_url)
     distributed = None
-    if config.sglang_weight_sync == "nccl":
-        address = config.sglang_nccl_address
-        if not address:
-            import ray.util
-
-            address = ray.util.get_node_ip_address()
-        distributed = DistributedWeightSyncConfig(master_address=address, backend="nccl")
+    if config.sglang_weight_sync == "nccl":  # '' : the node IP of the trainer's rank 0, found there
+        distributed = DistributedWeightSyncConfig(master_address=config.sglang_nccl_address, backend="nccl")
     server = SGLangEngineConfig(
         base_url=urls[0],
         api_key=config.sglang_api_key or None,
@@ -285,6 +280,31 @@ class SGLangFleet:
             )
 
         await self._paused_on_all(version, load)
+
+    async def update_weights_from_trainer(self, trainer: Any, version: int) -> dict[str, float]:
+        """Generation paused on every live server, the trainer's rank 0 broadcasts its current policy to them
+        over the weight-update group (``config.distributed``; ``Trainer.broadcast_weights``), generation
+        continues. The weights never pass through this process."""
+        require(self.config.distributed is not None, "distributed", "set a DistributedWeightSyncConfig")
+        metrics: dict[str, float] = {}
+
+        async def load(live: list[int]) -> None:
+            servers = [self.servers[index] for index in live]
+            try:
+                metrics.update(
+                    await asyncio.to_thread(
+                        trainer.broadcast_weights, servers, self.config.distributed, version
+                    )
+                )
+            except Exception as error:  # a half-done broadcast: none of these servers can be trusted
+                for index in live:
+                    self._down.setdefault(index, f"weight broadcast of version {version} failed: {error}")
+                raise EngineError(f"weight broadcast of version {version} failed: {error}") from error
+            for server in servers:
+                server._weight_version = int(version)
+
+        await self._paused_on_all(version, load)
+        return metrics
 
     # --- operations --------------------------------------------------------------------------------------
 

@@ -36,7 +36,9 @@ logger = logging.getLogger(__name__)
 class DistributedWeightSyncConfig:
     """Where the weight-update group meets and how tensors are batched."""
 
-    master_address: str = "127.0.0.1"  # this process's address as the servers reach it
+    master_address: str = (
+        ""  # the sender's address as the servers reach it; "": its Ray node IP (or loopback)
+    )
     master_port: int = 0  # 0: pick a free port
     group_name: str = "rein_weight_update"
     backend: str = "nccl"  # "gloo" for CPU tensors (tests)
@@ -114,13 +116,14 @@ class DistributedWeightSender:
         """Ask every server to join (``/init_weights_update_group``) while this process joins as rank 0."""
         require(len(servers) == len(ranks_per_server), "ranks_per_server", "needs one entry per server")
         port = self.config.master_port or _free_port()
+        address = self.config.master_address or _node_ip()
         self.world_size = 1 + sum(ranks_per_server)
         offsets = [1 + sum(ranks_per_server[:index]) for index in range(len(servers))]
         timeout = timedelta(seconds=self.config.timeout_s)
         joins = [
             asyncio.ensure_future(
                 server.init_weights_update_group(
-                    master_address=self.config.master_address,
+                    master_address=address,
                     master_port=port,
                     rank_offset=offset,
                     world_size=self.world_size,
@@ -134,7 +137,7 @@ class DistributedWeightSender:
             self._group = await asyncio.to_thread(
                 init_custom_process_group,
                 backend=self.config.backend,
-                init_method=f"tcp://{self.config.master_address}:{port}",
+                init_method=f"tcp://{address}:{port}",
                 world_size=self.world_size,
                 rank=0,
                 group_name=self.config.group_name,
@@ -216,9 +219,72 @@ class DistributedWeightSender:
             await asyncio.to_thread(dist.destroy_process_group, group)
 
 
+def _node_ip() -> str:
+    """This process's node IP in a Ray cluster (where the trainer's rank 0 runs), else loopback."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
 def _free_port() -> int:
     import socket
 
     with socket.socket() as probe:
         probe.bind(("", 0))
         return probe.getsockname()[1]
+
+
+class RankZeroWeightBroadcaster:
+    """Lives in the trainer's rank-0 worker: keeps the weight-update group with the servers across steps
+    (re-forming it when the set of servers changes) and pushes each new policy from that process, so the
+    weights go rank 0 → servers without passing through the driver. Synchronous (the worker's command loop
+    is); its own event loop carries the HTTP calls."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._sender: DistributedWeightSender | None = None
+        self._members: tuple[Any, ...] = ()
+
+    def push(
+        self,
+        servers: Sequence[SGLangEngine],
+        config: DistributedWeightSyncConfig,
+        state_dict: Any,
+        version: int,
+    ) -> dict[str, float]:
+        """Broadcast ``state_dict`` as ``version`` to ``servers`` (joining or re-forming the group first)."""
+        members = (tuple(server.url for server in servers), config)
+        if self._sender is not None and self._members != members:
+            self.close_group()
+        if self._sender is None:
+            sender = DistributedWeightSender(config)
+
+            async def connect() -> None:
+                ranks = [await server.tensor_parallel_size() for server in servers]
+                await sender.connect(servers, ranks)
+
+            self._loop.run_until_complete(connect())
+            self._sender, self._members = sender, members
+        try:
+            return self._loop.run_until_complete(self._sender.push(list(state_dict.items()), version))
+        except BaseException:
+            self.close_group()  # a half-done broadcast leaves the group unusable
+            raise
+
+    def close_group(self) -> None:
+        """Leave the weight-update group (``/destroy_weights_update_group`` on the servers)."""
+        sender, self._sender, self._members = self._sender, None, ()
+        if sender is not None:
+            try:
+                self._loop.run_until_complete(sender.close())
+            except Exception as error:  # the servers may be gone; the local group is destroyed either way
+                logger.warning("closing the weight-update group failed: %s", error)
+
+    def close(self) -> None:
+        self.close_group()
+        self._loop.close()

@@ -130,7 +130,20 @@ class StopWorkers:
     """Every worker leaves its command loop."""
 
 
-WorkerCommand = TrainOnShards | GatherFullStateDict | WriteCheckpoint | ScoreSequences | StopWorkers
+@dataclass(frozen=True)
+class BroadcastWeights:
+    """Every rank gathers the full state dict; rank 0 broadcasts it as ``version`` to SGLang ``servers`` over
+    their weight-update group (``sglang_weight_transfer``: NCCL on GPUs, gloo on CPU) and replies with its
+    figures - the weights never pass through the driver."""
+
+    servers: tuple[Any, ...]  # SGLangEngine clients (they carry only their config)
+    sync: Any  # DistributedWeightSyncConfig
+    version: int
+
+
+WorkerCommand = (
+    TrainOnShards | GatherFullStateDict | WriteCheckpoint | ScoreSequences | StopWorkers | BroadcastWeights
+)
 
 
 class _Coordinator:
@@ -266,12 +279,15 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
         restore_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
     model_config = AutoConfig.from_pretrained(config.model_path)
     full_options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    broadcaster = None  # rank 0's weight-update group with SGLang servers, kept across steps
     ray.get(coordinator.report.remote("ready", rank, {"rank": rank}))
 
     while True:
         command_id, command = ray.get(coordinator.next_command.remote(rank))
         result: Any = None
         if isinstance(command, StopWorkers):
+            if broadcaster is not None:
+                broadcaster.close()
             ray.get(coordinator.report.remote(command_id, rank, None))
             return
         if isinstance(command, TrainOnShards):
@@ -308,6 +324,13 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
                         keep_last=config.keep_checkpoints,
                     )
                 )
+        elif isinstance(command, BroadcastWeights):
+            state_dict = get_model_state_dict(model, options=full_options)
+            if rank == 0:
+                from components.engine.sglang_weight_transfer import RankZeroWeightBroadcaster
+
+                broadcaster = broadcaster or RankZeroWeightBroadcaster()
+                result = broadcaster.push(command.servers, command.sync, state_dict, command.version)
         elif isinstance(command, ScoreSequences):
             scored = _score_sequences(
                 model, command.sequences, temperature=config.temperature, device=device
@@ -448,6 +471,10 @@ class Trainer:
     def full_state_dict_ref(self) -> Any:
         """A Ray ObjectRef to the full (unsharded, CPU) state dict of the current policy."""
         return self._call(GatherFullStateDict())[0][0]
+
+    def broadcast_weights(self, servers: Sequence[Any], sync: Any, version: int) -> dict[str, float]:
+        """Rank 0 broadcasts the current policy as ``version`` to SGLang ``servers`` (``BroadcastWeights``)."""
+        return self._call(BroadcastWeights(servers=tuple(servers), sync=sync, version=version))[0]
 
     def full_state_dict(self) -> dict[str, Any]:
         """The full (unsharded, CPU) state dict of the current policy."""

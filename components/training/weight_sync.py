@@ -10,6 +10,8 @@ Two ways, one call (``WeightSync.push(trainer, version)``):
 - ``"disk"`` (SGLang): the state dict is written as an HF folder (atomically, like a checkpoint) and the
   engine is asked to reload from it with ``engine.update_weights_from_disk(path, version)`` (SGLang's
   ``/update_weights_from_disk``, which pauses, loads, flushes the cache and resumes on its side).
+- ``"distributed"`` (SGLang over NCCL): ``engine.update_weights_from_trainer(trainer, version)`` - the
+  trainer's rank 0 broadcasts the weights to the servers' weight-update group; nothing is gathered here.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from components.config import require, require_one_of
-from components.protocols import DiskReloadingEngine, InferenceEngine, ObjectStoreWeightsEngine
+from components.protocols import (
+    DiskReloadingEngine,
+    InferenceEngine,
+    ObjectStoreWeightsEngine,
+    TrainerBroadcastEngine,
+)
 from components.training.checkpoint import save_hf_model
 
-WeightSyncMode = Literal["memory", "disk"]
+WeightSyncMode = Literal["memory", "disk", "distributed"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -39,7 +46,7 @@ class WeightSyncConfig:
     keep_last: int = 2  # "disk": newest pushed folders kept
 
     def __post_init__(self) -> None:
-        require_one_of(self.mode, "mode", ("memory", "disk"))
+        require_one_of(self.mode, "mode", ("memory", "disk", "distributed"))
         require(
             self.mode != "disk" or self.weights_dir is not None,
             "weights_dir",
@@ -58,6 +65,10 @@ class WeightSync:
             raise ValueError(
                 "engine: 'memory' weight sync needs an engine with async update_weights(state_dict, version)"
             )
+        if config.mode == "distributed" and not isinstance(engine, TrainerBroadcastEngine):
+            raise ValueError(
+                "engine: 'distributed' weight sync needs an engine with update_weights_from_trainer(trainer, version)"
+            )
         if config.mode == "disk" and not isinstance(engine, DiskReloadingEngine):
             raise ValueError(
                 "engine: 'disk' weight sync needs an engine with update_weights_from_disk(path, version)"
@@ -68,6 +79,9 @@ class WeightSync:
     async def push(self, trainer: Any, version: int) -> dict[str, float]:
         """Gather the trainer's full state dict and load it into the engine as ``version``; returns timings."""
         started = time.perf_counter()
+        if self.config.mode == "distributed":
+            metrics = await self.engine.update_weights_from_trainer(trainer, version)
+            return {**(metrics or {}), "weight_sync/total_s": time.perf_counter() - started}
         reference = await asyncio.to_thread(trainer.full_state_dict_ref)
         gathered_s = time.perf_counter() - started
         if self.config.mode == "memory" and isinstance(self.engine, ObjectStoreWeightsEngine):
