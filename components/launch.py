@@ -123,9 +123,11 @@ class RunConfig:
     sglang_request_timeout_s: float = option(600.0, "bound of one /generate call")
     sglang_context_window: int = option(0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)")
     sglang_weight_sync: Literal["disk", "nccl"] = option(
-        "disk", "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from this process"
+        "disk", "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0"
     )
-    sglang_nccl_address: str = option("", "address the servers reach this process at (nccl); '' = Ray node IP")
+    sglang_nccl_address: str = option(
+        "", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP"
+    )
     sglang_colocated: bool = option(False, "trainer and servers share GPUs: servers release memory while training")
     engine_num_cpus: float = option(1.0, "Ray CPUs reserved for the embedded engine actor")
     engine_num_gpus: float = option(0.0, "Ray GPUs for the embedded engine actor (device cuda when > 0)")
@@ -336,7 +338,7 @@ class SGLangEngineProvider:
             sglang_fleet_config(config, initial_weight_version=weight_version)
         )
         weight_sync = (
-            WeightSync(WeightSyncConfig(mode="memory"), engine)  # fleet.update_weights broadcasts
+            WeightSync(WeightSyncConfig(mode="distributed"), engine)  # trainer rank 0 → servers (NCCL)
             if config.sglang_weight_sync == "nccl"
             else WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
         )
