@@ -242,3 +242,60 @@ async def test_runner_hands_each_harness_its_session_token(start_proxy, sandbox_
     else:
         assert TrajectoryStatus.OK not in statuses
         assert all("401" in t.log or "session token" in t.log for t in trajectories), trajectories[0].log
+
+
+@pytest.mark.slow
+async def test_isolated_proxy_on_ray_serve_replicas(ray_session, tokenizer, default_model_dir):
+    """The same checks hold on Serve replicas over session shards: tokens are verified with the key alone."""
+    import socket
+
+    from ray import serve
+
+    from components.engine.scripted import ScriptedEngine
+    from components.proxy.ray_sessions import start_session_shards
+    from components.proxy.serve import run_proxy_on_serve
+
+    keys = SessionKeys.generate()
+    config = ProxyConfig(admin_key=keys.admin_key)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    registry = start_session_shards(
+        ScriptedEngine(tokenizer, ["ok"]), default_model_dir, config, num_shards=2
+    )
+    app_name = "rein-control-plane-test"
+    try:
+        url = run_proxy_on_serve(registry, config, app_name=app_name, route_prefix="/cp", num_replicas=2)
+        own, other = [await registry.open_session() for _ in range(2)]
+        async with openai.AsyncOpenAI(
+            base_url=f"{url}/s/{own}/v1", api_key=keys.session_token(own), max_retries=0
+        ) as client:
+            for _ in range(4):  # several requests, so both replicas answer some
+                reply = await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+                assert reply.choices[0].message.content == "ok"
+        async with openai.AsyncOpenAI(
+            base_url=f"{url}/s/{other}/v1", api_key=keys.session_token(own), max_retries=0
+        ) as client:
+            with pytest.raises(openai.AuthenticationError):
+                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        token = {"Authorization": f"Bearer {keys.session_token(own)}"}
+        admin = {"Authorization": f"Bearer {keys.admin_key}"}
+        async with httpx.AsyncClient(timeout=30) as http:
+            for method, path in (
+                ("POST", "/sessions"),
+                ("GET", f"/s/{own}/trajectory"),
+                ("POST", f"/s/{own}/finalize"),
+                ("POST", f"/s/{other}/discard"),
+                ("GET", "/health"),
+            ):
+                assert (await http.request(method, url + path, headers=token)).status_code == 401, path
+            assert (await http.get(f"{url}/health", headers=admin)).status_code == 200
+            finalized = await http.post(f"{url}/s/{own}/finalize", headers=admin, json={"reward": 1.0})
+            assert finalized.status_code == 200 and finalized.json()["reward"] == 1.0
+            assert finalized.json()["trajectory_id"] == own
+    finally:
+        serve.delete(app_name)
+        registry.shutdown()
