@@ -19,10 +19,10 @@ Placement through Ray resources:
     with ``engine=sglang`` the SGLang servers run outside Ray and the recipe only talks HTTP to ``sglang_url``;
   - proxy: session-shard actors and ``proxy_replicas`` Ray Serve replicas, 0 CPUs each (they wait on I/O);
     ``proxy=local`` serves it from the driver process instead (one fewer moving part, no Serve start-up);
-  - sandboxes: the driver's bubblewrap pool keeps ``num_warm_sandboxes`` started (``sandbox_backend=e2b``: E2B's
+  - sandboxes: the driver's bubblewrap pool keeps ``sandbox.num_warm`` started (``--sandbox-backend e2b``: E2B's
     cloud); on a multi-node cluster use ``sandboxes.ray_pool`` whose capacity is the ``sandbox_slots`` resource;
-  - trainer: ``trainer_workers`` Ray Train FSDP2 workers with ``trainer_cpus_per_worker`` CPUs (1 GPU each when
-    ``trainer_use_gpu``).
+  - trainer: ``trainer.workers`` Ray Train FSDP2 workers with ``trainer.cpus_per_worker`` CPUs (1 GPU each when
+    ``trainer.use_gpu``).
 
 Resume rule (same ``--run-dir``): the trainer restarts from the newest complete checkpoint, whose
 ``consumed_shards`` lists the step shards already trained into it. Each step is then, in order: *done* when its
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from components.config import require, require_non_negative, require_positive
+from components.config import require, require_non_negative, require_one_of, require_positive
 from components.loop import LoopConfig
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
 from components.protocols import Algorithm, EngineProvider, InferenceEngine, SandboxProvider
@@ -64,6 +64,46 @@ logger = logging.getLogger("rein.recipe")
 
 # What `ray job submit --working-dir .` must not upload (Ray honours .gitignore too; this makes it explicit).
 WORKING_DIR_EXCLUDES = [".venv", ".models", ".agents", "runs", ".git", "**/__pycache__", "*.egg-info"]
+
+
+# Where a field goes: a field that configures one brick goes into that brick's config below (its flag is
+# ``--<brick>-<field>``, or a historical flag kept with ``option(..., flag=...)``); a field the whole run shares
+# (model, steps, seed, sampling) stays on ``RunConfig``. A recipe changes a brick's defaults by giving the brick
+# field a new default instance: ``trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5))``.
+# ``--config FILE`` takes the same fields nested by brick (``trainer: {workers: 2}``).
+# Still flat this round (their code was being changed alongside): the engine_* / sglang_*, proxy_* and rollout
+# fields; they move into EngineBrickConfig / ProxyBrickConfig / RolloutBrickConfig the same way.
+
+
+@dataclass(kw_only=True, frozen=True)
+class TrainerBrickConfig:
+    """The trainer brick: the Ray Train FSDP2 worker group and its optimizer."""
+
+    workers: int = option(2, "Ray Train FSDP2 workers")
+    cpus_per_worker: float = option(1.0, "Ray CPUs per trainer worker")
+    use_gpu: bool = option(False, "train on GPUs (one per worker, NCCL)")
+    learning_rate: float = option(1e-5, "AdamW learning rate", flag="learning-rate")
+    max_tokens_per_micro_batch: int = option(
+        1024,
+        "token budget of one packed training row (bounds trainer memory)",
+        flag="max-tokens-per-micro-batch",
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "cpus_per_worker", "learning_rate", "max_tokens_per_micro_batch"):
+            require_positive(getattr(self, name), name)
+
+
+@dataclass(kw_only=True, frozen=True)
+class SandboxBrickConfig:
+    """The agents' sandboxes (the grader makes its own)."""
+
+    backend: Literal["bwrap", "e2b"] = option("bwrap", "sandboxes: local bubblewrap pool or E2B")
+    num_warm: int = option(2, "bubblewrap sandboxes kept started", flag="num-warm-sandboxes")
+
+    def __post_init__(self) -> None:
+        require_one_of(self.backend, "backend", ("bwrap", "e2b"))
+        require_non_negative(self.num_warm, "num_warm")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -103,10 +143,6 @@ class RunConfig:
         "policy-gradient algorithm (components/training/algorithms/): GRPO, Dr.GRPO, GSPO (sequence-level ratio "
         "and clipping) or RLOO (leave-one-out baseline)",
     )
-    learning_rate: float = option(1e-5, "AdamW learning rate")
-    max_tokens_per_micro_batch: int = option(
-        1024, "token budget of one packed training row (bounds trainer memory)"
-    )
     checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
     seed: int = option(0, "seed of the trainer and of task selection")
     engine: Literal["embedded", "sglang"] = option(
@@ -138,11 +174,8 @@ class RunConfig:
         "serve", "inference proxy: Ray Serve deployment or in the driver"
     )
     proxy_replicas: int = option(2, "Ray Serve replicas of the proxy (proxy=serve)")
-    sandbox_backend: Literal["bwrap", "e2b"] = option("bwrap", "sandboxes: local bubblewrap pool or E2B")
-    num_warm_sandboxes: int = option(2, "bubblewrap sandboxes kept started")
-    trainer_workers: int = option(2, "Ray Train FSDP2 workers")
-    trainer_cpus_per_worker: float = option(1.0, "Ray CPUs per trainer worker")
-    trainer_use_gpu: bool = option(False, "train on GPUs (one per worker, NCCL)")
+    sandbox: SandboxBrickConfig = option(SandboxBrickConfig(), "the agents' sandboxes")
+    trainer: TrainerBrickConfig = option(TrainerBrickConfig(), "the trainer")
     ray_address: str = option(
         "", "Ray cluster to join; '' joins $RAY_ADDRESS when set, else starts a local one"
     )
@@ -157,18 +190,12 @@ class RunConfig:
             "group_size",
             "max_concurrency",
             "max_tokens",
-            "learning_rate",
             "engine_threads",
         )
-        positive += (
-            "max_tokens_per_micro_batch",
-            "engine_max_batch_size",
-            "proxy_replicas",
-            "trainer_workers",
-        )
-        for name in (*positive, "trainer_cpus_per_worker", "ray_num_cpus"):
+        positive += ("engine_max_batch_size", "proxy_replicas")
+        for name in (*positive, "ray_num_cpus"):
             require_positive(getattr(self, name), name)
-        for name in ("temperature", "checkpoint_every_steps", "num_warm_sandboxes", "engine_num_cpus"):
+        for name in ("temperature", "checkpoint_every_steps", "engine_num_cpus"):
             require_non_negative(getattr(self, name), name)
         require_non_negative(self.engine_num_gpus, "engine_num_gpus")
         require_non_negative(self.engine_kv_cache_gb, "engine_kv_cache_gb")
@@ -370,9 +397,9 @@ class Bricks:
 
         sandboxes = make_sandbox_provider(
             SandboxBackendConfig(
-                backend=config.sandbox_backend,
+                backend=config.sandbox.backend,
                 pool=SandboxPoolConfig(
-                    num_warm=config.num_warm_sandboxes, read_only_paths=tuple(dict.fromkeys(sandbox_paths))
+                    num_warm=config.sandbox.num_warm, read_only_paths=tuple(dict.fromkeys(sandbox_paths))
                 ),
             )
         )
@@ -448,11 +475,11 @@ class RunStack:
             TrainerConfig(
                 model_path=run.model_path,
                 run_dir=run.path,
-                num_workers=config.trainer_workers,
-                use_gpu=config.trainer_use_gpu,
-                cpus_per_worker=config.trainer_cpus_per_worker,
-                optimizer=OptimizerConfig(learning_rate=config.learning_rate),
-                batching=SampleBatchConfig(max_tokens_per_micro_batch=config.max_tokens_per_micro_batch),
+                num_workers=config.trainer.workers,
+                use_gpu=config.trainer.use_gpu,
+                cpus_per_worker=config.trainer.cpus_per_worker,
+                optimizer=OptimizerConfig(learning_rate=config.trainer.learning_rate),
+                batching=SampleBatchConfig(max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch),
                 temperature=config.temperature,
                 seed=config.seed,
                 resume=True,

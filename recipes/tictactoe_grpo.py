@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from components.config import require_positive
-from components.launch import RunConfig, RunDirectory, RunStack, main_entry
+from components.launch import RunConfig, RunDirectory, RunStack, TrainerBrickConfig, main_entry
 from components.loop import run_recipe_loop
 from components.recipe_config import option
 from components.rollout import RolloutConfig, RolloutRunner
@@ -43,14 +43,13 @@ class TicTacToeGrpoConfig(RunConfig):
     group_size: int = option(4, "games per seed per step (one GRPO group)")
     max_concurrency: int = option(8, "games in flight at once")
     max_tokens: int = option(48, "cap on the tokens of one model reply")
-    learning_rate: float = option(2e-5, "AdamW learning rate")
+    trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5), "the trainer")
     proxy: Literal["serve", "local"] = option(
         "local", "inference proxy: Ray Serve deployment or in the driver"
     )
     games_per_step: int = option(2, "seeded games (GRPO groups) per step")
     opponent: Literal["random", "perfect"] = option("random", "the opponent: random legal moves or minimax")
     max_turns: int = option(6, "model calls per game (a game needs at most 5 moves)")
-    num_warm_sandboxes: int = option(2, "empty sandboxes kept started (the game runs in the harness)")
     accept_text_moves: bool = option(
         True,
         "play by text: moves written as <move>B2</move> or a bare cell, no tool schemas in the prompt",
