@@ -79,6 +79,7 @@ async def test_mixed_distributions_packed_in_one_micro_batch_match_the_rollout(t
         sorted(d.temperature for d in DISTRIBUTIONS)
     )
     model = load_model(tiny_model_dir)
+    _assert_top_k_by_definition(model, segments[1])
     gap = max_abs_gap(model, stored)
     # what a trainer that ignores the recorded distribution (temperature 1, no truncation) computes
     ignored = [
@@ -105,6 +106,23 @@ async def test_mixed_distributions_packed_in_one_micro_batch_match_the_rollout(t
         optimizer_config=OptimizerConfig(),
     )
     assert metrics["logprob_abs_diff_max"] <= AGREEMENT
+
+
+def _assert_top_k_by_definition(model, segment: Segment) -> None:
+    """The engine sampled inside the top-k and reported the renormalised logprob, checked against the
+    definition, independently of ``sampling_logprobs``."""
+    distribution = segment.sampling
+    assert distribution.top_k > 0 and distribution.top_p == 1.0
+    ids = torch.as_tensor(segment.token_ids, dtype=torch.long)[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / distribution.temperature
+    for position in np.flatnonzero(segment.loss_mask):
+        probs = torch.softmax(logits[position - 1], dim=-1)
+        top = torch.topk(probs, distribution.top_k)
+        token = int(segment.token_ids[position])
+        assert token in top.indices.tolist(), "sampled a token outside the top-k"
+        expected = float(torch.log(probs[token] / top.values.sum()))
+        assert abs(float(segment.logprobs[position]) - expected) < 1e-4
 
 
 def test_sampling_logprobs_truncation_rules():
@@ -146,19 +164,3 @@ def test_distribution_and_segment_validation():
         Segment(token_ids=[1], loss_mask=[0], logprobs=[0.0], weight_versions=[-1], sampling=0.7)
     with pytest.raises(ValueError, match="top_k"):
         SamplingParams(top_k=-1)
-
-
-async def test_engine_samples_from_the_top_k_and_reports_its_renormalised_logprob(tiny_model_dir):
-    """Checked against the definition, independently of ``sampling_logprobs``."""
-    (segment,) = await _rollouts(tiny_model_dir, [SamplingDistribution(temperature=0.9, top_k=3)])
-    model = load_model(tiny_model_dir)
-    ids = torch.as_tensor(segment.token_ids, dtype=torch.long)[None]
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float() / 0.9
-    for position in np.flatnonzero(segment.loss_mask):
-        probs = torch.softmax(logits[position - 1], dim=-1)
-        top = torch.topk(probs, 3)
-        token = int(segment.token_ids[position])
-        assert token in top.indices.tolist(), "sampled a token outside the top-k"
-        expected = float(torch.log(probs[token] / top.values.sum()))
-        assert abs(float(segment.logprobs[position]) - expected) < 1e-4
