@@ -199,12 +199,14 @@ async def test_run_past_timeout_kills_the_whole_tree(attacker):
 
 
 async def test_cpu_time_limit():
-    spec = SandboxSpec(limits=SandboxLimits(cpu_time_s=1, command_timeout_s=30, workspace_mb=16))
+    # 1 s of CPU can take many seconds of wall time on a loaded host (the sandbox's cgroup gets one share):
+    # what proves the rlimit is that the loop ends, killed, long before the 60 s wall-clock timeout.
+    spec = SandboxSpec(limits=SandboxLimits(cpu_time_s=1, command_timeout_s=60, workspace_mb=16))
     async with await BwrapSandbox.create(spec) as sandbox:
         start = time.monotonic()
         result = await sandbox.exec("while :; do :; done")
         assert not result.timed_out and result.exit_code != 0  # SIGXCPU/SIGKILL from RLIMIT_CPU
-        assert time.monotonic() - start < 10
+        assert time.monotonic() - start < 40
 
 
 async def test_download_never_follows_or_plants_links(attacker, tmp_path):
