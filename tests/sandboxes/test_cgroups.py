@@ -161,3 +161,25 @@ def test_real_cgroup_v2_kill_leaves_nothing(cgroup2_mount, spare_the_leader):
             cgroup.remove()
         with contextlib.suppress(OSError):
             os.rmdir(parent)
+
+
+def test_cgroups_of_dead_owners_are_swept(monkeypatch):
+    """A process that died without closing its sandboxes (SIGKILL: bwrap and all inside die with it) leaves
+    empty cgroups; the next process to use the same parent removes them, and never a live owner's."""
+    from sandboxes import bwrap as bwrap_module
+
+    config = bwrap_module.BwrapSandboxConfig()
+    hierarchy = bwrap_module.cgroup_hierarchy(config)
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    stale = SandboxCgroup.create(hierarchy, f"bwrap-{finished.pid}-0-abcdef", LIMITS)
+    live = SandboxCgroup.create(hierarchy, f"bwrap-{os.getpid()}-999-abcdef", LIMITS)
+    try:
+        monkeypatch.setattr(bwrap_module, "_hierarchies", {})  # as in a freshly started process
+        bwrap_module.cgroup_hierarchy(config)
+        assert not any(os.path.exists(path) for path in stale.dirs.values())
+        assert all(os.path.exists(path) for path in live.dirs.values())
+    finally:
+        for cgroup in (stale, live):
+            with contextlib.suppress(OSError):
+                cgroup.remove()
