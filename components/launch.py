@@ -1,7 +1,7 @@
 """What every recipe shares: the run directory, Ray, the engine + proxy + trainer stack, and resume bookkeeping.
 
 A recipe builds its tasks, harness and grader, then drives ``RunStack`` step by step; the stack's own bricks
-(algorithm, sandbox provider: objects satisfying ``components.protocols``) come from ``Bricks.from_config``
+(engine, proxy, algorithm, sandbox provider: objects satisfying ``components.protocols``) come from ``Bricks.from_config``
 unless the recipe passes its own, and the stack never asks which kind they are::
 
     run = RunDirectory.create(config, recipe="swe_grpo")
@@ -50,13 +50,21 @@ from typing import TYPE_CHECKING, Any, Literal
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.loop import LoopConfig
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
-from components.protocols import Algorithm, EngineProvider, InferenceEngine, SandboxProvider
+from components.protocols import (
+    Algorithm,
+    EngineProvider,
+    InferenceEngine,
+    ProxyProvider,
+    SandboxProvider,
+    SessionControl,
+)
 from components.recipe_config import config_to_json, option
 from components.sampling import SamplingDistribution
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 
 if TYPE_CHECKING:
+    from components.proxy.config import ProxyConfig
     from components.training import Trainer
     from components.training.weight_sync import WeightSync
 
@@ -379,6 +387,66 @@ class SGLangEngineProvider:
             self._engine = None
 
 
+class LocalProxyProvider:
+    """``ProxyProvider``: the proxy in the driver process (one fewer moving part, no Serve start-up)."""
+
+    def __init__(self) -> None:
+        self._server: Any = None
+
+    async def start(
+        self, engine: InferenceEngine, *, model_path: Path, config: ProxyConfig, run_name: str
+    ) -> tuple[str, SessionControl]:
+        from transformers import AutoTokenizer
+
+        from components.proxy.server import ProxyServer
+        from components.proxy.sessions import LocalSessionRegistry
+
+        registry = LocalSessionRegistry(engine, AutoTokenizer.from_pretrained(model_path), config)
+        self._server = ProxyServer(registry, config)
+        return await self._server.start(), registry
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+
+
+class ServeProxyProvider:
+    """``ProxyProvider``: Ray Serve replicas (``num_replicas``) over session-shard actors, 0 CPUs each."""
+
+    def __init__(self, *, num_replicas: int, num_session_shards: int = 2) -> None:
+        self.num_replicas, self.num_session_shards = num_replicas, num_session_shards
+        self._app_name = ""
+
+    async def start(
+        self, engine: InferenceEngine, *, model_path: Path, config: ProxyConfig, run_name: str
+    ) -> tuple[str, SessionControl]:
+        from ray import serve
+
+        from components.proxy.ray_sessions import start_session_shards
+        from components.proxy.serve import run_proxy_on_serve
+
+        serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
+        registry = start_session_shards(engine, model_path, config, num_shards=self.num_session_shards)
+        self._app_name = f"rein-{run_name}"
+        url = await _to_thread(
+            run_proxy_on_serve,
+            registry,
+            config,
+            app_name=self._app_name,
+            route_prefix=f"/{run_name}",
+            num_replicas=self.num_replicas,
+        )
+        return url, registry
+
+    async def close(self) -> None:
+        if self._app_name:  # Serve apps outlive a driver
+            from ray import serve
+
+            await _to_thread(serve.delete, self._app_name)
+            self._app_name = ""
+
+
 @dataclass(kw_only=True)
 class Bricks:
     """The objects the stack snaps together, each satisfying a Protocol of ``components.protocols``. A recipe
@@ -386,6 +454,7 @@ class Bricks:
     (a new algorithm or sandbox is one file implementing the Protocol; ``tests/contracts`` checks it)."""
 
     engine: EngineProvider  # starts the inference engine and says how new weights reach it
+    proxy: ProxyProvider  # serves the proxy sessions over that engine
     algorithm: Algorithm
     sandboxes: SandboxProvider  # the agents' sandboxes (closed with the stack)
 
@@ -404,7 +473,12 @@ class Bricks:
             )
         )
         engine = EmbeddedEngineProvider(config) if config.engine == "embedded" else SGLangEngineProvider(config)
-        return cls(engine=engine, algorithm=make_algorithm(config.algorithm), sandboxes=sandboxes)
+        proxy = (
+            LocalProxyProvider()
+            if config.proxy == "local"
+            else ServeProxyProvider(num_replicas=config.proxy_replicas)
+        )
+        return cls(engine=engine, proxy=proxy, algorithm=make_algorithm(config.algorithm), sandboxes=sandboxes)
 
 
 class RunStack:
@@ -503,35 +577,10 @@ class RunStack:
             admin_key=generate_admin_key(),
         )
         self.session_keys = proxy_config.session_keys
-        if self.config.proxy == "local":
-            from transformers import AutoTokenizer
-
-            from components.proxy.server import ProxyServer
-            from components.proxy.sessions import LocalSessionRegistry
-
-            tokenizer = AutoTokenizer.from_pretrained(self.run.model_path)
-            registry = LocalSessionRegistry(self.engine, tokenizer, proxy_config)
-            server = ProxyServer(registry, proxy_config)
-            url = await server.start()
-            self._cleanups.append(server.stop)
-            return url, registry
-        from ray import serve
-
-        from components.proxy.ray_sessions import start_session_shards
-        from components.proxy.serve import run_proxy_on_serve
-
-        serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
-        registry = start_session_shards(self.engine, self.run.model_path, proxy_config, num_shards=2)
-        app_name = f"rein-{self.run.path.name}"
-        url = await _to_thread(
-            run_proxy_on_serve,
-            registry,
-            proxy_config,
-            app_name=app_name,
-            route_prefix=f"/{self.run.path.name}",
-            num_replicas=self.config.proxy_replicas,
+        url, registry = await self.bricks.proxy.start(
+            self.engine, model_path=self.run.model_path, config=proxy_config, run_name=self.run.path.name
         )
-        self._cleanups.append(lambda: _to_thread(serve.delete, app_name))  # Serve apps outlive a driver
+        self._cleanups.append(self.bricks.proxy.close)
         return url, registry
 
     async def rollout_or_load(

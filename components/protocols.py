@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # torch is heavy; only the type checker needs it here
     import numpy as np
     import torch
 
+    from components.proxy.config import ProxyConfig
     from components.training.weight_sync import WeightSync
     from components.trajectory import Trajectory
 
@@ -412,5 +413,21 @@ class EngineProvider(Protocol):
     async def start(
         self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
     ) -> tuple[InferenceEngine, WeightSync]: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ProxyProvider(Protocol):
+    """Serves the inference proxy (OpenAI / Anthropic routes, recorded sessions) over a run's engine: in the
+    driver process or as Ray Serve replicas.
+
+    Contract: ``start`` returns the proxy's base URL and the ``SessionControl`` that opens and finalizes its
+    sessions; ``close`` stops what ``start`` started, is idempotent, and is safe when ``start`` never ran.
+    """
+
+    async def start(
+        self, engine: InferenceEngine, *, model_path: Path, config: ProxyConfig, run_name: str
+    ) -> tuple[str, SessionControl]: ...
 
     async def close(self) -> None: ...
