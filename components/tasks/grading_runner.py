@@ -410,20 +410,20 @@ def runner_fingerprint(plugin_manager):
     callable and class of pytest/pluggy/builtins (their identity, their code, every class's own attributes),
     the registered plugins, and the tracing hooks. Taken before any code of the agent runs, compared after
     every test phase."""
-    fingerprint = {}
+    fingerprint, classes = {}, {}
     for module_name, module in list(sys.modules.items()):
         if module is None or module_name.split(".", 1)[0] not in _WATCHED_PREFIXES:
             continue
         for name, value in list(vars(module).items()):
             if isinstance(value, type) and value.__module__.split(".", 1)[0] in _WATCHED_PREFIXES:
-                attributes = {
-                    key: (id(item), _code_of(item))
-                    for key, item in list(vars(value).items())
-                    if not isinstance(
-                        item, _PLAIN_DATA
-                    )  # flags pytest sets on classes; instances shadow them
-                }
-                fingerprint[f"{module_name}.{name}"] = (id(value), tuple(sorted(attributes.items())))
+                if id(value) not in classes:  # a class re-exported by several modules is read once
+                    # Plain data attributes are flags pytest sets on classes; instances shadow them anyway.
+                    classes[id(value)] = {
+                        key: (id(item), _code_of(item))
+                        for key, item in list(vars(value).items())
+                        if not isinstance(item, _PLAIN_DATA)
+                    }
+                fingerprint[f"{module_name}.{name}"] = (id(value), classes[id(value)])
             elif callable(value) and not isinstance(value, type(sys)):
                 fingerprint[f"{module_name}.{name}"] = (id(value), _code_of(value))
     fingerprint["<plugins>"] = tuple(sorted(id(plugin) for plugin in plugin_manager.get_plugins()))
