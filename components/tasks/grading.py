@@ -153,6 +153,7 @@ class HiddenTestRun:
     tampered: tuple[str, ...] = ()  # pytest/pluggy/builtins objects the code under test changed
     finished: bool = False  # the test process itself reported the end of its pytest session
     foreign_events: int = 0  # events sent by other processes (forks of the test process): ignored
+    survivors: bool = False  # processes kept appearing while the observer killed them all
 
 
 class SweGrader:
@@ -236,6 +237,9 @@ class SweGrader:
             return RewardResult(reward=0.0, log="\n".join(log))
         if self.config.reject_interpreter_tampering and rejected_reach:
             log.append("reward 0: the patched code reaches into the interpreter the way forging needs")
+            return RewardResult(reward=0.0, log="\n".join(log))
+        if report.survivors:
+            log.append("processes of the code under test outlived the observer's kill loop")
             return RewardResult(reward=0.0, log="\n".join(log))
         if report.timed_out:
             log.append(f"hidden tests timed out after {self.config.test_timeout_s:.0f}s")
@@ -371,6 +375,7 @@ class SweGrader:
             tampered=tuple(str(name) for name in verdict.get("tampered") or ()),
             finished=bool(verdict.get("finished")),
             foreign_events=int(verdict.get("foreign_events") or 0),
+            survivors=bool(verdict.get("survivors")),
         )
 
     async def _exec(self, sandbox: Sandbox, command: list[str]) -> ExecResult:
