@@ -15,7 +15,7 @@ import os
 import random
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,20 +119,25 @@ def write_checkpoint(
     checkpoints_dir: Path,
     *,
     state: TrainerState,
-    model_state_dict: Mapping[str, torch.Tensor],
+    model_state_dict: Mapping[str, torch.Tensor] | None,
     optimizer_state_dict: Mapping[str, Any] | None,
     model_config: Any,
     tokenizer_source: Path,
     keep_last: int = 0,
+    write_model: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write one complete checkpoint atomically; keep only the newest ``keep_last`` (0: keep all)."""
+    """Write one complete checkpoint atomically; keep only the newest ``keep_last`` (0: keep all).
+    ``write_model(folder)`` writes the policy instead of ``model_state_dict`` (LoRA: a PEFT adapter folder)."""
     checkpoints_dir = Path(checkpoints_dir)
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoints_dir / f"{CHECKPOINT_PREFIX}{state.step:08d}"
     temp = checkpoints_dir / f"{TEMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
     temp.mkdir()
     try:
-        save_hf_model(temp, model_state_dict, model_config=model_config, tokenizer_source=tokenizer_source)
+        if write_model is not None:
+            write_model(temp)
+        else:
+            save_hf_model(temp, model_state_dict, model_config=model_config, tokenizer_source=tokenizer_source)
         if optimizer_state_dict is not None:
             torch.save(optimizer_state_dict, temp / "optimizer.pt")
         torch.save(rng_state(), temp / "rng.pt")
@@ -158,7 +163,8 @@ def complete_checkpoints(checkpoints_dir: Path) -> list[Checkpoint]:
         return []
     found = []
     for path in sorted(checkpoints_dir.glob(f"{CHECKPOINT_PREFIX}*")):
-        if not (path / STATE_FILE).exists() or not (path / "model.safetensors").exists():
+        has_policy = (path / "model.safetensors").exists() or (path / "adapter_model.safetensors").exists()
+        if not (path / STATE_FILE).exists() or not has_policy:
             logger.warning("ignoring torn checkpoint %s", path)
             continue
         try:

@@ -31,6 +31,7 @@ import numpy as np
 
 from components.config import require, require_positive
 from components.errors import ReinError
+from components.lora import LoraAdapter, LoraSettings
 from components.protocols import Algorithm
 from components.training.checkpoint import (
     Checkpoint,
@@ -63,6 +64,10 @@ class TrainerConfig:
     torch_threads_per_worker: int = 1
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     batching: SampleBatchConfig = field(default_factory=SampleBatchConfig)
+    # LoRA (peft): rank 0 trains every weight; rank > 0 trains only the adapter, checkpoints are PEFT adapter
+    # folders and a weight sync sends only the adapter (``LoraAdapter``)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    gradient_checkpointing: bool = False  # recompute activations in backward (less memory, ≈ 1/3 more compute)
     # the temperature ``score`` computes logprobs at; training recomputes each segment's logprobs under the
     # sampling distribution recorded with it (Segment.sampling)
     temperature: float = 1.0
@@ -112,6 +117,12 @@ class GatherFullStateDict:
 
 
 @dataclass(frozen=True)
+class GatherAdapter:
+    """LoRA: every rank gathers the adapter's (trainable) tensors only; rank 0 replies with ``[ObjectRef]`` of
+    the ``LoraAdapter``."""
+
+
+@dataclass(frozen=True)
 class WriteCheckpoint:
     """Rank 0 writes a complete checkpoint carrying ``state`` and replies with its folder."""
 
@@ -142,7 +153,13 @@ class BroadcastWeights:
 
 
 WorkerCommand = (
-    TrainOnShards | GatherFullStateDict | WriteCheckpoint | ScoreSequences | StopWorkers | BroadcastWeights
+    TrainOnShards
+    | GatherFullStateDict
+    | GatherAdapter
+    | WriteCheckpoint
+    | ScoreSequences
+    | StopWorkers
+    | BroadcastWeights
 )
 
 
@@ -184,18 +201,38 @@ class _Coordinator:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _build_sharded_model(model_dir: Path, *, use_gpu: bool, device: Any, trainable: bool) -> Any:
+def _build_sharded_model(
+    model_dir: Path,
+    *,
+    use_gpu: bool,
+    device: Any,
+    trainable: bool,
+    lora: LoraSettings | None = None,
+    adapter_dir: Path | None = None,
+    seed: int = 0,
+    gradient_checkpointing: bool = False,
+) -> Any:
+    """The policy sharded with FSDP2; with ``lora`` enabled, a ``PeftModel`` whose base weights are frozen
+    (FSDP2 shards frozen and trainable parameters side by side; only the adapter reaches the optimizer)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if gradient_checkpointing and trainable:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None and lora.enabled:
+        from components.lora import wrap_with_lora
+
+        model = wrap_with_lora(model, lora, adapter_dir=adapter_dir, seed=seed)
+    model = model.to(device)
+    layers = model.get_base_model().model.layers if lora is not None and lora.enabled else model.model.layers
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if use_gpu
         else MixedPrecisionPolicy()
     )
-    for layer in model.model.layers:
+    for layer in layers:
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     if not trainable:
@@ -235,6 +272,19 @@ def _score_sequences(
     return out
 
 
+def _gather_adapter(model: Any) -> LoraAdapter:
+    """The LoRA adapter of a sharded ``PeftModel``: only the trainable tensors are all-gathered (a collective:
+    every rank calls it, in ``named_parameters`` order), never the frozen base."""
+    from components.lora import adapter_from_peft_model
+
+    full = {}
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            tensor = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
+            full[name] = tensor.detach().to("cpu").clone()
+    return adapter_from_peft_model(model, full)
+
+
 def _train_loop(loop_config: dict[str, Any]) -> None:
     """Ray Train worker: build the sharded model and optimizer once, then serve commands until 'stop'."""
     import ray
@@ -262,8 +312,16 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
     torch.manual_seed(config.seed)
     device = ray.train.torch.get_device() if config.use_gpu else torch.device("cpu")
 
+    lora = config.lora if config.lora.enabled else None
     model = _build_sharded_model(
-        resume_from or config.model_path, use_gpu=config.use_gpu, device=device, trainable=True
+        config.model_path if lora else resume_from or config.model_path,
+        use_gpu=config.use_gpu,
+        device=device,
+        trainable=True,
+        lora=lora,
+        adapter_dir=resume_from if lora else None,
+        seed=config.seed,
+        gradient_checkpointing=config.gradient_checkpointing,
     )
     reference = (
         _build_sharded_model(config.model_path, use_gpu=config.use_gpu, device=device, trainable=False)
@@ -309,6 +367,27 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
         elif isinstance(command, GatherFullStateDict):
             state_dict = get_model_state_dict(model, options=full_options)
             result = [ray.put(state_dict)] if rank == 0 else None
+        elif isinstance(command, GatherAdapter):
+            adapter = _gather_adapter(model)
+            result = [ray.put(adapter)] if rank == 0 else None
+        elif isinstance(command, WriteCheckpoint) and lora is not None:
+            adapter = _gather_adapter(model)
+            optimizer_state = get_optimizer_state_dict(model, optimizer, options=full_options)
+            if rank == 0:
+                from components.lora import write_adapter_folder
+
+                result = str(
+                    write_checkpoint(
+                        config.checkpoints_dir,
+                        state=command.state,
+                        model_state_dict=None,
+                        write_model=lambda folder, adapter=adapter: write_adapter_folder(folder, adapter),
+                        optimizer_state_dict=optimizer_state,
+                        model_config=model_config,
+                        tokenizer_source=config.model_path,
+                        keep_last=config.keep_checkpoints,
+                    )
+                )
         elif isinstance(command, WriteCheckpoint):
             state_dict = get_model_state_dict(model, options=full_options)
             optimizer_state = get_optimizer_state_dict(model, optimizer, options=full_options)
@@ -475,6 +554,18 @@ class Trainer:
     def broadcast_weights(self, servers: Sequence[Any], sync: Any, version: int) -> dict[str, float]:
         """Rank 0 broadcasts the current policy as ``version`` to SGLang ``servers`` (``BroadcastWeights``)."""
         return self._call(BroadcastWeights(servers=tuple(servers), sync=sync, version=version))[0]
+
+    def adapter_ref(self) -> Any:
+        """LoRA: a Ray ObjectRef to the current ``LoraAdapter`` (only the adapter's tensors are gathered)."""
+        if not self.config.lora.enabled:
+            raise TrainerError("adapter_ref: the trainer does full fine-tuning (lora.rank 0); there is no adapter")
+        return self._call(GatherAdapter())[0][0]
+
+    def adapter(self) -> LoraAdapter:
+        """LoRA: the current adapter."""
+        import ray
+
+        return ray.get(self.adapter_ref())
 
     def full_state_dict(self) -> dict[str, Any]:
         """The full (unsharded, CPU) state dict of the current policy."""

@@ -1,0 +1,145 @@
+"""LoRA (peft) in the FSDP2 trainer: a two-worker LoRA step equals a single-process peft step, only the adapter
+is trained, checkpoints are PEFT adapter folders that plain peft loads, resume continues exactly; after an
+adapter-only sync the embedded engine's logprobs equal the trainer's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from components.lora import LoraSettings
+from components.training.checkpoint import latest_checkpoint
+from components.training.data import SampleBatchConfig, build_micro_batches_locally, micro_batches_from_table
+from components.training.grpo import GRPO
+from components.training.step import OptimizerConfig, build_optimizer, run_train_step
+from components.training.trainer import Trainer, TrainerConfig, TrainerError
+from tests.components.training.training_synthetic import random_batch
+
+OPTIMIZER = OptimizerConfig(learning_rate=1e-3, max_grad_norm=1.0)
+BATCHING = SampleBatchConfig(max_tokens_per_micro_batch=40)
+LORA = LoraSettings(rank=16, alpha=32, target_modules="all-linear")
+SEQUENCE = [1, 504, 2231, 17, 9, 3000, 42, 77, 2, 11]
+
+
+def lora_trainer_config(model_dir, run_dir, **overrides) -> TrainerConfig:
+    values = dict(
+        model_path=model_dir,
+        run_dir=run_dir,
+        num_workers=2,
+        cpus_per_worker=0.5,
+        optimizer=OPTIMIZER,
+        batching=BATCHING,
+        lora=LORA,
+        gradient_checkpointing=True,
+    )
+    values.update(overrides)
+    return TrainerConfig(**values)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("lora-run")
+
+
+@pytest.fixture(scope="module")
+def trainer(ray_session, tiny_model_dir, run_dir):
+    trainer = Trainer(lora_trainer_config(tiny_model_dir, run_dir), algorithm=GRPO())
+    yield trainer
+    trainer.shutdown()
+
+
+def plain_peft_model(model_dir):
+    """The reference: plain peft on a plain transformers model, nothing of Rein's LoRA code."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(0)  # the trainer seeds lora_A's init with its seed (0) on every rank
+    config = LoraConfig(
+        r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+    return get_peft_model(base, config)
+
+
+def test_two_worker_lora_step_equals_a_single_process_peft_step(trainer, tiny_model_dir):
+    from peft import get_peft_model_state_dict
+
+    batch = random_batch(num_groups=3, group_size=4, seed=11)
+    model = plain_peft_model(tiny_model_dir)
+    optimizer = build_optimizer(model, OPTIMIZER)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
+    initial = {k: v.clone() for k, v in get_peft_model_state_dict(model).items()}
+    local = build_micro_batches_locally(batch, GRPO(), BATCHING, current_version=0)
+    expected_metrics = run_train_step(
+        model, optimizer, micro_batches_from_table(local.micro_batches), GRPO(), optimizer_config=OPTIMIZER
+    )
+    expected = get_peft_model_state_dict(model)
+
+    metrics = trainer.step(batch, current_version=0)
+    assert metrics["trained"] == 1 and metrics["data/num_micro_batches"] > 2
+    for key in ("loss", "grad_norm", "num_sampled_tokens"):
+        assert metrics[f"train/{key}"] == pytest.approx(expected_metrics[key], rel=1e-4, abs=1e-7), key
+    adapter = trainer.adapter()
+    assert set(adapter.tensors) == set(expected)  # only the adapter travels, keyed as peft saves it
+    assert max(float((expected[k] - initial[k]).abs().max()) for k in expected) > 1e-4  # the step moved it
+    for name, tensor in expected.items():
+        torch.testing.assert_close(adapter.tensors[name], tensor, rtol=0, atol=1e-5, msg=name)
+    base_bytes = sum(p.numel() * 4 for n, p in model.named_parameters() if not p.requires_grad)
+    assert adapter.num_bytes < 0.5 * base_bytes
+
+
+def test_adapter_checkpoint_is_a_peft_folder_plain_peft_loads_and_resume_continues(
+    trainer, tiny_model_dir, run_dir
+):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    if trainer.state.step == 0:
+        trainer.step(random_batch(seed=11), current_version=0)
+    path = trainer.save_checkpoint()
+    assert path == latest_checkpoint(run_dir / "checkpoints").path
+    assert (path / "adapter_config.json").exists() and (path / "adapter_model.safetensors").exists()
+    assert not (path / "model.safetensors").exists()  # the base is not copied into every checkpoint
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, path).eval()
+    with torch.no_grad():
+        logits = loaded(input_ids=torch.tensor([SEQUENCE])).logits[0, :-1]
+    peft_logprobs = torch.log_softmax(logits, -1).gather(1, torch.tensor(SEQUENCE[1:])[:, None])[:, 0]
+    trainer_logprobs = torch.tensor(trainer.score([SEQUENCE])[0].copy())
+    torch.testing.assert_close(peft_logprobs, trainer_logprobs.float(), rtol=0, atol=1e-5)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        plain_logits = plain(input_ids=torch.tensor([SEQUENCE])).logits[0, :-1]
+    assert float((plain_logits - logits).abs().max()) > 1e-4  # the adapter changes the policy
+
+    second_batch = random_batch(num_groups=2, group_size=4, seed=12)
+    trainer.step(second_batch, current_version=1)
+    expected = trainer.adapter().tensors
+    resumed = Trainer(lora_trainer_config(tiny_model_dir, run_dir), algorithm=GRPO())
+    try:
+        assert resumed.resumed_from == path and resumed.state.step == trainer.state.step - 1
+        resumed.step(second_batch, current_version=1)
+        got = resumed.adapter().tensors
+    finally:
+        resumed.shutdown()
+    # identical only if the adapter and the optimizer state (AdamW moments) were both restored
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def test_lora_settings_and_full_fine_tuning_errors(trainer, tmp_path):
+    with pytest.raises(ValueError, match="lora.rank"):
+        LoraSettings(rank=-1)
+    with pytest.raises(ValueError, match="lora.dropout"):
+        LoraSettings(rank=4, dropout=1.5)
+    with pytest.raises(ValueError, match="lora.target_modules"):
+        LoraSettings(rank=4, target_modules=())
+    assert not LoraSettings().enabled and LoraSettings(rank=8).peft_config().lora_alpha == 16
+    full = TrainerConfig(model_path=trainer.config.model_path, run_dir=tmp_path)
+    assert not full.lora.enabled  # default: full fine-tuning, unchanged
+    full_trainer = object.__new__(Trainer)
+    full_trainer.config = full
+    with pytest.raises(TrainerError, match="lora.rank 0"):
+        full_trainer.adapter_ref()
