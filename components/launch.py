@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.loop import LoopConfig
+from components.lora import LoraSettings
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
 from components.protocols import (
     Algorithm,
@@ -96,10 +97,27 @@ class TrainerBrickConfig:
         "token budget of one packed training row (bounds trainer memory)",
         flag="max-tokens-per-micro-batch",
     )
+    lora_rank: int = option(0, "LoRA rank (peft adapter); 0 trains every weight", flag="lora-rank")
+    lora_alpha: float = option(0.0, "LoRA alpha; 0 means 2 x rank", flag="lora-alpha")
+    lora_dropout: float = option(0.0, "LoRA dropout", flag="lora-dropout")
+    lora_target: str = option(
+        "all-linear", "LoRA target modules: all-linear or comma-separated names (q_proj,v_proj)", flag="lora-target"
+    )
+    gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
 
     def __post_init__(self) -> None:
         for name in ("workers", "cpus_per_worker", "learning_rate", "max_tokens_per_micro_batch"):
             require_positive(getattr(self, name), name)
+        self.lora_settings()  # validates the lora_* fields
+
+    def lora_settings(self) -> LoraSettings:
+        targets = self.lora_target if self.lora_target == "all-linear" else tuple(self.lora_target.split(","))
+        return LoraSettings(
+            rank=self.lora_rank,
+            alpha=self.lora_alpha or None,
+            dropout=self.lora_dropout,
+            target_modules=targets,
+        )
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -554,6 +572,8 @@ class RunStack:
                 cpus_per_worker=config.trainer.cpus_per_worker,
                 optimizer=OptimizerConfig(learning_rate=config.trainer.learning_rate),
                 batching=SampleBatchConfig(max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch),
+                lora=config.trainer.lora_settings(),
+                gradient_checkpointing=config.trainer.gradient_checkpointing,
                 temperature=config.temperature,
                 seed=config.seed,
                 resume=True,

@@ -401,6 +401,30 @@ class TrainerBroadcastEngine(Protocol):
 
 
 @runtime_checkable
+class AdapterEngine(Protocol):
+    """An engine that serves a LoRA adapter over fixed base weights and takes new adapter versions in place.
+
+    Contract: ``update_adapter`` applies ``adapter`` (a ``components.lora.LoraAdapter``: peft config + tensors)
+    between two decode steps without reloading the base weights; tokens sampled afterwards carry ``version``,
+    and KV computed under an earlier version is never reused for them.
+    """
+
+    async def update_adapter(self, adapter: Any, version: int) -> None: ...
+
+
+@runtime_checkable
+class LoraServingEngine(Protocol):
+    """An engine server that loads PEFT adapter folders by name (SGLang ``--enable-lora``).
+
+    Contract: after ``load_lora_adapter(lora_path, version)`` returns, new requests are served with the adapter
+    at ``lora_path`` (a PEFT folder the server can read) and their tokens carry ``version``; adapters of older
+    versions are unloaded once no request uses them.
+    """
+
+    async def load_lora_adapter(self, lora_path: str, version: int) -> Any: ...
+
+
+@runtime_checkable
 class EngineProvider(Protocol):
     """Starts a run's inference engine and says how the trainer's new weights reach it (embedded actor,
     SGLang servers, or a user's engine).

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from components.config import require, require_one_of, require_positive
+from components.engine.lora_adapters import DEFAULT_ADAPTER, EngineAdapters
 from components.engine.moe_routing import RouterCapture
 from components.engine.scheduler import BatchScheduler, Request
 from components.errors import ContextOverflowError
@@ -48,6 +49,8 @@ from components.protocols import GenerationResult, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from components.lora import LoraAdapter
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -131,6 +134,7 @@ class EmbeddedEngine:
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else next(iter(self.eos_token_ids), 0))
         self._router_capture = RouterCapture(self.model)
+        self._adapters = EngineAdapters(self.model)  # LoRA adapters injected in place (update_adapter)
         self.num_moe_layers = self._router_capture.num_moe_layers
         self._scheduler = BatchScheduler(
             model=self.model,
@@ -183,6 +187,17 @@ class EmbeddedEngine:
         """Load ``state_dict`` between two decode steps and stamp later tokens with ``version``."""
         self._check_state_dict(state_dict)
         await self._scheduler.run_between_steps(lambda: self._scheduler.apply_weights(state_dict, version))
+
+    async def update_adapter(self, adapter: LoraAdapter, version: int, *, name: str = DEFAULT_ADAPTER) -> None:
+        """Apply a LoRA adapter version between two decode steps over the unchanged base weights (only the
+        adapter's tensors are copied) and stamp later tokens with ``version``; as with ``update_weights``,
+        in-flight KV is recomputed (``recompute_kv_on_update``) and the prefix cache is emptied."""
+
+        def apply() -> None:
+            self._adapters.apply(adapter, name=name, version=version)
+            self._scheduler.apply_weights({}, version)
+
+        await self._scheduler.run_between_steps(apply)
 
     # --- extras ------------------------------------------------------------------------------------------
 

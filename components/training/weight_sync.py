@@ -12,6 +12,12 @@ Two ways, one call (``WeightSync.push(trainer, version)``):
   ``/update_weights_from_disk``, which pauses, loads, flushes the cache and resumes on its side).
 - ``"distributed"`` (SGLang over NCCL): ``engine.update_weights_from_trainer(trainer, version)`` - the
   trainer's rank 0 broadcasts the weights to the servers' weight-update group; nothing is gathered here.
+
+LoRA trainers (``trainer.config.lora.rank > 0``) send only the adapter (``components.lora.LoraAdapter``, a few
+MB instead of the whole model): ``"memory"`` → ``engine.update_adapter(adapter, version)`` (``AdapterEngine``:
+the embedded engine overwrites the adapter tensors in place, the base is untouched); ``"disk"`` → the adapter
+is written as a PEFT folder ``weights_dir/<run>-v<version>`` and ``engine.load_lora_adapter(path, version)``
+(``LoraServingEngine``: SGLang's ``/load_lora_adapter`` under a new name per version).
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ from typing import Any, Literal
 
 from components.config import require, require_one_of
 from components.protocols import (
+    AdapterEngine,
     DiskReloadingEngine,
     InferenceEngine,
+    LoraServingEngine,
     ObjectStoreWeightsEngine,
     TrainerBroadcastEngine,
 )
@@ -79,6 +87,9 @@ class WeightSync:
     async def push(self, trainer: Any, version: int) -> dict[str, float]:
         """Gather the trainer's full state dict and load it into the engine as ``version``; returns timings."""
         started = time.perf_counter()
+        lora = getattr(getattr(trainer, "config", None), "lora", None)
+        if lora is not None and lora.enabled:
+            return await self._push_adapter(trainer, version, started)
         if self.config.mode == "distributed":
             metrics = await self.engine.update_weights_from_trainer(trainer, version)
             return {**(metrics or {}), "weight_sync/total_s": time.perf_counter() - started}
@@ -95,6 +106,31 @@ class WeightSync:
             )
             await self.engine.update_weights_from_disk(str(path), version)
         return {"weight_sync/gather_s": gathered_s, "weight_sync/total_s": time.perf_counter() - started}
+
+    async def _push_adapter(self, trainer: Any, version: int, started: float) -> dict[str, float]:
+        from components.lora import write_adapter_version
+
+        if self.config.mode == "memory" and not isinstance(self.engine, AdapterEngine):
+            raise ValueError("engine: a LoRA trainer's 'memory' sync needs update_adapter(adapter, version)")
+        if self.config.mode == "disk" and not isinstance(self.engine, LoraServingEngine):
+            raise ValueError("engine: a LoRA trainer's 'disk' sync needs load_lora_adapter(lora_path, version)")
+        if self.config.mode == "distributed":
+            raise ValueError("mode: 'distributed' broadcasts full weights; a LoRA trainer syncs with 'disk'")
+        adapter = await asyncio.to_thread(trainer.adapter)
+        gathered_s = time.perf_counter() - started
+        if self.config.mode == "memory":
+            await self.engine.update_adapter(adapter, version)
+        else:
+            name = f"{Path(trainer.config.run_dir).name}-v{version}"
+            path = await asyncio.to_thread(
+                write_adapter_version, Path(self.config.weights_dir), adapter, name, keep_last=self.config.keep_last
+            )
+            await self.engine.load_lora_adapter(str(path), version)
+        return {
+            "weight_sync/gather_s": gathered_s,
+            "weight_sync/total_s": time.perf_counter() - started,
+            "weight_sync/bytes": float(adapter.num_bytes),
+        }
 
     def _write_weights(self, state_dict: Any, version: int, model_path: Path) -> Path:
         from transformers import AutoConfig

@@ -143,3 +143,52 @@ def test_lora_settings_and_full_fine_tuning_errors(trainer, tmp_path):
     full_trainer.config = full
     with pytest.raises(TrainerError, match="lora.rank 0"):
         full_trainer.adapter_ref()
+
+
+async def test_after_an_adapter_sync_engine_logprobs_equal_the_trainers(trainer, tiny_model_dir):
+    from dataclasses import replace
+
+    from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.lora import LoraError
+    from components.protocols import SamplingParams
+    from components.training.weight_sync import WeightSync, WeightSyncConfig
+
+    if trainer.state.step == 0:
+        trainer.step(random_batch(seed=11), current_version=0)
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=()))
+    try:
+        q_proj = engine.model.model.layers[0].self_attn.q_proj
+        base_storage, base_weight = q_proj.weight.data_ptr(), q_proj.weight.detach().clone()
+        prompt = SEQUENCE[:4]
+        first = await engine.generate(prompt, SamplingParams(max_tokens=6, seed=1))  # fills the prefix cache
+        before = await engine.logprobs_of(SEQUENCE)
+        trainer_logprobs = list(trainer.score([SEQUENCE])[0])
+        assert max(abs(a - b) for a, b in zip(before, trainer_logprobs, strict=True)) > 1e-4  # trained != base
+
+        version = trainer.state.weight_version + 3
+        timings = await WeightSync(WeightSyncConfig(mode="memory"), engine).push(trainer, version)
+        adapter = trainer.adapter()
+        base_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters()) - adapter.num_bytes
+        assert timings["weight_sync/bytes"] == adapter.num_bytes < 0.5 * base_bytes
+        after = await engine.logprobs_of(SEQUENCE)
+        assert max(abs(a - b) for a, b in zip(after, trainer_logprobs, strict=True)) <= 1e-4
+
+        # the base was not reloaded: same storage, same values, now wrapped by peft's LoRA layer
+        base_layer = engine.model.model.layers[0].self_attn.q_proj.base_layer
+        assert base_layer.weight.data_ptr() == base_storage
+        assert torch.equal(base_layer.weight, base_weight)
+
+        # a continuation of the cached sequence: every token is the new version, and its logprob is the
+        # adapter's own (the base-version KV of the prefix cache was not reused)
+        continued = prompt + list(first.output_ids)
+        result = await engine.generate(continued, SamplingParams(max_tokens=6, seed=2))
+        assert set(result.weight_versions) == {version}
+        teacher = await engine.logprobs_of(continued + list(result.output_ids), start=len(continued))
+        assert max(abs(a - b) for a, b in zip(result.logprobs, teacher, strict=True)) <= 1e-4
+
+        wrong_rank = replace(adapter, config={**adapter.config, "r": 8})
+        with pytest.raises(LoraError, match="structure changed"):
+            await engine.update_adapter(wrong_rank, version + 1)
+        assert engine.weight_version == version
+    finally:
+        await engine.aclose()

@@ -1,0 +1,111 @@
+"""LoRA adapters on the embedded engine's model, applied in place over the unchanged base weights.
+
+``peft.inject_adapter_in_model`` wraps the targeted linear layers of the engine's own transformers model (the
+object the scheduler already holds), and a new adapter version only overwrites the ``lora_A``/``lora_B``
+tensors (``peft.set_peft_model_state_dict``): the base is never reloaded or copied. Several named adapters can
+live side by side; a batch row picks its adapter through peft's mixed-batch forward (``adapter_names``, one
+name per row; ``BASE_ADAPTER`` = the base model alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from components.lora import LoraAdapter, LoraError, injected_state_dict
+
+BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
+DEFAULT_ADAPTER = "default"
+
+
+class EngineAdapters:
+    """The named LoRA adapters injected into one model (used only on the scheduler thread)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._configs: dict[str, dict[str, Any]] = {}
+        self.versions: dict[str, int] = {}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._configs)
+
+    def apply(self, adapter: LoraAdapter, *, name: str, version: int) -> None:
+        """Inject ``name`` on first use, then load ``adapter``'s tensors into it (base weights untouched)."""
+        from peft import inject_adapter_in_model, set_peft_model_state_dict
+
+        if not name or name == BASE_ADAPTER:
+            raise LoraError(f"adapter name: {name!r} is reserved")
+        settings = _structure(adapter.config)
+        if name not in self._configs:
+            inject_adapter_in_model(adapter.peft_config(), self.model, adapter_name=name)
+            self.model.requires_grad_(False)
+            self._configs[name] = settings
+            self._activate_all()
+        elif self._configs[name] != settings:
+            raise LoraError(
+                f"adapter {name!r}: its structure changed ({self._configs[name]} -> {settings}); "
+                "load it under a new name"
+            )
+        tensors = injected_state_dict(adapter)
+        expected = {k for k in self.model.state_dict() if f".{name}." in k and "lora_" in k}
+        result = set_peft_model_state_dict(self.model, tensors, adapter_name=name)
+        unexpected = [k for k in result.unexpected_keys if "lora_" in k]
+        if unexpected:
+            raise LoraError(
+                f"adapter {name!r}: tensors for modules the model does not have: {unexpected[:3]}"
+            )
+        loaded = {
+            k.replace("lora_A.", f"lora_A.{name}.").replace("lora_B.", f"lora_B.{name}.") for k in tensors
+        }
+        missing = sorted(expected - loaded)
+        if missing:
+            raise LoraError(f"adapter {name!r}: missing tensors {missing[:3]}")
+        self.versions[name] = int(version)
+
+    def _activate_all(self) -> None:
+        """Every injected adapter active, so that a mixed batch may route rows to any of them (peft's
+        ``adapter_names`` picks per row; with one adapter, plain calls use it)."""
+        from peft.tuners.lora import LoraLayer
+
+        for module in self.model.modules():
+            if isinstance(module, LoraLayer):
+                module.set_adapter(list(self._configs))
+
+    @contextlib.contextmanager
+    def routed(self, adapter_names: Sequence[str] | None) -> Iterator[None]:
+        """During the block, row i of every forward uses ``adapter_names[i]`` (peft's mixed-batch forward)."""
+        if adapter_names is None or not self._configs:
+            yield
+            return
+        if len(self._configs) == 1 and set(adapter_names) == {next(iter(self._configs))}:
+            yield  # one adapter, used by every row: the plain (faster) forward
+            return
+        from peft.tuners.lora import LoraLayer
+
+        names = list(adapter_names)
+        handles = []
+
+        def pre_hook(_module: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+            kwargs["adapter_names"] = names
+            return args, kwargs
+
+        for module in self.model.modules():
+            if isinstance(module, LoraLayer):
+                handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def _structure(config: dict[str, Any]) -> dict[str, Any]:
+    """What an adapter's tensors' shapes and placement depend on."""
+    targets = config.get("target_modules")
+    return {
+        "r": config.get("r"),
+        "target_modules": sorted(targets) if isinstance(targets, list | tuple | set) else targets,
+        "lora_alpha": config.get("lora_alpha"),
+    }
