@@ -60,6 +60,10 @@ _TEST_INFRASTRUCTURE = re.compile(
 )
 
 
+# Repositories whose own library code is the test runner: referencing pytest there is the fix, not tampering.
+TEST_RUNNER_REPOS = frozenset({"pytest-dev/pytest", "pytest-dev/pluggy"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class SweBenchGraderConfig:
     """How ``SweBenchGrader`` runs an instance's tests."""
@@ -144,7 +148,8 @@ class SweBenchGrader:
         log = [f"diff: {len(patch.splitlines())} lines"]
         reasons = flag_suspicious_diff(patch)
         log.extend(f"FLAGGED: {reason}" for reason in reasons)
-        if self.config.reject_test_runner_tampering and any(_TAMPERING in reason for reason in reasons):
+        rejecting = self.config.reject_test_runner_tampering and task.instance.repo not in TEST_RUNNER_REPOS
+        if rejecting and any(_TAMPERING in reason for reason in reasons):
             log.append("reward 0: the diff's non-test code reaches into the test runner")
             return RewardResult(reward=0.0, log="\n".join(log))
         try:
