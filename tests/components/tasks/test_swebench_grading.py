@@ -130,3 +130,29 @@ async def test_check_reports_an_instance_whose_gold_patch_fails(loaded) -> None:
     async with ImageSandboxProvider(config) as provider:
         checks = await check_instances([wrong_gold], SweBenchGrader(provider))
     assert not checks[0].ok and checks[0].gold.reward == 0.0 and checks[0].empty.reward == 0.0
+
+
+async def test_test_runner_tampering_is_rejected_except_in_pytests_own_repository(tmp_path: Path) -> None:
+    from components.errors import SandboxError
+    from components.tasks.swebench import SweBenchTask, instance_from_row
+    from tests.components.tasks.test_swebench_loader import _row
+
+    snapshot = tmp_path / "repo"
+    snapshot.mkdir()
+    (snapshot / "calc.py").write_text("x = 1\n")
+    tampering = (
+        "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-x = 1\n+import _pytest\n"
+    )
+
+    async def no_sandbox(spec):
+        raise SandboxError("no sandbox in this test")
+
+    def task_of(repo: str) -> SweBenchTask:
+        instance = instance_from_row(_row("calc-1", repo=repo))
+        return SweBenchTask(instance=instance, image=None, snapshot_source=snapshot, cache_dir=tmp_path / "c")
+
+    grader = SweBenchGrader(no_sandbox)
+    rejected = await grader.grade_patch(task_of("example/calc"), tampering)
+    assert rejected.reward == 0.0 and "reaches into the test runner" in rejected.log
+    graded = await grader.grade_patch(task_of("pytest-dev/pytest"), tampering)  # goes on to the tests
+    assert graded.reward is None and "no sandbox in this test" in graded.error
