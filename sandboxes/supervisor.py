@@ -31,6 +31,12 @@ PRLIMIT = "/usr/bin/prlimit"
 # After a command exits, how long its output pipes are still drained. A process it detached (setsid) may hold
 # them open for ever; exec must not wait for it.
 OUTPUT_READ_GRACE_S = 0.25
+# When the sandbox's cgroup runs out of memory the kernel kills its "worst" process: make that a command (and
+# what it forks), not the supervisor: files in a tmpfs belong to no process, so the supervisor would often be
+# the largest. choom (util-linux) sets it after exec, the first moment the command's /proc entry is its own.
+# A command may lower its score back to the supervisor's (0), never below. (An image root without choom: skipped.)
+CHOOM = "/usr/bin/choom"
+COMMAND_OOM_SCORE_ADJ = 500
 TMPFS_MOUNTS = (WORKSPACE, "/tmp", "/home/sandbox", "/dev/shm")
 MS_NOSUID, MS_NODEV, MS_REMOUNT = 2, 4, 32
 
@@ -126,7 +132,9 @@ def _op_exec(req: dict) -> dict:
         argv = ["/bin/sh", "-c", req["shell"]]
     else:
         argv = list(req["argv"])
+    choom = [CHOOM, "-n", str(COMMAND_OOM_SCORE_ADJ), "--"] if os.path.exists(CHOOM) else []
     argv = [
+        *choom,
         PRLIMIT,
         f"--cpu={limits['cpu_time_s']}",
         f"--as={limits['memory_mb'] * 1024 * 1024}",
