@@ -190,8 +190,10 @@ class SandboxProvider(Protocol):
     """Hands out sandboxes (``sandboxes.SandboxPool``, ``E2BSandboxProvider``, ``ImageSandboxProvider``).
 
     Contract: ``acquire(spec)`` returns a ready-to-use ``Sandbox`` for ``spec`` (its first call may wait for
-    the workspace copy) or raises ``SandboxError``; ``release`` takes it back, dead or alive (reset for reuse,
-    or destroyed) and never blocks on the reset; ``close`` destroys everything the provider made.
+    the workspace copy) or raises ``SandboxError``; ``release`` takes it back, dead or alive, and ends the lease:
+    the handle never reaches a sandbox again (``SandboxError`` from every later call), and no later tenant gets
+    anything the last one could have touched (bubblewrap and E2B destroy it); ``release`` never blocks on the
+    teardown; ``close`` destroys everything the provider made.
     """
 
     async def acquire(self, spec: SandboxSpec | None = None) -> Sandbox: ...
