@@ -19,6 +19,7 @@ from components.proxy.sessions import LocalSessionRegistry
 from components.sampling import SamplingDistribution
 from components.trajectory_store import TrajectoryStore
 from tests.components.training.signal_helpers import load_model, max_abs_gap
+from tests.required_tools import require_tool
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +29,7 @@ AGREEMENT = 1e-4
 
 
 def _mini() -> Path:
-    mini = Path(sys.prefix) / "bin" / "mini"
-    if not mini.exists():
-        message = f"{mini} is not installed: pip install mini-swe-agent (the test extra)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return mini
+    return require_tool(Path(sys.prefix) / "bin" / "mini", "pip install mini-swe-agent (the test extra)")
 
 
 def _run_mini(mini: Path, base_url: str, tmp_path: Path) -> dict:

@@ -4,10 +4,9 @@ and the instances made from real PyPI bug-fix releases. Missing fixtures fail un
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import pytest
+from tests.required_tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[3]
 IMAGE_LAYOUT = ROOT / ".images" / "rein-py-env"
@@ -20,12 +19,8 @@ MANIFEST = ROOT / "tests" / "components" / "tasks" / "data" / "pypi_instances.js
 
 def require_fixtures(*paths: Path) -> None:
     """Fail (CI) or skip (elsewhere) unless the set-up built ``paths``."""
-    missing = [str(path) for path in paths if not path.exists()]
-    if missing:
-        message = f"SWE-bench fixtures missing (run `make setup-test`): {missing}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    for path in paths:
+        require_tool(path, "the SWE-bench fixtures are built by `make setup-test`")
 
 
 def env_image_store(directory: Path) -> Path:
