@@ -349,9 +349,10 @@ class SweGrader:
             env={"PYTHONHASHSEED": "0"},
         )
         started = any(_verify(nonce, STARTED_PREFIX, line) is not None for line in result.stdout.splitlines())
-        verdict = None
-        for line in result.stdout.splitlines():
-            verdict = _verify(nonce, VERDICT_PREFIX, line) or verdict
+        verdicts = [_verify(nonce, VERDICT_PREFIX, line) for line in result.stdout.splitlines()]
+        verdicts = [verdict for verdict in verdicts if verdict is not None]
+        # The observer prints exactly one; more means the nonce leaked, and none of them is trusted.
+        verdict = verdicts[0] if len(verdicts) == 1 else None
         output_tail = (result.stdout + result.stderr)[-4000:]
         if verdict is None:
             return HiddenTestRun(
