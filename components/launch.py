@@ -58,6 +58,7 @@ from components.protocols import (
     ProxyProvider,
     SandboxProvider,
     SessionControl,
+    Task,
 )
 from components.recipe_config import config_to_json, option
 from components.sampling import SamplingDistribution
@@ -66,8 +67,10 @@ from components.trajectory_store import TrajectoryStore
 
 if TYPE_CHECKING:
     from components.proxy.config import ProxyConfig
+    from components.rollout import RolloutRunner
     from components.training import Trainer
     from components.training.weight_sync import WeightSync
+    from monitoring.run_monitor import RunMonitor
 
 logger = logging.getLogger("rein.recipe")
 
@@ -581,7 +584,7 @@ class RunStack:
             algorithm=self.bricks.algorithm,
         )
 
-    async def _start_proxy(self) -> tuple[str, Any]:
+    async def _start_proxy(self) -> tuple[str, SessionControl]:
         from components.proxy.auth import generate_admin_key
         from components.proxy.config import ProxyConfig
 
@@ -604,7 +607,7 @@ class RunStack:
         return url, registry
 
     async def rollout_or_load(
-        self, step: int, runner: Any, tasks: Sequence[Any]
+        self, step: int, runner: RolloutRunner, tasks: Sequence[Task]
     ) -> tuple[list[Trajectory], Path | None]:
         """This step's trajectories and their shard: read back when stored before a restart, else rolled out
         (``runner.run(tasks, step)``) and written as one shard."""
@@ -654,12 +657,12 @@ async def _to_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) ->
     return await asyncio.to_thread(function, *args, **kwargs)
 
 
-def tasks_for_step(tasks: Sequence[Any], *, step: int, num_tasks: int) -> list[Any]:
+def tasks_for_step(tasks: Sequence[Task], *, step: int, num_tasks: int) -> list[Task]:
     """``num_tasks`` tasks for ``step``, walking through ``tasks`` in order (wrapping around)."""
     return [tasks[(step * num_tasks + index) % len(tasks)] for index in range(num_tasks)]
 
 
-def run_monitor(config: RunConfig, run: RunDirectory, stack: RunStack, *, rollouts_per_step: int) -> Any:
+def run_monitor(config: RunConfig, run: RunDirectory, stack: RunStack, *, rollouts_per_step: int) -> RunMonitor:
     """The run's monitor (metrics.jsonl, wandb, progress, learning curves, viewer), starting at the resume step."""
     from monitoring.run_monitor import RunMonitor, RunMonitorConfig
 
