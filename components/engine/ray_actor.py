@@ -39,6 +39,11 @@ class EngineActor:
         await self.engine.update_weights(state_dict, version)
         return self.engine.weight_version
 
+    async def update_adapter(self, adapter: Any, version: int) -> int:
+        """``EmbeddedEngine.update_adapter`` (a LoRA adapter version); returns the new version."""
+        await self.engine.update_adapter(adapter, version)
+        return self.engine.weight_version
+
     async def logprobs_of(self, input_ids: Sequence[int], start: int = 1) -> tuple[float, ...]:
         """``EmbeddedEngine.logprobs_of`` (teacher-forced scoring under the current weights)."""
         return await self.engine.logprobs_of(input_ids, start)
@@ -121,6 +126,10 @@ class RayEngineClient:
 
         reference = ray.put(dict(state_dict))
         self._weight_version = await self._call(self.actor.update_weights.remote(reference, version))
+
+    async def update_adapter(self, adapter: Any, version: int) -> None:
+        """``AdapterEngine``: only the LoRA adapter's tensors travel to the actor."""
+        self._weight_version = await self._call(self.actor.update_adapter.remote(adapter, version))
 
     async def update_weights_from_ref(self, state_dict_ref: Any, version: int) -> None:
         """``ObjectStoreWeightsEngine``: the actor resolves the trainer's object ref itself (no driver copy)."""

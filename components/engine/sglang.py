@@ -23,6 +23,11 @@ Request and response shapes follow SGLang's own ``sglang/srt/managers/io_struct.
   all answer ``{success, message}`` (400 when ``success`` is false). See ``sglang_weight_transfer.py``.
 - Colocated mode: ``/release_memory_occupation`` / ``/resume_memory_occupation`` (``tags``: ``"weights"``,
   ``"kv_cache"``; None = all).
+- LoRA (server launched with ``--enable-lora --max-lora-rank R --lora-target-modules all
+  --max-loras-per-batch N``): ``/load_lora_adapter`` (``lora_name``, ``lora_path``: a PEFT folder) and
+  ``/unload_lora_adapter`` (``lora_name``) answer ``{success, error_message, loaded_adapters}`` (400 when
+  ``success`` is false); a ``/generate`` body names its adapter with ``lora_path`` (the adapter's name). Each
+  adapter version is loaded under a new name, so the version of a request's tokens is the one its name says.
 - Auth (``sglang/srt/utils/auth.py``): ``--api-key`` guards ordinary endpoints, ``--admin-api-key`` the control
   endpoints (weights, pause, flush, memory, abort; when both are set the ordinary key no longer opens them);
   ``/health*`` is always open. Both travel as ``Authorization: Bearer KEY``.
@@ -50,7 +55,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +90,8 @@ CONTROL_PATHS = frozenset(
         "/abort_request",
         "/release_memory_occupation",
         "/resume_memory_occupation",
+        "/load_lora_adapter",
+        "/unload_lora_adapter",
     }
 )
 _TRANSIENT_STATUS = (502, 503, 504)
@@ -155,6 +162,7 @@ class SGLangEngine:
         self._context_window = config.context_window
         self._weight_version = config.initial_weight_version
         self._update_lock: asyncio.Lock | None = None
+        self._lora: tuple[str, int] | None = None  # (name, version) of the adapter requests are served with
 
     def __getstate__(self) -> dict[str, Any]:
         # An open HTTP client (sockets, its event loop) cannot travel to another process: the copy opens its own.
@@ -250,7 +258,8 @@ class SGLangEngine:
         if len(prompt) >= self.context_window:
             raise ContextOverflowError(num_prompt_tokens=len(prompt), context_window=self.context_window)
         rid = uuid.uuid4().hex
-        payload = self.generate_payload(prompt, params, rid=rid)
+        lora = self._lora  # the adapter named now serves the whole request (loaded versions never change)
+        payload = self.generate_payload(prompt, params, rid=rid, lora_name=lora[0] if lora else None)
         try:
             reply = await self._request("POST", "/generate", json=payload)
         except asyncio.CancelledError:
@@ -260,7 +269,10 @@ class SGLangEngine:
             raise ContextOverflowError(
                 num_prompt_tokens=len(prompt), context_window=self.context_window
             ) from None
-        return self.parse_generate_reply(reply, prompt, params)
+        result = self.parse_generate_reply(reply, prompt, params)
+        if lora is not None:  # SGLang's weight_version is the base's; the adapter's name fixes its version
+            result = replace(result, weight_versions=(lora[1],) * len(result.output_ids))
+        return result
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Write ``state_dict`` under ``weight_sync_dir`` and load it: pause, load from disk, continue."""
@@ -432,6 +444,31 @@ class SGLangEngine:
             )
         )
 
+    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> dict[str, Any]:
+        """``LoraServingEngine``: ``/load_lora_adapter`` the PEFT folder ``lora_path`` under a new name (the
+        folder's name), serve later requests with it as ``version``, then ``/unload_lora_adapter`` the previous
+        one (SGLang lets requests already using it finish)."""
+        name = Path(lora_path).name
+        async with self.update_lock:
+            body = {"lora_name": name, "lora_path": str(lora_path)}
+            reply = await self._request("POST", "/load_lora_adapter", json=body, accept_status=(400,))
+            if not (isinstance(reply, Mapping) and reply.get("success")):
+                message = reply.get("error_message") if isinstance(reply, Mapping) else reply
+                raise EngineError(f"SGLang /load_lora_adapter {name!r} failed: {message}")
+            previous, self._lora = self._lora, (name, int(version))
+            self._weight_version = int(version)
+            if previous is not None and previous[0] != name:
+                await self.unload_lora_adapter(previous[0])
+        return reply
+
+    async def unload_lora_adapter(self, lora_name: str) -> None:
+        """``/unload_lora_adapter``; ``EngineError`` unless the server reports success."""
+        body = {"lora_name": lora_name}
+        reply = await self._request("POST", "/unload_lora_adapter", json=body, accept_status=(400,))
+        if not (isinstance(reply, Mapping) and reply.get("success")):
+            message = reply.get("error_message") if isinstance(reply, Mapping) else reply
+            raise EngineError(f"SGLang /unload_lora_adapter {lora_name!r} failed: {message}")
+
     async def post_update(self, path: str, body: dict[str, Any], version: int) -> dict[str, Any]:
         """One weight-loading call (no pause around it); ``EngineError`` unless it reports success."""
         reply = await self._request("POST", path, json=body, accept_status=(400,))
@@ -441,8 +478,11 @@ class SGLangEngine:
 
     # --- request / reply shapes (public so that the tests and the proxy can check them) -------------------
 
-    def generate_payload(self, prompt: list[int], params: SamplingParams, *, rid: str) -> dict[str, Any]:
-        """The ``/generate`` body for one request; ``max_new_tokens`` is clamped to the room left."""
+    def generate_payload(
+        self, prompt: list[int], params: SamplingParams, *, rid: str, lora_name: str | None = None
+    ) -> dict[str, Any]:
+        """The ``/generate`` body for one request; ``max_new_tokens`` is clamped to the room left;
+        ``lora_name``: the loaded adapter that serves it (SGLang's ``lora_path`` field)."""
         sampling: dict[str, Any] = {
             "max_new_tokens": min(params.max_tokens, self.context_window - len(prompt)),
             "temperature": params.temperature,
@@ -465,6 +505,8 @@ class SGLangEngine:
         }
         if params.return_routed_experts:
             payload["return_routed_experts"] = True
+        if lora_name is not None:
+            payload["lora_path"] = lora_name
         return payload
 
     def parse_generate_reply(

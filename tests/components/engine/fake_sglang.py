@@ -13,6 +13,10 @@ starting; ``/init_weights_update_group`` joins a torch.distributed group built l
 once; ``/release_memory_occupation`` / ``/resume_memory_occupation`` track the released tags.
 ``/_fake/received`` (fake only) reports SHA-256 digests of the tensors received over the group, so a test
 can check they are exactly what the trainer sent.
+LoRA (``enable_lora``, SGLang's ``--enable-lora``): ``/load_lora_adapter`` reads a PEFT folder into the engine,
+``/unload_lora_adapter`` drops a name, ``/generate`` with ``lora_path`` must name a loaded adapter (400
+otherwise, as SGLang). The engine holds one adapter slot, so the fake serves only the newest loaded adapter
+and answers 400 for an older one still loaded (SGLang would serve it; Rein's client never asks for it).
 
 Run it as its own process (``python -m tests.components.engine.fake_sglang --model-path DIR --port N``, or
 ``FakeSGLangProcess``) or in a thread of the test (``FakeSGLangServer``).
@@ -67,6 +71,8 @@ class FakeSGLangState:
     released_tags: set[str] = field(default_factory=set)  # /release_memory_occupation
     tp_size: int = 1
     num_waiting: int = 0  # /generate requests held by a pause
+    enable_lora: bool = False  # SGLang's --enable-lora
+    loras: dict[str, str] = field(default_factory=dict)  # loaded adapter name → its lora_path, oldest first
 
     def version_int(self) -> int:
         return 0 if self.weight_version == "default" else int(self.weight_version)
@@ -99,6 +105,8 @@ ADMIN_OPTIONAL_PATHS = frozenset(
         "/abort_request",
         "/release_memory_occupation",
         "/resume_memory_occupation",
+        "/load_lora_adapter",
+        "/unload_lora_adapter",
     }
 )
 
@@ -324,6 +332,17 @@ def build_app(state: FakeSGLangState) -> FastAPI:
         if state.released_tags:  # the weights / KV cache are not on the GPU: nothing can run
             message = f"memory released ({sorted(state.released_tags)}): call /resume_memory_occupation"
             return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
+        lora_name = body.get("lora_path")
+        if lora_name is not None:
+            if not state.enable_lora:
+                message = "LoRA is not enabled. Please set `--enable-lora` to True."
+                return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
+            if lora_name not in state.loras:
+                message = f"The following requested LoRA adapters are not loaded: {lora_name}"
+                return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
+            if lora_name != list(state.loras)[-1]:
+                message = f"fake SGLang serves only the newest adapter, not {lora_name}"
+                return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
         state.num_waiting += 1  # in SGLang's waiting queue until generation is not paused
         try:
             await state.paused.wait()
@@ -385,6 +404,45 @@ def build_app(state: FakeSGLangState) -> FastAPI:
             state.weight_version = str(body["weight_version"])
             message += f" Weight version updated to {body['weight_version']}."
         return {"success": True, "message": message, "num_paused_requests": 0}
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request):
+        from components.lora import LoraError, read_adapter_folder
+
+        body = await request.json()
+        name, path = body.get("lora_name", ""), body.get("lora_path", "")
+
+        def failed(message: str) -> JSONResponse:
+            content = {"success": False, "error_message": message, "loaded_adapters": dict(state.loras)}
+            return JSONResponse(content, 400)
+
+        if not state.enable_lora:
+            return failed("LoRA is not enabled. Please set `--enable-lora` to True.")
+        if not name or not path:
+            return failed("lora_name and lora_path are required")
+        if name in state.loras:
+            return failed(f"The LoRA adapter {name} is already loaded.")
+        try:
+            adapter = await asyncio.to_thread(read_adapter_folder, Path(path))
+            await state.engine.update_adapter(adapter, state.version_int())
+        except (LoraError, OSError, ValueError) as error:
+            return failed(f"Failed to load LoRA adapter {name}: {error}")
+        state.loras[name] = path
+        return {"success": True, "error_message": None, "loaded_adapters": dict(state.loras)}
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request):
+        body = await request.json()
+        name = body.get("lora_name", "")
+        if name not in state.loras:
+            content = {
+                "success": False,
+                "error_message": f"LoRA adapter {name} is not loaded.",
+                "loaded_adapters": dict(state.loras),
+            }
+            return JSONResponse(content, 400)
+        del state.loras[name]
+        return {"success": True, "error_message": None, "loaded_adapters": dict(state.loras)}
 
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(request: Request):
@@ -513,9 +571,14 @@ class FakeSGLangServer:
         *,
         api_key: str | None = None,
         admin_api_key: str | None = None,
+        enable_lora: bool = False,
     ) -> None:
         self.state = FakeSGLangState(
-            engine=engine, model_path=str(model_path), api_key=api_key, admin_api_key=admin_api_key
+            engine=engine,
+            model_path=str(model_path),
+            api_key=api_key,
+            admin_api_key=admin_api_key,
+            enable_lora=enable_lora,
         )
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -192,3 +192,74 @@ async def test_after_an_adapter_sync_engine_logprobs_equal_the_trainers(trainer,
         assert engine.weight_version == version
     finally:
         await engine.aclose()
+
+
+async def test_sglang_loads_each_adapter_version_under_a_new_name_and_unloads_the_old(
+    trainer, tiny_model_dir, tmp_path
+):
+    """SGLang path, against the protocol-faithful fake SGLang server (real HTTP, SGLang's request shapes)."""
+    import json
+
+    import httpx
+
+    from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.engine.sglang import SGLangEngine, SGLangEngineConfig
+    from components.errors import EngineError
+    from components.protocols import SamplingParams
+    from components.training.weight_sync import WeightSync, WeightSyncConfig
+    from tests.components.engine.fake_sglang import FakeSGLangServer
+
+    if trainer.state.step == 0:
+        trainer.step(random_batch(seed=11), current_version=0)
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, context_window=2048, eos_token_ids=())
+    )
+    try:
+        with FakeSGLangServer(engine, tiny_model_dir, enable_lora=True) as server:
+            client = await SGLangEngine.connect(SGLangEngineConfig(base_url=server.url))
+            try:
+                sync = WeightSync(WeightSyncConfig(mode="disk", weights_dir=tmp_path / "adapters"), client)
+                first, second = trainer.state.weight_version + 20, trainer.state.weight_version + 21
+                timings = await sync.push(trainer, first)
+                assert timings["weight_sync/bytes"] == trainer.adapter().num_bytes
+                name1 = f"{trainer.config.run_dir.name}-v{first}"
+                folder1 = tmp_path / "adapters" / name1
+                assert (folder1 / "adapter_config.json").exists()
+                result = await client.generate(SEQUENCE[:3], SamplingParams(max_tokens=3, seed=0))
+                assert set(result.weight_versions) == {first}
+                assert await engine.logprobs_of(SEQUENCE) == pytest.approx(
+                    list(trainer.score([SEQUENCE])[0]), abs=1e-4
+                )
+
+                await sync.push(trainer, second)
+                name2 = f"{trainer.config.run_dir.name}-v{second}"
+                result = await client.generate(SEQUENCE[:3], SamplingParams(max_tokens=3, seed=0))
+                assert set(result.weight_versions) == {second}
+                bodies = {
+                    path: [json.loads(body) for p, body in server.state.requests if p == path]
+                    for path in ("/load_lora_adapter", "/unload_lora_adapter", "/generate")
+                }
+                assert bodies["/load_lora_adapter"] == [
+                    {"lora_name": name1, "lora_path": str(folder1)},
+                    {"lora_name": name2, "lora_path": str(tmp_path / "adapters" / name2)},
+                ]
+                assert bodies["/unload_lora_adapter"] == [{"lora_name": name1}]
+                assert [b["lora_path"] for b in bodies["/generate"]] == [name1, name2]
+                assert list(server.state.loras) == [name2]
+                async with httpx.AsyncClient(base_url=server.url) as raw:  # the old name is gone
+                    stale = await raw.post("/generate", json={"input_ids": [1, 2], "lora_path": name1})
+                assert stale.status_code == 400 and "not loaded" in stale.text
+                with pytest.raises(EngineError, match="load_lora_adapter"):
+                    await client.load_lora_adapter(str(tmp_path / "not-an-adapter"), second + 1)
+                assert client.weight_version == second
+            finally:
+                await client.aclose()
+        with FakeSGLangServer(engine, tiny_model_dir) as server:  # launched without --enable-lora
+            client = await SGLangEngine.connect(SGLangEngineConfig(base_url=server.url))
+            try:
+                with pytest.raises(EngineError, match="enable-lora"):
+                    await client.load_lora_adapter(str(folder1), first)
+            finally:
+                await client.aclose()
+    finally:
+        await engine.aclose()
