@@ -231,9 +231,11 @@ class RunConfig:
         SamplingDistribution(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # names a bad field
         LoopConfig.of(self)  # rollout_mode, max_staleness: a bad value names its field
         if self.engine == "sglang":
+            from components.engine.sglang import require_untruncated_sampling
             from components.engine.sglang_fleet import parse_server_urls
 
             parse_server_urls(self.sglang_url)  # ValueError naming sglang_url
+            require_untruncated_sampling(self.sampling)  # SGLang's logprobs ignore top-p / top-k truncation
         for name in ("sglang_startup_timeout_s", "sglang_request_timeout_s"):
             require_positive(getattr(self, name), name)
         require_non_negative(self.sglang_context_window, "sglang_context_window")

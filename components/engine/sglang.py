@@ -14,6 +14,12 @@ Request and response shapes follow SGLang's own ``sglang/srt/managers/io_struct.
 - Weight sync: ``/pause_generation`` (``mode``), ``/update_weights_from_disk`` (``model_path``,
   ``weight_version``, ``flush_cache``, ``abort_all_requests`` → ``{success, message, num_paused_requests}``),
   ``/update_weights_from_tensor``, ``/continue_generation``, ``/flush_cache``, ``/update_weight_version``.
+- Logprobs (``sglang/srt/layers/sampler.py``, 0.5.x): ``output_token_logprobs`` are ``log_softmax(logits /
+  temperature)`` of the whole vocabulary. Top-p / top-k truncation only shapes which token is drawn; the logprobs
+  are never renormalised over the kept tokens, and no server flag or env var returns them renormalised
+  (``SGLANG_RETURN_ORIGINAL_LOGPROB`` drops the temperature too; ``--rl-on-policy-target`` only changes the
+  kernel). Under truncation they would miss Rein's sampling distribution (``components/sampling.py``) by
+  ``log(kept mass)``, so this client refuses truncating settings (``TruncatedSamplingError``).
 - ``/abort_request`` (``rid`` or ``abort_all``), ``/health``, ``/v1/models`` (``max_model_len``),
   ``/model_info`` (or the older ``/get_model_info``).
 - NCCL weight sync (``InitWeightsUpdateGroupReqInput`` ...): ``/init_weights_update_group`` (``master_address``,
@@ -68,8 +74,9 @@ from tenacity import (
 )
 
 from components.config import require, require_non_negative, require_one_of, require_positive
-from components.errors import ContextOverflowError, EngineError, MissingLogprobsError
+from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
 from components.protocols import FinishReason, GenerationResult, SamplingParams
+from components.sampling import SamplingDistribution
 
 if TYPE_CHECKING:
     import torch
@@ -141,6 +148,24 @@ class SGLangEngineConfig:
 
 class SGLangUnreachableError(EngineError):
     """The server could not be reached (refused, reset, gone) even after the retries: it is down."""
+
+
+class TruncatedSamplingError(ReinError, ValueError):
+    """Top-p / top-k sampling asked of SGLang, whose logprobs ignore the truncation (see the module doc):
+    training on them would compute importance ratios against the wrong distribution."""
+
+
+def require_untruncated_sampling(sampling: SamplingDistribution, *, source: str = "--top-p / --top-k") -> None:
+    """Refuse a sampling distribution SGLang cannot record logprobs for (top-p < 1 or top-k > 0).
+
+    ``source`` names where the settings came from, so the message says what to change."""
+    if sampling.truncates:
+        raise TruncatedSamplingError(
+            f"{source}: top_p={sampling.top_p}, top_k={sampling.top_k} truncate the sampling distribution, but "
+            "SGLang returns logprobs of the untruncated softmax(logits / temperature) (no renormalisation after "
+            "top-p/top-k), so training would use wrong importance ratios; with the SGLang engine use "
+            "--top-p 1 --top-k 0 (temperature is fine)"
+        )
 
 
 class _PromptTooLongError(EngineError):
@@ -255,6 +280,11 @@ class SGLangEngine:
         """One ``/generate`` call; the reply must carry a logprob for every output token."""
         prompt = [int(token) for token in input_ids]
         require(len(prompt) > 0, "input_ids", "must not be empty")
+        # Checked per request too: with agent-chosen sampling, an agent may ask for top-p / top-k.
+        require_untruncated_sampling(
+            SamplingDistribution(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k),
+            source="sampling of this request",
+        )
         if len(prompt) >= self.context_window:
             raise ContextOverflowError(num_prompt_tokens=len(prompt), context_window=self.context_window)
         rid = uuid.uuid4().hex

@@ -3,7 +3,8 @@
 
 Generation is real: an ``EmbeddedEngine`` over the tiny model samples the tokens, so logprobs, stop handling
 and weight updates mean something. Knobs on ``FakeSGLangState`` inject the failures the client must handle
-(dropped or null logprobs, transient 503s, a server without per-token version spans).
+(dropped or null logprobs, transient 503s, a server without per-token version spans). Logprobs are SGLang's:
+under top-p / top-k they stay those of the untruncated ``softmax(logits / temperature)``.
 
 Also as SGLang does: ``--api-key`` / ``--admin-api-key`` with its auth levels (``sglang/srt/utils/auth.py``:
 control endpoints are ADMIN_OPTIONAL, ``/health*`` always open); ``/health`` answers 503 while the server is
@@ -378,6 +379,8 @@ def build_app(state: FakeSGLangState) -> FastAPI:
             }
         finally:
             state.tasks.pop(rid, None)
+        if params.temperature > 0 and (params.top_p < 1 or params.top_k > 0):
+            result = await _as_sglang_logprobs(state.engine, input_ids, result, params.temperature)
         return _reply(state, body, rid, input_ids, sampling, result)
 
     @app.post("/update_weights_from_disk")
@@ -517,6 +520,30 @@ def _load_weights(own: dict[str, Any], received: dict[str, Any]) -> dict[str, An
         else:
             merged[name] = tensor
     return merged
+
+
+async def _as_sglang_logprobs(engine: EmbeddedEngine, input_ids: list[int], result, temperature: float):
+    """``result`` with SGLang 0.5.x's logprobs: top-p / top-k shape which token is drawn, but the logprob
+    returned is ``log_softmax(logits / temperature)`` of the whole vocabulary, never renormalised over the kept
+    tokens (``sglang/srt/layers/sampler.py``: ``logprobs = torch.log(probs)`` of the untruncated ``probs``).
+    The embedded engine renormalises, so the fake recomputes them teacher-forced."""
+    import dataclasses
+
+    import torch
+
+    output_ids = list(result.output_ids)
+    if not output_ids:
+        return result
+
+    def untruncated() -> tuple[float, ...]:
+        ids = torch.tensor([input_ids + output_ids], dtype=torch.long, device=engine.model.device)
+        with torch.no_grad():
+            logits = engine.model(input_ids=ids, use_cache=False).logits[0, len(input_ids) - 1 : -1].float()
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
+        targets = torch.tensor(output_ids, dtype=torch.long, device=logprobs.device)
+        return tuple(logprobs.gather(1, targets[:, None])[:, 0].tolist())
+
+    return dataclasses.replace(result, logprobs=await asyncio.to_thread(untruncated))
 
 
 def _engine_version(version: Any, state: FakeSGLangState) -> int:
