@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from components.proxy.auth import SessionKeys
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TRAINABLE_STATUSES, TrajectoryStatus
 from harnesses.agent_paths import npm_agent_executable
@@ -136,11 +137,17 @@ async def tiny_model_proxy(tiny_model_dir, tokenizer) -> AsyncIterator:
 
     engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1))
     try:
-        async with running_proxy(engine, tokenizer, default_max_tokens=32) as proxy:
+        # Isolated mode: each agent holds only its own session's token (ANTHROPIC_API_KEY, codex's env_key,
+        # litellm's api_key) and reaches the proxy with it from inside the sandbox.
+        async with running_proxy(
+            engine, tokenizer, default_max_tokens=32, admin_key=PROXY_KEYS.admin_key
+        ) as proxy:
             yield proxy
     finally:
         engine.close()
 
+
+PROXY_KEYS = SessionKeys.generate()
 
 # How each agent ends with random 32-token replies: Claude Code gives up on replies cut at its output limit
 # (the policy's doing: ok), Codex takes a reply without tool calls as its final answer (ok), mini-swe-agent
@@ -170,6 +177,7 @@ async def test_real_agent_runs_a_builtin_task_end_to_end(
         sessions=tiny_model_proxy.registry,
         proxy_url=tiny_model_proxy.url,
         grader=swe_grader,
+        session_keys=PROXY_KEYS,
     )
     [trajectory] = await runner.run([slugify_task], step=1)
 
