@@ -1,5 +1,6 @@
 """The ``rein`` command: ``rein proxy …`` (standalone inference proxy), ``rein view RUN_DIR`` (trajectory
-viewer). Each subcommand lives with its component; this only dispatches."""
+viewer), ``rein export RUN_DIR --merged OUT`` (a full HF model; LoRA merged). Each subcommand lives with its
+component; this only dispatches."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 SUBCOMMANDS = {
     "proxy": ("components.proxy.cli", "start the inference proxy standalone"),
     "view": ("monitoring.viewer", "write (and optionally serve) the trajectory viewer of a run directory"),
+    "export": ("components.export", "write a run's newest checkpoint as a full HF model (--merged OUT)"),
 }
 
 

@@ -163,7 +163,9 @@ async def test_after_an_adapter_sync_engine_logprobs_equal_the_trainers(trainer,
         first = await engine.generate(prompt, SamplingParams(max_tokens=6, seed=1))  # fills the prefix cache
         before = await engine.logprobs_of(SEQUENCE)
         trainer_logprobs = list(trainer.score([SEQUENCE])[0])
-        assert max(abs(a - b) for a, b in zip(before, trainer_logprobs, strict=True)) > 1e-4  # trained != base
+        assert (
+            max(abs(a - b) for a, b in zip(before, trainer_logprobs, strict=True)) > 1e-4
+        )  # trained != base
 
         version = trainer.state.weight_version + 3
         timings = await WeightSync(WeightSyncConfig(mode="memory"), engine).push(trainer, version)
@@ -263,3 +265,33 @@ async def test_sglang_loads_each_adapter_version_under_a_new_name_and_unloads_th
                 await client.aclose()
     finally:
         await engine.aclose()
+
+
+def test_rein_export_merged_writes_a_full_hf_model_with_the_adapters_logits(
+    trainer, tiny_model_dir, tmp_path
+):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from components.cli import main as rein
+
+    checkpoint = trainer.save_checkpoint()
+    out = tmp_path / "merged"
+    assert rein(["export", str(trainer.config.run_dir), "--merged", str(out)]) == 0
+    assert (out / "model.safetensors").exists() and not (out / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert not any("lora" in name for name in merged.state_dict())
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, checkpoint).eval()
+    ids = torch.tensor([SEQUENCE])
+    with torch.no_grad():
+        expected, got = adapted(input_ids=ids).logits, merged(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert AutoTokenizer.from_pretrained(out).eos_token_id == 2
+
+    with pytest.raises(SystemExit) as exists:
+        rein(["export", str(trainer.config.run_dir), "--merged", str(out)])
+    assert exists.value.code == 2
+    with pytest.raises(SystemExit) as empty:
+        rein(["export", str(tmp_path / "no-run"), "--merged", str(tmp_path / "other")])
+    assert empty.value.code == 2 and not (tmp_path / "other").exists()
