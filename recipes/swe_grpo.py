@@ -34,7 +34,7 @@ from components.recipe_config import option
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks import SweGrader, load_builtin_tasks
 from components.tasks.swe import python_tool_paths
-from components.tasks.swebench import R2E_TESTS_PATH, load_task_set
+from components.tasks.swebench import R2E_TESTS_PATH, SnapshotPrefetcher, load_task_set
 from components.tasks.swebench_grading import SweBenchGrader
 from sandboxes import BwrapSandbox
 from sandboxes.image import ImageSandboxConfig, ImageSandboxProvider
@@ -127,6 +127,7 @@ def load_tasks(config: SweGrpoConfig) -> list:
 async def swebench_sandboxes(config: SweGrpoConfig, stack: RunStack, tasks: list, agent_paths, exits):
     """SWE-bench-format tasks: agents and grader on the tasks' images (a pool per image; R2E-Gym's hidden
     tests hidden from agents), or on the host root when the set has no image store."""
+    exits.callback(SnapshotPrefetcher(tasks).start().stop)  # first unpacks off the rollout event loop
     if not any(task.image for task in tasks):
         return stack.sandboxes, SweBenchGrader(BwrapSandbox.create)
     hidden = (R2E_TESTS_PATH,) if config.tasks.startswith("r2e:") else ()

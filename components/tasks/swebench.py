@@ -41,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -602,3 +603,38 @@ def r2e_row(row: Mapping[str, Any]) -> dict[str, Any]:
     }
     converted.update({key: value for key, value in row.items() if key not in known})
     return converted
+
+
+class SnapshotPrefetcher:
+    """Materialises tasks' workspaces (unpacking their images first) in a background thread, in task order, so
+    that a rollout rarely waits on a first unpack (which would hold up its event loop). Errors are left for the
+    rollout that uses the task to report."""
+
+    def __init__(self, tasks: list[SweBenchTask]) -> None:
+        self._tasks = list(tasks)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="swebench-prefetch", daemon=True)
+        self.num_prepared = 0
+
+    def start(self) -> SnapshotPrefetcher:
+        """Begin in the background; returns self."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop after the task in progress."""
+        self._stop.set()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Wait for the thread (tests)."""
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        for task in self._tasks:
+            if self._stop.is_set():
+                return
+            try:
+                task.snapshot()
+            except (OSError, ValueError):  # reported by the rollout that uses the task
+                continue
+            self.num_prepared += 1

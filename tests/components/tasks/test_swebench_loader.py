@@ -220,3 +220,16 @@ def test_swebench_images_conda_env_leads_path(tmp_path: Path, snapshots: Path) -
     spec = task.sandbox_spec()
     assert spec.root_image == "oci:/store/calc:latest"
     assert spec.env["PATH"] == "/opt/miniconda3/envs/testbed/bin:/usr/bin"
+
+
+def test_prefetcher_materialises_workspaces_in_the_background(tmp_path: Path, snapshots: Path) -> None:
+    from components.tasks.swebench import SnapshotPrefetcher
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(_row(i)) + "\n" for i in ("calc-1", "calc-2")))
+    tasks = load_swebench(path, _sources(tmp_path, snapshots), check_patches=False).tasks
+    assert not (tmp_path / "cache").exists()
+    prefetcher = SnapshotPrefetcher(tasks).start()
+    prefetcher.join(timeout_s=120)
+    assert prefetcher.num_prepared == 2
+    assert all((tmp_path / "cache" / task.task_id).is_dir() for task in tasks)
