@@ -51,7 +51,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from components.config import require, require_non_negative
@@ -169,17 +168,39 @@ def checkpoint_due(step: int, *, num_steps: int, every: int) -> bool:
     return step + 1 == num_steps or bool(every and (step + 1) % every == 0)
 
 
+@dataclass(frozen=True, kw_only=True)
+class LoopInputs:
+    """What a recipe hands the loop: its config and run, the started stack, its bricks (as a runner), and
+    which tasks make each step's groups."""
+
+    config: Any
+    run: Any
+    stack: Any
+    runner: Any
+    tasks_for_step: TasksForStep
+    loop_config: LoopConfig
+    groups_per_step: int
+
+
 async def run_recipe_loop(
     config: Any, run: Any, stack: Any, runner: Any, tasks_for_step: TasksForStep
 ) -> None:
     """Run the recipe's steps in ``config.rollout_mode`` (see the module doc), with the run's monitor."""
-    loop_config = LoopConfig.of(config)
     groups_per_step = len(tasks_for_step(0))
     require(groups_per_step > 0, "tasks", "a step needs at least one task")
-    if loop_config.rollout_mode == "sync":
-        await _run_sync(config, run, stack, runner, tasks_for_step, loop_config, groups_per_step)
+    inputs = LoopInputs(
+        config=config,
+        run=run,
+        stack=stack,
+        runner=runner,
+        tasks_for_step=tasks_for_step,
+        loop_config=LoopConfig.of(config),
+        groups_per_step=groups_per_step,
+    )
+    if inputs.loop_config.rollout_mode == "sync":
+        await _run_sync(inputs)
     else:
-        await OverlappedLoop(config, run, stack, runner, tasks_for_step, loop_config, groups_per_step).run()
+        await OverlappedLoop(inputs).run()
 
 
 def _monitor(config: Any, run: Any, *, rollouts_per_step: int, first_step: int) -> Any:
@@ -222,41 +243,33 @@ def _timing_metrics(
     }
 
 
-async def _run_sync(
-    config: Any,
-    run: Any,
-    stack: Any,
-    runner: Any,
-    tasks_for_step: TasksForStep,
-    loop_config: LoopConfig,
-    groups_per_step: int,
-) -> None:
+async def _run_sync(inputs: LoopInputs) -> None:
     """Today's strict loop: roll out → one shard → train → push → log (and checkpoint); see ``launch.py``."""
+    config, stack = inputs.config, inputs.stack
     pending = stack.ledger.pending_steps(config.num_steps)
     first_step = pending[0] if pending else config.num_steps
-    rollouts_per_step = groups_per_step * config.group_size
-    monitor = _monitor(config, run, rollouts_per_step=rollouts_per_step, first_step=first_step)
+    rollouts_per_step = inputs.groups_per_step * config.group_size
+    monitor = _monitor(config, inputs.run, rollouts_per_step=rollouts_per_step, first_step=first_step)
     async with engine_probe(stack.engine) as probe:
         with monitor:
-            await _sync_steps(pending, stack, runner, tasks_for_step, config, groups_per_step, monitor, probe)
+            await _sync_steps(inputs, pending, monitor, probe)
 
 
 async def _sync_steps(
-    pending: Sequence[int],
-    stack: Any,
-    runner: Any,
-    tasks_for_step: TasksForStep,
-    config: Any,
-    groups_per_step: int,
-    monitor: Any,
-    probe: EngineIdleProbe,
+    inputs: LoopInputs, pending: Sequence[int], monitor: Any, probe: EngineIdleProbe
 ) -> None:
     """Steps of ``sync``: roll out → one shard → train → push → log (and checkpoint)."""
+    config, stack, runner, groups_per_step = (
+        inputs.config,
+        inputs.stack,
+        inputs.runner,
+        inputs.groups_per_step,
+    )
     for step in pending:
         monitor.start_step(step)
         started = time.monotonic()
         # 1. rollout (or, after a restart, the step's stored shard)
-        trajectories, shard = await stack.rollout_or_load(step, runner, tasks_for_step(step))
+        trajectories, shard = await stack.rollout_or_load(step, runner, inputs.tasks_for_step(step))
         for trajectory in trajectories:
             monitor.rollout_finished(trajectory)
         rollout_s = time.monotonic() - started
@@ -285,26 +298,17 @@ async def _sync_steps(
 class OverlappedLoop:
     """``async`` and ``partial``: a rollout producer and the trainer, joined by a buffer of complete groups."""
 
-    def __init__(
-        self,
-        config: Any,
-        run: Any,
-        stack: Any,
-        runner: Any,
-        tasks_for_step: TasksForStep,
-        loop_config: LoopConfig,
-        groups_per_step: int,
-    ) -> None:
-        self.config = config
-        self.run_dir = run
-        self.stack = stack
-        self.runner = runner
-        self.tasks_for_step = tasks_for_step
-        self.loop_config = loop_config
-        self.groups_per_step = groups_per_step
-        self.store: TrajectoryStore = stack.store
-        self.buffer = GroupBuffer(loop_config.group_size)
-        self.ledger = TrajectoryLedger.from_state(stack.trainer.state.extra)
+    def __init__(self, inputs: LoopInputs) -> None:
+        self.config = inputs.config
+        self.run_dir = inputs.run
+        self.stack = inputs.stack
+        self.runner = inputs.runner
+        self.tasks_for_step = inputs.tasks_for_step
+        self.loop_config = inputs.loop_config
+        self.groups_per_step = inputs.groups_per_step
+        self.store: TrajectoryStore = self.stack.store
+        self.buffer = GroupBuffer(self.loop_config.group_size)
+        self.ledger = TrajectoryLedger.from_state(self.stack.trainer.state.extra)
         self.changed = asyncio.Condition()
         self.open_groups: set[int] = set()  # admitted, not yet trained or dropped
         self.redo: list[int] = []  # groups in flight at a crash (never committed): rolled out again
@@ -552,9 +556,4 @@ class OverlappedLoop:
         return waiter.result()
 
 
-def shard_steps_of(ledger_state: dict[str, Any]) -> dict[int, list[str]]:
-    """The ledger's step → shard names (for tools and tests reading ``trainer_state.json``)."""
-    return TrajectoryLedger.from_state({LEDGER_KEY: ledger_state}).step_shards
-
-
-__all__ = ["LoopConfig", "ROLLOUT_MODES", "RolloutMode", "run_recipe_loop", "checkpoint_due", "Path"]
+__all__ = ["LoopConfig", "LoopInputs", "ROLLOUT_MODES", "RolloutMode", "checkpoint_due", "run_recipe_loop"]
