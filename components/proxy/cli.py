@@ -3,6 +3,7 @@ debugging and local use.
 
     rein proxy --model tiny --port 8000 --run-dir runs/debug
     rein proxy --engine sglang --sglang-url http://GPU:30000 --model M   # M: the served model's tokenizer
+    rein proxy --model tiny --temperature 0.7 --top-p 0.95 --top-k 50    # the run's sampling distribution
     curl -X POST http://127.0.0.1:8000/sessions      # → {"session_id": ..., "base_url": ".../s/ID"}
     ANTHROPIC_BASE_URL=http://127.0.0.1:8000/s/ID claude -p "hi"
 
@@ -17,8 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from components.engine.sglang import require_untruncated_sampling
 from components.errors import EngineError
 from components.proxy.config import ProxyConfig
+from components.sampling import SamplingDistribution
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,6 +62,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--context-window", type=int, default=None, help="SGLang: tokens per sequence (default: /v1/models)"
     )
+    # The run's sampling distribution (components/sampling.py): every request is sampled with it, whatever the
+    # agent sends, and each segment records it, so the trainer recomputes logprobs under exactly it.
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass; 1: no truncation")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0: no truncation")
+    parser.add_argument(
+        "--agent-sampling",
+        action="store_true",
+        help="sample with each agent's own temperature/top_p/top_k instead (recorded either way)",
+    )
+    parser.add_argument(
+        "--record-routed-experts",
+        action="store_true",
+        help="MoE policies: record the experts each token was routed to, for routing replay (R3)",
+    )
     return parser
 
 
@@ -82,9 +100,22 @@ async def _start_engine(args: argparse.Namespace, model_path: Path) -> tuple[Any
         startup_timeout_s=args.sglang_startup_timeout_s,
         request_timeout_s=args.sglang_request_timeout_s,
         context_window=args.context_window,
+        # SGLang sends routed experts as a flat id array: decoding it needs the experts per token.
+        routed_experts_top_k=_experts_per_token(model_path) if args.record_routed_experts else None,
     )
     engine = await SGLangFleet.connect(SGLangFleetConfig(urls=urls, server=server))
     return engine, AutoTokenizer.from_pretrained(model_path)
+
+
+def _experts_per_token(model_path: Path) -> int:
+    """The MoE policy's experts per token (``num_experts_per_tok`` of its config.json)."""
+    from transformers import AutoConfig
+
+    text_config = AutoConfig.from_pretrained(model_path).get_text_config()
+    top_k = getattr(text_config, "num_experts_per_tok", None)
+    if not top_k:
+        raise ValueError(f"--record-routed-experts: {model_path} is not an MoE model (no num_experts_per_tok)")
+    return int(top_k)
 
 
 async def _serve(args: argparse.Namespace, config: ProxyConfig) -> None:
@@ -121,7 +152,12 @@ def main(argv: list[str] | None = None) -> int:
             default_max_tokens=args.max_tokens,
             max_completion_tokens=args.max_completion_tokens,
             run_dir=args.run_dir,
+            sampling=SamplingDistribution(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k),
+            agent_sampling=args.agent_sampling,
+            record_routed_experts=args.record_routed_experts,
         )
+        if args.engine == "sglang":  # before any server is contacted
+            require_untruncated_sampling(config.sampling)
         asyncio.run(_serve(args, config))
     except (ValueError, FileNotFoundError) as error:
         print(f"rein proxy: {error}", file=sys.stderr)
