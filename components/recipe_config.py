@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -220,12 +221,25 @@ def parse_config(
         raise  # unreachable: parser.error exits
 
 
+REDACTED = "***"
+# Names of fields that hold credentials (api_key, sglang_admin_api_key, judge_api_key, admin_key, hf_token, ...):
+# written as REDACTED, so RUN_DIR/config.json and the tracker's run config never carry a secret.
+_SECRET_NAME = re.compile(r"(^|_)(key|token|secret|password|credentials?)$|api_key|secret|password", re.IGNORECASE)
+
+
 def config_to_json(config: Any) -> str:
-    """A config as indented JSON (paths and tuples made plain)."""
+    """A config as indented JSON (paths and tuples made plain; credentials ``REDACTED``, their names kept)."""
+
+    def field(name: str, value: Any) -> Any:
+        if _SECRET_NAME.search(name) and value not in (None, ""):  # unset stays visible: it is no secret
+            return REDACTED
+        return plain(value)
 
     def plain(value: Any) -> Any:
         if dataclasses.is_dataclass(value):
-            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+            return {f.name: field(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, Mapping):
+            return {str(key): field(str(key), item) for key, item in value.items()}
         if isinstance(value, tuple | list):
             return [plain(v) for v in value]
         if isinstance(value, Path):
