@@ -9,8 +9,9 @@ command, run in the repository; default ``python3 -m pytest --no-header -rA --tb
 the files ``test_patch`` touches, as SWE-bench runs pytest repositories), ``log_parser`` (a name in
 ``swebench.harness.log_parsers.PARSER_REGISTRY``; default: the parser SWE-bench maps the repository to, else
 ``parse_log_pytest``). Every other column is kept verbatim in ``SweBenchInstance.extra`` — nothing is lost.
-Not executed: the ``eval_script`` column of swebench >= 4 rows (it checks out the data set's own base commit,
-which the flattened workspace does not have); repositories whose tests are not pytest (Django's
+A row with an ``eval_script`` (swebench >= 4 data sets; ``image`` names its image) is graded by running that
+script, as SWE-bench does; its workspace then keeps the repository's history up to the base commit (the script
+checks it out) and nothing later. Without one, repositories whose tests are not pytest (Django's
 ``runtests.py``, SymPy's ``bin/test``) need a ``test_cmd``.
 
 Where a repository comes from (``RepoSources``):
@@ -50,7 +51,14 @@ from typing import Any
 from components.config import require
 from components.errors import SandboxError
 from components.protocols import Sandbox, SandboxLimits, SandboxSpec
-from components.tasks.swe import SYSTEM_PATH, TaskSnapshot, _copy_repo, _flatten_git, python_tool_paths
+from components.tasks.swe import (
+    SYSTEM_PATH,
+    TaskSnapshot,
+    _copy_repo,
+    _flatten_git,
+    _git_env,
+    python_tool_paths,
+)
 from sandboxes.image import ImageCache, ImageError, UnpackedImage, parse_reference
 
 SWEBENCH_COLUMNS = (
@@ -125,6 +133,12 @@ class SweBenchInstance:
     def test_files(self) -> tuple[str, ...]:
         """Files ``test_patch`` touches (SWE-bench's test directives for pytest repositories)."""
         return tuple(dict.fromkeys(match.group(2) for match in _DIFF_FILE.finditer(self.test_patch)))
+
+    @property
+    def eval_script(self) -> str:
+        """The row's own evaluation script (swebench >= 4 data sets), or ""."""
+        script = self.extra.get("eval_script")
+        return script if isinstance(script, str) else ""
 
     @property
     def test_command(self) -> str:
@@ -251,9 +265,10 @@ class RepoSources:
             if instance.instance_id in mapping:
                 reference = str(mapping[instance.instance_id])
                 return _resolve_reference(reference, images_dir, instance.instance_id)
+        named = instance.image_name or instance.extra.get("image")  # SWE-smith's column, swebench 5's
         names = (
-            [instance.image_name]
-            if instance.image_name
+            [str(named)]
+            if named
             else [swebench_image_name(instance.instance_id), swegym_image_name(instance.instance_id)]
         )
         for name in names:
@@ -352,7 +367,9 @@ class SweBenchTask:
             source = unpacked.rootfs / self.repo_path.lstrip("/")
             if not source.is_dir():
                 raise ValueError(f"{self.task_id}: image {self.image} has no repository at {self.repo_path}")
-        return _materialise(self.task_id, source, self.cache_dir)
+        return _materialise(
+            self.task_id, source, self.cache_dir, keep_history=bool(self.instance.eval_script)
+        )
 
     def sandbox_spec(self) -> SandboxSpec:
         """The agent's sandbox: the image (or the host root), the flattened repository, no network."""
@@ -383,17 +400,27 @@ class SweBenchTask:
             )
 
 
-def _materialise(task_id: str, source: Path, cache_dir: Path) -> TaskSnapshot:
+def _materialise(task_id: str, source: Path, cache_dir: Path, *, keep_history: bool = False) -> TaskSnapshot:
+    """Copy ``source`` into the cache once: flattened to one commit, or (``keep_history``, for rows whose
+    ``eval_script`` checks out the data set's base commit) with its history up to HEAD and nothing else."""
     stat = source.stat()
-    key = hashlib.sha256(f"{source}\0{stat.st_mtime_ns}\0{stat.st_size}".encode()).hexdigest()[:16]
+    identity = f"{source}\0{stat.st_mtime_ns}\0{stat.st_size}\0{keep_history}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     target = Path(cache_dir) / task_id / key
     commit_file = target / "base_commit"
     if not commit_file.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         building = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
         try:
-            _copy_repo(source, building / "workspace")
-            (building / "base_commit").write_text(_flatten_git(building / "workspace") + "\n")
+            if keep_history:
+                if not (source / ".git").is_dir():
+                    raise ValueError(f"{task_id}: eval_script needs the repository's git history at {source}")
+                shutil.copytree(source, building / "workspace", symlinks=True)
+                base_commit = _prune_to_head(building / "workspace")
+            else:
+                _copy_repo(source, building / "workspace")
+                base_commit = _flatten_git(building / "workspace")
+            (building / "base_commit").write_text(base_commit + "\n")
             try:
                 os.replace(building, target)
             except OSError:
@@ -402,6 +429,30 @@ def _materialise(task_id: str, source: Path, cache_dir: Path) -> TaskSnapshot:
         finally:
             shutil.rmtree(building, ignore_errors=True)
     return TaskSnapshot(workspace_dir=target / "workspace", base_commit=commit_file.read_text().strip())
+
+
+def _prune_to_head(workspace: Path) -> str:
+    """Keep HEAD's history and nothing else (no remotes, other branches, tags, stashes or reflog), so that no
+    later commit - the fix - is reachable. Returns HEAD's commit."""
+    env = _git_env()
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-c", "safe.directory=*", *args],
+            cwd=workspace, env=env, check=True, capture_output=True, text=True, timeout=1800,
+        ).stdout  # fmt: skip
+
+    head = git("rev-parse", "HEAD").strip()
+    git("checkout", "-q", "--detach")
+    for remote in git("remote").split():
+        git("remote", "remove", remote)
+    for ref in git("for-each-ref", "--format=%(refname)").split():
+        git("update-ref", "-d", ref)
+    git("update-ref", "refs/heads/main", head)
+    git("symbolic-ref", "HEAD", "refs/heads/main")
+    git("reflog", "expire", "--expire=now", "--all")
+    git("gc", "-q", "--prune=now")
+    return head
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ Per verdict (``SweBenchGrader.score``):
    ``*.pth``), goes back to the base commit (or away, if the agent created it); then ``test_patch`` (never
    shown to the agent) is applied. The environment itself is the image's, read-only: an agent cannot plant
    anything in site-packages.
-5. The instance's test command runs between two random markers; the text between them is parsed per test id
+5. The instance's test command runs between two random markers (a row with its own ``eval_script``, as swebench
+   >= 4 data sets ship, runs that script instead: it restores the tests, applies ``test_patch`` and prints
+   swebench's fixed markers, exactly as SWE-bench grades it); the text between them is parsed per test id
    with the ``swebench`` package's own parser for the repository (``PARSER_REGISTRY`` /
    ``MAP_REPO_TO_PARSER_PY``), and ``swebench.harness.grading.get_eval_tests_report`` +
    ``get_resolution_status`` decide: reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS test passed
@@ -193,6 +195,10 @@ class SweBenchGrader:
                 "FLAGGED: test infrastructure in the diff restored to the base: " + ", ".join(infrastructure)
             )
         base = task.snapshot().base_commit
+        if task.instance.eval_script:
+            for path in infrastructure:
+                await self._restore(sandbox, base, path)
+            return await self._run_eval_script(sandbox, task, grader_dir, log)
         for path in dict.fromkeys([*task.instance.test_files, *infrastructure]):
             await self._restore(sandbox, base, path)
         if task.instance.test_patch.strip():
@@ -221,6 +227,30 @@ class SweBenchGrader:
         log.append(summary)
         if not statuses:
             log.append(f"no test outcome in the log (exit {result.exit_code}): {section[-800:]}")
+        return RewardResult(reward=1.0 if resolved else 0.0, log="\n".join(log))
+
+    async def _run_eval_script(
+        self, sandbox: Sandbox, task: SweBenchTask, grader_dir: str, log: list[str]
+    ) -> RewardResult:
+        """The row's own eval script (it restores the test files, applies test_patch and runs the tests between
+        swebench's output markers), its output parsed the way swebench's ``get_logs_eval`` slices it."""
+        from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
+
+        await sandbox.write_file(f"{grader_dir}/eval.sh", task.instance.eval_script)
+        result = await sandbox.exec(
+            ["bash", "-c", f"bash {grader_dir}/eval.sh 2>&1"], timeout_s=self.config.test_timeout_s
+        )
+        if result.timed_out:
+            log.append(f"eval script timed out after {self.config.test_timeout_s:.0f} s")
+            return RewardResult(reward=0.0, log="\n".join(log))
+        output = result.stdout + result.stderr
+        if START_TEST_OUTPUT not in output or END_TEST_OUTPUT not in output:
+            raise GradingError(
+                f"eval script printed no test-output markers (exit {result.exit_code}): {output[-800:]}"
+            )
+        section = output.split(START_TEST_OUTPUT)[1].split(END_TEST_OUTPUT)[0]
+        resolved, summary = resolution(task, parse_test_log(task, section))
+        log.append("eval_script: " + summary)
         return RewardResult(reward=1.0 if resolved else 0.0, log="\n".join(log))
 
     async def _restore(self, sandbox: Sandbox, base: str, path: str) -> None:

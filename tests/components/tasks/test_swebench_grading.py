@@ -156,3 +156,48 @@ async def test_test_runner_tampering_is_rejected_except_in_pytests_own_repositor
     assert rejected.reward == 0.0 and "reaches into the test runner" in rejected.log
     graded = await grader.grade_patch(task_of("pytest-dev/pytest"), tampering)  # goes on to the tests
     assert graded.reward is None and "no sandbox in this test" in graded.error
+
+
+async def test_rows_with_an_eval_script_are_graded_by_it(tmp_path: Path) -> None:
+    """A swebench >= 4 row (``eval_script`` in SWE-bench's own shape, base commit = the image repository's HEAD):
+    the workspace keeps that history, the script restores the tests and applies test_patch, markers delimit the
+    log. Gold -> 1, empty -> 0."""
+    require_fixtures(INSTANCES, IMAGE_LAYOUT)
+    sources = RepoSources(
+        images_dir=IMAGE_LAYOUT.parent, cache_dir=tmp_path / "workspaces", image_cache=ImageCache(IMAGE_CACHE)
+    )
+    task = load_swebench(INSTANCES, sources, check_patches=False).tasks[1]
+    repo = task.unpacked_image().rootfs / "testbed"
+    base = subprocess.run(
+        ["git", "-c", "safe.directory=*", "rev-parse", "HEAD"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    files = " ".join(task.instance.test_files)
+    script = "\n".join(
+        [
+            "#!/bin/bash",
+            "set -uxo pipefail",
+            "cd /testbed",
+            f"git checkout {base} {files}",
+            "git apply -v - <<'EOF_114329324912'",
+            task.instance.test_patch.rstrip("\n"),
+            "EOF_114329324912",
+            ": '>>>>> Start Test Output'",
+            task.instance.test_command,
+            ": '>>>>> End Test Output'",
+            f"git checkout {base} {files}",
+        ]
+    )
+    instance = dataclasses.replace(task.instance, extra={**task.instance.extra, "eval_script": script})
+    task = dataclasses.replace(task, instance=instance)
+    assert task.snapshot().base_commit == base
+    config = ImageSandboxConfig(cache_dir=IMAGE_CACHE, num_warm_per_image=0)
+    async with ImageSandboxProvider(config) as provider:
+        grader = SweBenchGrader(provider)
+        gold = await grader.grade_patch(task, task.instance.patch)
+        empty = await grader.grade_patch(task, "")
+    assert gold.reward == 1.0 and "eval_script: RESOLVED_FULL" in gold.log, gold.log + gold.error
+    assert empty.reward == 0.0 and "eval_script: RESOLVED_NO" in empty.log, empty.log + empty.error

@@ -233,3 +233,38 @@ def test_prefetcher_materialises_workspaces_in_the_background(tmp_path: Path, sn
     prefetcher.join(timeout_s=120)
     assert prefetcher.num_prepared == 2
     assert all((tmp_path / "cache" / task.task_id).is_dir() for task in tasks)
+
+
+def test_eval_script_rows_keep_history_up_to_the_base_and_nothing_later(
+    tmp_path: Path, snapshots: Path
+) -> None:
+    repo = snapshots / "calc-1"
+    env = {
+        "GIT_AUTHOR_NAME": "a",
+        "GIT_AUTHOR_EMAIL": "a@b",
+        "GIT_COMMITTER_NAME": "a",
+        "GIT_COMMITTER_EMAIL": "a@b",
+    }
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, env={**env, "PATH": "/usr/bin:/bin"}, check=True,
+                              capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q", "-b", "main")
+    git("add", "-A")
+    git("commit", "-q", "-m", "base")
+    base = git("rev-parse", "HEAD")
+    (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    git("commit", "-q", "-am", "the fix (the future)")
+    git("tag", "v-fixed")
+    git("checkout", "-q", "-b", "at-base", base)
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(_row("calc-1", base_commit=base, eval_script="#!/bin/bash\n")) + "\n")
+    task = load_swebench(path, _sources(tmp_path, snapshots)).tasks[0]
+    snapshot = task.snapshot()
+    assert snapshot.base_commit == base
+    everything = subprocess.run(
+        ["git", "log", "--all", "--format=%s"], cwd=snapshot.workspace_dir, capture_output=True, text=True
+    )
+    assert everything.stdout.split("\n")[0] == "base" and "future" not in everything.stdout
+    assert "return a - b" in (snapshot.workspace_dir / "calc.py").read_text()
