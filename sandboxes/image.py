@@ -244,6 +244,22 @@ def image_bwrap_config(
     )
 
 
+def check_read_only_paths(config: BwrapSandboxConfig, paths: tuple[str, ...]) -> None:
+    """ValueError for host paths that would land inside a directory the image provides (``/usr/bin/node``):
+    bubblewrap cannot mount over the image's read-only tree, and the program would shadow the image's own
+    files. Agent programs come from directories outside it (``.agents``, the venv)."""
+    inside = [
+        path
+        for path in paths
+        if any(path == top or path.startswith(top.rstrip("/") + "/") for top in config.host_paths)
+    ]
+    require(
+        not inside,
+        "read_only_paths",
+        f"{inside} lie inside directories the image provides; bind programs from elsewhere (e.g. .agents)",
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ImageSandboxConfig:
     """Image sandboxes: where images are unpacked, and the warm pool kept per image."""
@@ -284,6 +300,7 @@ class ImageSandboxProvider:
                     hidden_paths=self.config.hidden_paths,
                     base=self.config.bwrap,
                 )
+                check_read_only_paths(bwrap, self.config.read_only_paths)
                 pool = SandboxPool(
                     SandboxPoolConfig(
                         num_warm=self.config.num_warm_per_image,
@@ -339,4 +356,5 @@ async def create_image_sandbox(
     bwrap = image_bwrap_config(
         unpacked, repo_path=config.repo_path, hidden_paths=config.hidden_paths, base=config.bwrap
     )
+    check_read_only_paths(bwrap, spec.read_only_paths)
     return await BwrapSandbox.create(spec, bwrap)

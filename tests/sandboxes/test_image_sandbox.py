@@ -123,3 +123,31 @@ async def test_pool_per_image_replaces_released_sandboxes_and_hides_paths(image:
     # A host-root sandbox never silently runs an image spec.
     with pytest.raises(ValueError, match="root_image"):
         await BwrapSandbox.create(spec)
+
+
+async def test_agent_programs_come_from_a_read_only_bind_not_the_image(image: str) -> None:
+    """The npm agents' native programs (Claude Code's binary, Codex's static one) run inside the image from a
+    read-only bind of the install directory; host paths inside the image's own trees are refused up front."""
+    from tests.required_tools import require_tool
+
+    agents = Path(__file__).resolve().parents[2] / ".agents"
+    claude = agents / "node_modules" / "@anthropic-ai" / "claude-code" / "bin" / "claude.exe"
+    codex = (
+        agents
+        / "node_modules"
+        / "@openai"
+        / "codex-linux-x64"
+        / "vendor"
+        / "x86_64-unknown-linux-musl"
+        / "bin"
+        / "codex"
+    )
+    require_tool(claude, "run `make setup-test` (npm install of the agents)")
+    config = ImageSandboxConfig(cache_dir=SHARED_CACHE)
+    spec = SandboxSpec(root_image=image, read_only_paths=(str(agents),), limits=LIMITS)
+    async with await create_image_sandbox(spec, config) as sandbox:
+        versions = await sandbox.exec(f"HOME=/tmp {claude} --version && {codex} --version", timeout_s=120)
+    assert versions.exit_code == 0, versions.stderr
+    assert "Claude Code" in versions.stdout and "codex-cli" in versions.stdout
+    with pytest.raises(ValueError, match="read_only_paths"):
+        await create_image_sandbox(SandboxSpec(root_image=image, read_only_paths=("/usr/bin",)), config)
