@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from components.config import require, require_one_of, require_positive
-from components.engine.lora_adapters import DEFAULT_ADAPTER, EngineAdapters
+from components.engine.lora_adapters import BASE_ADAPTER, DEFAULT_ADAPTER, EngineAdapters, PolicyEngine
 from components.engine.moe_routing import RouterCapture
 from components.engine.scheduler import BatchScheduler, Request
 from components.errors import ContextOverflowError
@@ -144,6 +144,7 @@ class EmbeddedEngine:
             pad_token_id=self.pad_token_id,
             router_capture=self._router_capture,
         )
+        self._scheduler.adapters = self._adapters
 
     # --- InferenceEngine ---------------------------------------------------------------------------------
 
@@ -164,9 +165,13 @@ class EmbeddedEngine:
         # The SGLang fake (tests) re-stamps versions without new weights, as SGLang's /update_weight_version does.
         self._scheduler.weight_version = int(version)
 
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
-        """Sample one completion for ``input_ids`` (see the module docstring for what each field means)."""
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> GenerationResult:
+        """Sample one completion for ``input_ids`` (see the module docstring for what each field means);
+        ``adapter``: the LoRA policy that serves it (multi-LoRA, see ``policy``)."""
         prompt = self._validated_prompt(input_ids)
+        require(adapter != BASE_ADAPTER, "adapter", f"{BASE_ADAPTER!r} is reserved")
         if params.return_routed_experts and not self.num_moe_layers:
             raise ValueError("return_routed_experts: the model has no MoE router layers")
         loop = asyncio.get_running_loop()
@@ -179,6 +184,7 @@ class EmbeddedEngine:
             future=loop.create_future(),
             stop_ids=self.eos_token_ids | frozenset(params.stop_token_ids),
             routed_experts=[] if params.return_routed_experts else None,
+            adapter=adapter,
         )
         self._scheduler.submit(request)
         return await request.future
@@ -195,18 +201,33 @@ class EmbeddedEngine:
 
         def apply() -> None:
             self._adapters.apply(adapter, name=name, version=version)
-            self._scheduler.apply_weights({}, version)
+            if name == DEFAULT_ADAPTER:
+                self._scheduler.apply_weights({}, version)  # the engine-wide adapter: the engine's version
+            else:
+                self._scheduler.apply_adapter_update()  # one policy's adapter: only its version moves
 
         await self._scheduler.run_between_steps(apply)
 
+    def policy(self, name: str) -> PolicyEngine:
+        """Multi-LoRA: the view of this engine that serves policy ``name`` with its own adapter and versions
+        (requests of several policies are decoded in one batch, each row through its own adapter)."""
+        return PolicyEngine(self, name)
+
+    def adapter_version(self, name: str) -> int:
+        """The version of policy ``name``'s adapter (the initial version until its first update)."""
+        return self._scheduler.version_of(name)
+
     # --- extras ------------------------------------------------------------------------------------------
 
-    async def logprobs_of(self, input_ids: Sequence[int], start: int = 1) -> tuple[float, ...]:
-        """Teacher-forced log p(input_ids[i] | input_ids[:i]) for i in [start, len), under the current weights."""
+    async def logprobs_of(
+        self, input_ids: Sequence[int], start: int = 1, *, adapter: str | None = None
+    ) -> tuple[float, ...]:
+        """Teacher-forced log p(input_ids[i] | input_ids[:i]) for i in [start, len), under the current weights
+        (policy ``adapter``'s when named)."""
         ids = [int(token) for token in input_ids]
         require(1 <= start <= len(ids), "start", f"must be in [1, {len(ids)}], got {start}")
         require(len(ids) <= self._context_window, "input_ids", f"{len(ids)} tokens exceed the context window")
-        return await self._scheduler.run_between_steps(lambda: self._scheduler.score(ids, start))
+        return await self._scheduler.run_between_steps(lambda: self._scheduler.score(ids, start, adapter))
 
     def close(self) -> None:
         """Stop the scheduler; requests still in flight finish with ``FinishReason.ABORT``."""

@@ -65,22 +65,26 @@ class EngineAdapters:
         self.versions[name] = int(version)
 
     def _activate_all(self) -> None:
-        """Every injected adapter active, so that a mixed batch may route rows to any of them (peft's
-        ``adapter_names`` picks per row; with one adapter, plain calls use it)."""
+        """Only the "default" adapter is active for plain (unrouted) forwards: requests of no named policy get
+        the engine-wide adapter, never a sum of several; named adapters are reached through ``routed``."""
         from peft.tuners.lora import LoraLayer
 
+        active = [DEFAULT_ADAPTER] if DEFAULT_ADAPTER in self._configs else []
         for module in self.model.modules():
             if isinstance(module, LoraLayer):
-                module.set_adapter(list(self._configs))
+                module.set_adapter(active, inference_mode=True)
+
+    def row_name(self, adapter: str | None) -> str:
+        """peft's per-row adapter name for a request of ``adapter`` (the base when it is not loaded yet: a
+        fresh LoRA adapter is the identity, lora_B = 0)."""
+        name = adapter if adapter is not None else DEFAULT_ADAPTER
+        return name if name in self._configs else BASE_ADAPTER
 
     @contextlib.contextmanager
     def routed(self, adapter_names: Sequence[str] | None) -> Iterator[None]:
         """During the block, row i of every forward uses ``adapter_names[i]`` (peft's mixed-batch forward)."""
         if adapter_names is None or not self._configs:
             yield
-            return
-        if len(self._configs) == 1 and set(adapter_names) == {next(iter(self._configs))}:
-            yield  # one adapter, used by every row: the plain (faster) forward
             return
         from peft.tuners.lora import LoraLayer
 
@@ -109,3 +113,39 @@ def _structure(config: dict[str, Any]) -> dict[str, Any]:
         "target_modules": sorted(targets) if isinstance(targets, list | tuple | set) else targets,
         "lora_alpha": config.get("lora_alpha"),
     }
+
+
+class PolicyEngine:
+    """One policy's view of a shared multi-LoRA engine: an ``InferenceEngine`` + ``AdapterEngine`` whose
+    requests run with the adapter ``name`` (batched with other policies' requests) and whose versions are that
+    adapter's own. A proxy (and so every session it records) built over this view is bound to this policy;
+    a ``WeightSync`` over it updates only this policy's adapter."""
+
+    def __init__(self, engine: Any, name: str) -> None:
+        if not name or name in (BASE_ADAPTER, DEFAULT_ADAPTER):
+            raise LoraError(f"policy name: {name!r} is reserved")
+        self.engine = engine
+        self.name = name
+
+    @property
+    def context_window(self) -> int:
+        return self.engine.context_window
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.adapter_version(self.name)
+
+    async def generate(self, input_ids: Sequence[int], params: Any) -> Any:
+        return await self.engine.generate(input_ids, params, adapter=self.name)
+
+    async def update_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        await self.engine.update_adapter(adapter, version, name=self.name)
+
+    async def update_weights(self, state_dict: Any, version: int) -> None:
+        raise LoraError(
+            f"policy {self.name!r}: the base weights are shared by every policy; push this policy's adapter "
+            "(a LoRA trainer's WeightSync calls update_adapter)"
+        )
+
+    async def logprobs_of(self, input_ids: Sequence[int], start: int = 1) -> tuple[float, ...]:
+        return await self.engine.logprobs_of(input_ids, start, adapter=self.name)

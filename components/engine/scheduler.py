@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from components.engine.kv_cache import BatchKVCache, growable_layer_class
+from components.engine.lora_adapters import DEFAULT_ADAPTER, EngineAdapters
 from components.engine.moe_routing import RouterCapture
 from components.engine.prefix_cache import CachedSequence, PrefixCache, PrefixHit
 from components.engine.sampler import sample_tokens
@@ -54,6 +55,9 @@ class Request:
     # The weight version that computed every KV entry of this request; None once they mix versions (a weight
     # update without recomputation): such KV is never stored in the prefix cache.
     kv_weight_version: int | None = None
+    # Multi-LoRA: the named adapter (policy) that serves this request; None: the engine-wide weights (with the
+    # "default" adapter when one was loaded by update_adapter)
+    adapter: str | None = None
 
     @property
     def num_forwarded(self) -> int:
@@ -139,6 +143,8 @@ class BatchScheduler:
         self.routing = router_capture
         self.weight_version = config.initial_weight_version
         self.prefix_cache = PrefixCache(int(config.kv_cache_gb * 2**30))
+        self.adapters: EngineAdapters | None = None  # set by the engine: LoRA adapters injected into model
+        self._adapter_kv_keys: dict[tuple[str, int], int] = {}  # (adapter, version) → its prefix-cache key
         # transformers >= 5.20 names the KV cache argument ``cache``; older models call it ``past_key_values``.
         forward_parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
@@ -261,7 +267,7 @@ class BatchScheduler:
                     continue
                 hit = self.prefix_cache.lookup(
                     candidate.prompt,
-                    self.weight_version,
+                    self._kv_key(candidate),
                     need_routing=candidate.routed_experts is not None,
                 )
                 if group and not self._worth_padding(group, hits, candidate, hit):
@@ -306,7 +312,7 @@ class BatchScheduler:
             valid[row, length - len(suffix) :] = True
         positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0) + torch.tensor(prefix_lengths)[:, None]
         for request, hit in zip(requests, hits, strict=True):
-            request.kv_weight_version = self.weight_version
+            request.kv_weight_version = self._kv_key(request)
             if hit is not None and request.routed_experts is not None:
                 assert hit.entry.routed_experts is not None
                 request.routed_experts[:] = hit.entry.routed_experts[: hit.length]
@@ -353,7 +359,7 @@ class BatchScheduler:
 
     def _remember(self, request: Request, cache: BatchKVCache, row: int) -> None:
         """Store a finished request's KV in the prefix cache (only if one weight version computed all of it)."""
-        if not self.prefix_cache.enabled or request.kv_weight_version != self.weight_version:
+        if not self.prefix_cache.enabled or request.kv_weight_version != self._kv_key(request):
             return
         columns = cache.valid[row].nonzero()[:, 0]
         assert len(columns) == request.num_forwarded, "a row's valid KV columns are its forwarded tokens"
@@ -364,7 +370,7 @@ class BatchScheduler:
                 token_ids=np.asarray(request.prompt + request.output_ids[:-1], dtype=np.int64),
                 keys=torch.stack([layer.keys[row].index_select(1, columns) for layer in layers]),
                 values=torch.stack([layer.values[row].index_select(1, columns) for layer in layers]),
-                weight_version=self.weight_version,
+                weight_version=self._kv_key(request),
                 routed_experts=tuple(routing[: request.num_forwarded]) if routing is not None else None,
             )
         )
@@ -382,7 +388,16 @@ class BatchScheduler:
         causal = key[None, :] <= query[:, None]  # [chunk, keys]
         mask = causal[None] & cache.valid[:, None, :]
         mask |= key[None, None, :] == query[None, :, None]  # a padding query attends to itself: no NaN rows
-        output = self.model(
+        with self._adapter_rows([r.adapter for r in group.requests]):
+            output = self._prefill_forward(group, start, end, mask, cache)
+        routing = self.routing.take(rows, end - start)
+        if routing is not None:
+            self._record_prefill_routing(group, routing, start, end)
+        group.offset = end
+        group.last_logits = output.logits[:, -1, :]
+
+    def _prefill_forward(self, group: _PrefillGroup, start: int, end: int, mask: Any, cache: Any) -> Any:
+        return self.model(
             input_ids=group.padded_ids[:, start:end],
             position_ids=group.positions[:, start:end],
             attention_mask=mask[:, None],
@@ -390,11 +405,6 @@ class BatchScheduler:
             use_cache=True,
             logits_to_keep=1,
         )
-        routing = self.routing.take(rows, end - start)
-        if routing is not None:
-            self._record_prefill_routing(group, routing, start, end)
-        group.offset = end
-        group.last_logits = output.logits[:, -1, :]
 
     def _record_prefill_routing(
         self, group: _PrefillGroup, routing: torch.Tensor, start: int, end: int
@@ -465,14 +475,15 @@ class BatchScheduler:
         cache.valid = torch.cat(
             [cache.valid, torch.ones((rows, 1), dtype=torch.bool, device=self.device)], dim=1
         )
-        output = self.model(
-            input_ids=pending[:, None],
-            position_ids=positions[:, None],
-            attention_mask=cache.valid[:, None, None, :],
-            **{self._cache_argument: cache.cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with self._adapter_rows([r.adapter for r in self._running]):
+            output = self.model(
+                input_ids=pending[:, None],
+                position_ids=positions[:, None],
+                attention_mask=cache.valid[:, None, None, :],
+                **{self._cache_argument: cache.cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
         routing = self.routing.take(rows, 1)
         if routing is not None:
             for row, request in enumerate(self._running):
@@ -507,7 +518,7 @@ class BatchScheduler:
         for request, token, logprob in zip(requests, tokens, logprobs, strict=True):
             request.output_ids.append(token)
             request.logprobs.append(logprob)
-            request.weight_versions.append(self.weight_version)
+            request.weight_versions.append(self.version_of(request.adapter))
             request.finish_reason = self._finish_reason(request, token)
 
     def _finish_reason(self, request: Request, token: int) -> FinishReason | None:
@@ -526,6 +537,42 @@ class BatchScheduler:
 
     # --- control jobs (run between steps, on the scheduler thread) ------------------------------------------
 
+    # --- multi-LoRA: per-request adapters ----------------------------------------------------------------
+
+    def _named_adapter(self, adapter: str | None) -> str | None:
+        """A request's own adapter, or None when it runs on the engine-wide weights."""
+        return None if adapter in (None, DEFAULT_ADAPTER) else adapter
+
+    def version_of(self, adapter: str | None) -> int:
+        """The version that samples a request of ``adapter``: its own adapter's, or the engine-wide one."""
+        named = self._named_adapter(adapter)
+        if named is None or self.adapters is None:
+            return self.weight_version
+        return self.adapters.versions.get(named, self.config.initial_weight_version)
+
+    def _kv_key(self, request: Request) -> int:
+        """The prefix-cache key of the weights that compute this request's KV: the engine-wide version, or a
+        negative key per (adapter, version), so KV is never reused across adapters or versions."""
+        named = self._named_adapter(request.adapter)
+        if named is None:
+            return self.weight_version
+        pair = (named, self.version_of(named))
+        return self._adapter_kv_keys.setdefault(pair, -1 - len(self._adapter_kv_keys))
+
+    def _adapter_rows(self, adapters: list[str | None]) -> Any:
+        """Route batch row i through ``adapters[i]`` (peft's mixed-batch forward) when any row names one;
+        rows without one use the engine-wide weights."""
+        import contextlib
+
+        if self.adapters is None or all(self._named_adapter(name) is None for name in adapters):
+            return contextlib.nullcontext()
+        return self.adapters.routed([self.adapters.row_name(name) for name in adapters])
+
+    def apply_adapter_update(self) -> None:
+        """After a named adapter changed: forget cached KV and recompute in-flight KV (as for new weights)."""
+        self.prefix_cache.clear()
+        self._recompute_in_flight()
+
     def apply_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new weights; with ``recompute_kv_on_update``, recompute the KV of every in-flight request."""
         own = self.model.state_dict()
@@ -533,6 +580,9 @@ class BatchScheduler:
             own[name].copy_(tensor.detach().to(own[name].device))
         self.weight_version = int(version)
         self.prefix_cache.clear()  # KV of the old weights is never reused for the new ones
+        self._recompute_in_flight()
+
+    def _recompute_in_flight(self) -> None:
         in_flight = [*self._running, *(self._prefill.requests if self._prefill else [])]
         if not self.config.recompute_kv_on_update:
             for request in in_flight:
@@ -550,13 +600,15 @@ class BatchScheduler:
                 self._prefill_chunk(group)
             self._running_cache = group.cache
 
-    def score(self, ids: list[int], start: int) -> tuple[float, ...]:
-        """Teacher-forced logprobs of ``ids[start:]`` under the current weights (no KV cache)."""
-        output = self.model(
-            input_ids=torch.tensor([ids], dtype=torch.long, device=self.device),
-            use_cache=False,
-            logits_to_keep=len(ids) - start + 1,
-        )
+    def score(self, ids: list[int], start: int, adapter: str | None = None) -> tuple[float, ...]:
+        """Teacher-forced logprobs of ``ids[start:]`` under the current weights (``adapter``'s when named;
+        no KV cache)."""
+        with self._adapter_rows([adapter]):
+            output = self.model(
+                input_ids=torch.tensor([ids], dtype=torch.long, device=self.device),
+                use_cache=False,
+                logits_to_keep=len(ids) - start + 1,
+            )
         self.routing.clear()
         logprobs = torch.log_softmax(output.logits[0, :-1].float(), dim=-1)
         targets = torch.tensor(ids[start:], dtype=torch.long, device=self.device)
