@@ -144,7 +144,7 @@ async def test_agent_programs_come_from_a_read_only_bind_not_the_image(image: st
     )
     require_tool(claude, "run `make setup-test` (npm install of the agents)")
     config = ImageSandboxConfig(cache_dir=SHARED_CACHE)
-    spec = SandboxSpec(root_image=image, read_only_paths=(str(agents),), limits=LIMITS)
+    spec = SandboxSpec(root_image=image, read_only_paths=(str(agents),))  # default limits: Bun maps a lot
     async with await create_image_sandbox(spec, config) as sandbox:
         versions = await sandbox.exec(f"HOME=/tmp {claude} --version && {codex} --version", timeout_s=120)
     assert versions.exit_code == 0, versions.stderr
