@@ -168,6 +168,17 @@ def require_untruncated_sampling(sampling: SamplingDistribution, *, source: str 
         )
 
 
+def experts_per_token(model_path: str | Path) -> int:
+    """The MoE policy's experts per token (``num_experts_per_tok`` of its config.json), which decoding SGLang's
+    flat ``routed_experts`` array needs (``SGLangEngineConfig.routed_experts_top_k``)."""
+    from transformers import AutoConfig
+
+    text_config = AutoConfig.from_pretrained(model_path).get_text_config()
+    top_k = getattr(text_config, "num_experts_per_tok", None)
+    require(bool(top_k), "record_routed_experts", f"{model_path} is not an MoE model (no num_experts_per_tok)")
+    return int(top_k)
+
+
 class _PromptTooLongError(EngineError):
     """SGLang answered 400 because the prompt exceeds its context length."""
 

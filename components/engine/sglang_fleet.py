@@ -38,7 +38,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from components.config import require, require_positive
-from components.engine.sglang import SGLangEngine, SGLangEngineConfig, SGLangUnreachableError
+from components.engine.sglang import (
+    SGLangEngine,
+    SGLangEngineConfig,
+    SGLangUnreachableError,
+    experts_per_token,
+)
 from components.engine.sglang_weight_transfer import DistributedWeightSender, DistributedWeightSyncConfig
 from components.errors import EngineError
 from components.protocols import GenerationResult, SamplingParams
@@ -91,8 +96,11 @@ class SGLangFleetConfig:
 
 def sglang_fleet_config(config: RunConfig, *, initial_weight_version: int) -> SGLangFleetConfig:
     """The fleet a run's ``--sglang-*`` options describe (``--sglang-url`` may list several servers)."""
+    from components.models.registry import resolve_model
+
     urls = parse_server_urls(config.sglang_url)
     distributed = None
+    experts = experts_per_token(resolve_model(config.model)) if config.record_routed_experts else None
     if config.sglang_weight_sync == "nccl":  # '' : the node IP of the trainer's rank 0, found there
         distributed = DistributedWeightSyncConfig(master_address=config.sglang_nccl_address, backend="nccl")
     server = SGLangEngineConfig(
@@ -103,6 +111,7 @@ def sglang_fleet_config(config: RunConfig, *, initial_weight_version: int) -> SG
         request_timeout_s=config.sglang_request_timeout_s,
         context_window=config.sglang_context_window or None,
         initial_weight_version=initial_weight_version,
+        routed_experts_top_k=experts,  # R3: SGLang's routed experts are a flat id array, decoded with it
     )
     return SGLangFleetConfig(urls=urls, server=server, distributed=distributed)
 

@@ -89,7 +89,7 @@ async def _start_engine(args: argparse.Namespace, model_path: Path) -> tuple[Any
         return engine, engine.tokenizer
     from transformers import AutoTokenizer
 
-    from components.engine.sglang import SGLangEngineConfig
+    from components.engine.sglang import SGLangEngineConfig, experts_per_token
     from components.engine.sglang_fleet import SGLangFleet, SGLangFleetConfig, parse_server_urls
 
     urls = parse_server_urls(args.sglang_url)
@@ -101,21 +101,10 @@ async def _start_engine(args: argparse.Namespace, model_path: Path) -> tuple[Any
         request_timeout_s=args.sglang_request_timeout_s,
         context_window=args.context_window,
         # SGLang sends routed experts as a flat id array: decoding it needs the experts per token.
-        routed_experts_top_k=_experts_per_token(model_path) if args.record_routed_experts else None,
+        routed_experts_top_k=experts_per_token(model_path) if args.record_routed_experts else None,
     )
     engine = await SGLangFleet.connect(SGLangFleetConfig(urls=urls, server=server))
     return engine, AutoTokenizer.from_pretrained(model_path)
-
-
-def _experts_per_token(model_path: Path) -> int:
-    """The MoE policy's experts per token (``num_experts_per_tok`` of its config.json)."""
-    from transformers import AutoConfig
-
-    text_config = AutoConfig.from_pretrained(model_path).get_text_config()
-    top_k = getattr(text_config, "num_experts_per_tok", None)
-    if not top_k:
-        raise ValueError(f"--record-routed-experts: {model_path} is not an MoE model (no num_experts_per_tok)")
-    return int(top_k)
 
 
 async def _serve(args: argparse.Namespace, config: ProxyConfig) -> None:
