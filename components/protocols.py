@@ -85,7 +85,7 @@ class InferenceEngine(Protocol):
     """Token-in, token-out generation.
 
     Contract: ``generate`` takes prompt token ids (never text) and returns the sampled ids with the logprob of
-    each under the distribution it was sampled from (after temperature / top-p), and the weight version that
+    each under the distribution it was sampled from (after temperature, top-k, top-p), and the weight version that
     produced each token. A prompt at or over ``context_window`` raises ``ContextOverflowError`` and generates
     nothing; otherwise ``max_tokens`` is clamped to the room left. ``update_weights`` is atomic with respect
     to in-flight requests: every token is produced entirely by one version, and tokens sampled after the call
