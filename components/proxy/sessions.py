@@ -313,6 +313,8 @@ class LocalSessionRegistry:
                 session.overflowed = True
                 session.overflow_message = str(error)
                 raise
+            except ValueError:  # a request the engine refuses (e.g. sampling it cannot record): the client's 4xx
+                raise
             except Exception as error:
                 session.num_engine_errors += 1
                 session.last_engine_error = f"{type(error).__name__}: {error}"

@@ -193,6 +193,30 @@ def test_engine_failure_after_stream_start_is_an_in_stream_error(start_proxy, to
     assert response.status_code == 500 and "GPU on fire" in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("raised", "status", "num_engine_errors"),
+    [(ValueError("top_p refused by this engine"), 400, 0), (RuntimeError("GPU on fire"), 500, 1)],
+)
+def test_only_engine_failures_count_as_engine_errors(
+    start_proxy, tokenizer, raised, status, num_engine_errors
+):
+    """A request the engine refuses (bad parameters) is the client's error; the runner must not read it as an
+    engine failure (which would turn the agent's own mistake into an untrainable engine_error)."""
+
+    class RaisingEngine(DelayedEngine):
+        async def generate(self, input_ids, params):
+            raise raised
+
+    proxy = start_proxy(RaisingEngine(ScriptedEngine(tokenizer, ["x"]), delay_s=0.0))
+    session_id = proxy.open_session()
+    response = httpx.post(
+        f"{proxy.session_url(session_id)}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert response.status_code == status and str(raised) in response.json()["error"]["message"]
+    assert proxy.describe(session_id)["num_engine_errors"] == num_engine_errors
+
+
 def test_api_key(start_proxy):
     proxy = start_proxy(script=["ok"], api_key="sekret")
     assert httpx.post(f"{proxy.url}/sessions").status_code == 401
