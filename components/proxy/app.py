@@ -267,7 +267,9 @@ class _ProxyHandlers:
     async def models(self, request: Request) -> Response:
         try:
             keys = self.config.session_keys
-            bare = request.path_params.get("session_id") is None and request.headers.get(SESSION_HEADER) is None
+            bare = (
+                request.path_params.get("session_id") is None and request.headers.get(SESSION_HEADER) is None
+            )
             if keys is None:
                 self._check_api_key(request)
             elif not (bare and keys.is_admin_key(self._presented_key(request))):
