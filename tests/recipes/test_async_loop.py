@@ -35,12 +35,19 @@ GROUP_SIZE, GAMES_PER_STEP = 2, 2
 
 
 def toy_flags(
-    run_dir: Path, *, mode: str, num_steps: int, model_dir: Path, max_tokens: int = 48
+    run_dir: Path,
+    *,
+    mode: str,
+    num_steps: int,
+    model_dir: Path,
+    max_tokens: int = 48,
+    max_concurrency: int = 4,
 ) -> tuple[str, ...]:
     return (
         "--model", str(model_dir), "--run-dir", str(run_dir), "--num-steps", str(num_steps),
         "--max-tokens", str(max_tokens),
-        "--group-size", str(GROUP_SIZE), "--games-per-step", str(GAMES_PER_STEP), "--max-concurrency", "4",
+        "--group-size", str(GROUP_SIZE), "--games-per-step", str(GAMES_PER_STEP),
+        "--max-concurrency", str(max_concurrency),
         "--rollout-mode", mode, "--max-staleness", "2", "--trainer-workers", "1", "--wandb-mode", "offline",
     )  # fmt: skip
 
@@ -83,11 +90,16 @@ def assert_every_committed_group_trained_once(run_dir: Path, *, num_steps: int) 
 @pytest.mark.parametrize("mode", ["async", "partial"])
 def test_overlapped_run_trains_every_committed_group_exactly_once(tmp_path, tiny_model_dir, mode):
     run_dir = tmp_path / "run"
-    # partial: replies long enough (6 turns × 128 tokens) that rollouts started while a step trains (after the
-    # first, whose trainer warm-up outlasts every rollout) are still generating when its weights arrive.
-    num_steps, max_tokens = (4, 128) if mode == "partial" else (3, 48)
+    # partial: one group at a time with long replies (6 turns × 256 tokens), so the producer, not the trainer,
+    # is the bottleneck: a group is always generating when a step's weights arrive.
+    num_steps, max_tokens, max_concurrency = (4, 256, 2) if mode == "partial" else (3, 48, 4)
     flags = toy_flags(
-        run_dir, mode=mode, num_steps=num_steps, model_dir=tiny_model_dir, max_tokens=max_tokens
+        run_dir,
+        mode=mode,
+        num_steps=num_steps,
+        model_dir=tiny_model_dir,
+        max_tokens=max_tokens,
+        max_concurrency=max_concurrency,
     )
     run_recipe("tictactoe_grpo", *flags, timeout_s=600)
 
