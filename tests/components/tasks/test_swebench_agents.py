@@ -1,4 +1,5 @@
-"""Agents inside the image: the white-box SWE agent and the unmodified mini-swe-agent work on an image task
+"""Agents inside the image: the white-box SWE agent, the unmodified mini-swe-agent and Claude Code (its native
+binary) work on an image task
 (repository at /testbed, the image's Python), driven by a scripted policy through the real proxy, and the
 grader, in a fresh sandbox of the same image, gives the fix 1. The agent program itself comes from a read-only
 bind of its install directory (the venv), not from the image."""
@@ -17,6 +18,7 @@ from components.tasks.swebench import RepoSources, load_swebench
 from components.tasks.swebench_grading import SweBenchGrader
 from components.trajectory import TrajectoryStatus
 from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
+from harnesses.claude_code import ClaudeCodeAgent
 from harnesses.mini_swe_agent import MiniSweAgent
 from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
 from sandboxes.image import ImageCache, ImageSandboxConfig, ImageSandboxProvider
@@ -39,7 +41,7 @@ def _apply_gold(patch: str) -> str:
     return f"cd /testbed && cat > /tmp/fix.patch <<'REIN_EOF'\n{patch}REIN_EOF\ngit apply /tmp/fix.patch && echo applied"
 
 
-@pytest.mark.parametrize("harness_name", ["swe_agent", "mini_swe_agent"])
+@pytest.mark.parametrize("harness_name", ["swe_agent", "mini_swe_agent", "claude_code"])
 async def test_agent_in_the_image_fixes_the_instance(harness_name, tmp_path: Path, tokenizer) -> None:
     require_fixtures(INSTANCES, SNAPSHOTS, IMAGE_LAYOUT)
     sources = RepoSources(
@@ -60,6 +62,15 @@ async def test_agent_in_the_image_fixes_the_instance(harness_name, tmp_path: Pat
             "Fixed.\n" + tool_call("submit"),
         ]
         program_paths = python_tool_paths()
+    elif harness_name == "claude_code":  # its native binary: only .agents is bound
+        agent = ClaudeCodeAgent(bare=True)
+        harness = BlackBoxHarness(agent, BlackBoxConfig(max_turns=4, wall_time_s=240, max_output_tokens=4096))
+        replies = [
+            tool_call("Bash", command=_apply_gold(task.instance.patch), description="apply the fix"),
+            tool_call("Bash", command=check, description="check it"),
+            "Done.",
+        ]
+        program_paths = agent.read_only_paths()
     else:
         agent = MiniSweAgent()
         harness = BlackBoxHarness(agent, BlackBoxConfig(max_turns=4, wall_time_s=240, max_output_tokens=4096))
@@ -83,7 +94,8 @@ async def test_agent_in_the_image_fixes_the_instance(harness_name, tmp_path: Pat
         )
         [trajectory] = await runner.run([task], step=0)
     assert trajectory.status == TrajectoryStatus.OK, f"{trajectory.failure_reason}\n{trajectory.log[-3000:]}"
-    assert "hello" in trajectory.log, trajectory.log[
-        -3000:
-    ]  # the image's python3 imported the fixed /testbed
+    seen = trajectory.log + str(
+        trajectory.messages
+    )  # tool results: the image's python3 ran the fixed /testbed
+    assert "hello" in seen, seen[-3000:]
     assert trajectory.reward == 1.0, trajectory.log[-3000:]
