@@ -245,6 +245,18 @@ class Reward(Protocol):
     async def score(self, task: Task, agent_sandbox: Sandbox) -> RewardResult: ...
 
 
+@runtime_checkable
+class GroupReward(Protocol):
+    """Scores a whole GRPO group of one task at once (e.g. a relative LLM judge), after its rollouts finished.
+
+    Contract: returns one ``RewardResult`` per trajectory, in order; a failure returns ``reward=None`` with
+    the error for the members it could not score (they become ``grading_error``), never a silent 0. Its own
+    model calls are never recorded into the policy's trajectories.
+    """
+
+    async def score_group(self, task: Task, trajectories: Sequence[Trajectory]) -> list[RewardResult]: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class HarnessOutcome:
     """How an agent run ended. ``status`` is a ``TrajectoryStatus`` value."""

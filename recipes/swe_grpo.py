@@ -31,6 +31,7 @@ from components.launch import (
 from components.loop import run_recipe_loop
 from components.protocols import Harness
 from components.recipe_config import option
+from components.rewards.config import RewardBrickConfig
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks import SweGrader, load_builtin_tasks
 from components.tasks.swe import python_tool_paths
@@ -58,6 +59,7 @@ class SweGrpoConfig(RunConfig):
     max_turns: int = option(3, "model calls per rollout")
     max_tokens: int = option(192, "cap on the tokens of one model reply")
     wall_time_s: float = option(300.0, "wall-clock bound of one agent run")
+    reward: RewardBrickConfig = option(RewardBrickConfig(), "how rollouts are rewarded")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -147,6 +149,7 @@ async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
         sandboxes, grader = stack.sandboxes, SweGrader(BwrapSandbox.create)
         if config.tasks != "builtin":
             sandboxes, grader = await swebench_sandboxes(config, stack, tasks, sandbox_paths, images)
+        grader, group_reward, reward_weights = config.reward.build(grader)
         runner = RolloutRunner(
             RolloutConfig(group_size=config.group_size, max_concurrency=config.max_concurrency),
             harness=harness,
@@ -155,6 +158,8 @@ async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
             proxy_url=stack.proxy_url,
             session_keys=stack.session_keys,
             grader=grader,
+            group_reward=group_reward,
+            reward_weights=reward_weights,
         )
         await run_recipe_loop(
             config, run, stack, runner, lambda step: tasks_for_step(tasks, step=step, num_tasks=config.num_tasks)

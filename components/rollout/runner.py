@@ -11,6 +11,7 @@ cannot reach a verdict ``grading_error``. Infrastructure failures carry no rewar
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from components.config import require_positive
 from components.protocols import (
+    GroupReward,
     Harness,
     HarnessOutcome,
     Reward,
@@ -30,6 +32,7 @@ from components.protocols import (
     TaskWithSetup,
 )
 from components.proxy.auth import SessionKeys
+from components.rewards.compose import RewardWeights, apply_group_reward
 from components.rollout.failures import classify_exception
 from components.rollout.log_text import clip_text
 from components.trajectory import TRAINABLE_STATUSES, Trajectory, TrajectoryStatus
@@ -105,10 +108,14 @@ class RolloutRunner:
         proxy_url: str,
         grader: Reward,
         session_keys: SessionKeys | None = None,
+        group_reward: GroupReward | None = None,
+        reward_weights: RewardWeights | None = None,
     ) -> None:
         """``session_keys``: the proxy's credentials (``ProxyConfig.session_keys``) when it runs isolated; each
         harness then gets its own session's capability token as its API key, never the admin key. None: the
-        proxy is open (or shared-key) and harnesses get a placeholder key."""
+        proxy is open (or shared-key) and harnesses get a placeholder key. ``group_reward`` (e.g. a relative
+        judge) scores each complete group after its rollouts, combined with the grader's reward by
+        ``reward_weights``."""
         self.config = config
         self.harness = harness
         self.sandboxes = sandboxes
@@ -116,6 +123,8 @@ class RolloutRunner:
         self.proxy_url = proxy_url.rstrip("/")
         self.grader = grader
         self.session_keys = session_keys
+        self.group_reward = group_reward
+        self.reward_weights = reward_weights or RewardWeights()
         self._run_tag = uuid.uuid4().hex[:8]
 
     def session_url(self, session_id: str) -> str:
@@ -137,11 +146,36 @@ class RolloutRunner:
             async with semaphore:
                 return await self._rollout_never_raises(task, group_id=group_id, step=step)
 
-        jobs = []
-        for task_index, task in enumerate(tasks):
-            group_id = f"{self._run_tag}-s{step}-t{task_index}-{task.task_id}"
-            jobs += [bounded(task, group_id) for _ in range(self.config.group_size)]
-        return list(await asyncio.gather(*jobs))
+        async def group(task: Task, group_id: str) -> list[Trajectory]:
+            members = await asyncio.gather(*(bounded(task, group_id) for _ in range(self.config.group_size)))
+            return await self._apply_group_reward(task, list(members))
+
+        groups = [
+            group(task, f"{self._run_tag}-s{step}-t{task_index}-{task.task_id}")
+            for task_index, task in enumerate(tasks)
+        ]
+        return [trajectory for members in await asyncio.gather(*groups) for trajectory in members]
+
+    async def _apply_group_reward(self, task: Task, members: list[Trajectory]) -> list[Trajectory]:
+        """The group reward (if any) over a complete group; its failure is the group's ``grading_error``."""
+        if self.group_reward is None:
+            return members
+        try:
+            return await asyncio.wait_for(
+                apply_group_reward(task, members, self.group_reward, self.reward_weights),
+                self.config.grading_timeout_s,
+            )
+        except Exception as exc:
+            logger.warning("group reward of %s failed: %s", task.task_id, exc)
+            reason = f"group reward failed: {type(exc).__name__}: {exc}"
+            return [
+                dataclasses.replace(
+                    t, status=TrajectoryStatus.GRADING_ERROR, failure_reason=reason, reward=None
+                )
+                if t.trainable
+                else t
+                for t in members
+            ]
 
     async def _rollout_never_raises(self, task: Task, *, group_id: str, step: int) -> Trajectory:
         rollout = _Rollout()
