@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--api-key", default=None, help="require this key (Authorization: Bearer / x-api-key)"
+    )
+    parser.add_argument(
+        "--admin-key",
+        default=os.environ.get("REIN_PROXY_ADMIN_KEY") or None,
+        help="isolated mode: this key (default $REIN_PROXY_ADMIN_KEY) guards session control; each session's "
+        "model routes take only its own token (POST /sessions returns it as api_key)",
     )
     parser.add_argument(
         "--keepalive-s", type=float, default=5.0, help="keep-alive frame interval while streaming"
@@ -137,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             host=args.host,
             port=args.port,
             api_key=args.api_key,
+            admin_key=args.admin_key,
             keepalive_interval_s=args.keepalive_s,
             default_max_tokens=args.max_tokens,
             max_completion_tokens=args.max_completion_tokens,
