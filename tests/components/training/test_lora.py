@@ -295,3 +295,20 @@ def test_rein_export_merged_writes_a_full_hf_model_with_the_adapters_logits(
     with pytest.raises(SystemExit) as empty:
         rein(["export", str(tmp_path / "no-run"), "--merged", str(tmp_path / "other")])
     assert empty.value.code == 2 and not (tmp_path / "other").exists()
+
+
+def test_recipe_flags_build_the_trainers_lora_settings():
+    from components.launch import RunConfig
+    from components.recipe_config import parse_config
+
+    flags = ["--lora-rank", "16", "--lora-target", "all-linear", "--trainer-gradient-checkpointing", "true"]
+    trainer = parse_config(RunConfig, flags).trainer
+    assert trainer.lora_settings() == LoraSettings(rank=16, target_modules="all-linear")
+    assert trainer.gradient_checkpointing
+    named = parse_config(
+        RunConfig, ["--lora-rank", "8", "--lora-target", "q_proj,v_proj", "--lora-alpha", "4"]
+    )
+    assert named.trainer.lora_settings() == LoraSettings(rank=8, alpha=4, target_modules=("q_proj", "v_proj"))
+    assert not parse_config(RunConfig, []).trainer.lora_settings().enabled  # default: full fine-tuning
+    with pytest.raises((ValueError, SystemExit)):
+        parse_config(RunConfig, ["--lora-rank", "-1"])
