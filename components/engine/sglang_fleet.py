@@ -290,6 +290,18 @@ class SGLangFleet:
 
         await self._paused_on_all(version, load)
 
+    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> None:
+        """``LoraServingEngine``: every live server loads the PEFT folder ``lora_path`` under its own new name
+        and unloads the previous version (``SGLangEngine.load_lora_adapter``). No pause: each request names
+        its adapter, so one request never mixes versions; a server that fails is taken out."""
+        async with self.update_lock:
+            await self._on_each(
+                self._live(),
+                lambda server: server.load_lora_adapter(lora_path, version),
+                f"LoRA adapter version {version}",
+            )
+            self._weight_version = int(version)
+
     async def update_weights_from_trainer(self, trainer: Any, version: int) -> dict[str, float]:
         """Generation paused on every live server, the trainer's rank 0 broadcasts its current policy to them
         over the weight-update group (``config.distributed``; ``Trainer.broadcast_weights``), generation

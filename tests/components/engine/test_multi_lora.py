@@ -100,3 +100,40 @@ async def test_two_policies_sampled_together_each_token_from_its_own_adapter(tin
             engine.policy("default")
     finally:
         await engine.aclose()
+
+
+async def test_sglang_fleet_loads_each_adapter_version_on_every_server(tiny_model_dir, adapters, tmp_path):
+    """Against two protocol-faithful fake SGLang servers (real HTTP)."""
+    from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.engine.sglang_fleet import SGLangFleet, SGLangFleetConfig
+    from components.lora import write_adapter_version
+    from components.protocols import LoraServingEngine, SamplingParams
+    from tests.components.engine.fake_sglang import FakeSGLangServer
+
+    (alice_model, alice_adapter), (bob_model, bob_adapter) = adapters
+    config = EmbeddedEngineConfig(
+        model_path=tiny_model_dir, num_threads=1, context_window=2048, eos_token_ids=()
+    )
+    engines = [EmbeddedEngine(config), EmbeddedEngine(config)]
+    try:
+        with (
+            FakeSGLangServer(engines[0], tiny_model_dir, enable_lora=True) as one,
+            FakeSGLangServer(engines[1], tiny_model_dir, enable_lora=True) as two,
+        ):
+            fleet = await SGLangFleet.connect(SGLangFleetConfig(urls=(one.url, two.url)))
+            try:
+                assert isinstance(fleet, LoraServingEngine)
+                for version, adapter in ((3, alice_adapter), (4, bob_adapter)):
+                    path = write_adapter_version(tmp_path, adapter, f"run-v{version}", keep_last=2)
+                    await fleet.load_lora_adapter(str(path), version)
+                assert fleet.weight_version == 4
+                assert [list(s.state.loras) for s in (one, two)] == [["run-v4"], ["run-v4"]]
+                result = await fleet.generate(PROMPTS[0], SamplingParams(max_tokens=4, seed=0))
+                assert set(result.weight_versions) == {4}
+                expected = teacher_forced(bob_model, PROMPTS[0] + list(result.output_ids), len(PROMPTS[0]))
+                assert max(abs(a - b) for a, b in zip(result.logprobs, expected, strict=True)) <= 1e-4
+            finally:
+                await fleet.aclose()
+    finally:
+        for engine in engines:
+            await engine.aclose()
