@@ -539,10 +539,13 @@ class RunStack:
         config, run = self.config, self.run
         connect_ray(config)
         checkpoint = latest_checkpoint(run.path / "checkpoints")
+        # A LoRA checkpoint is an adapter folder: the engine starts on the base and gets the resumed adapter
+        # pushed (as the checkpoint's version) before any rollout.
+        lora_checkpoint = checkpoint is not None and (checkpoint.path / "adapter_config.json").exists()
         # The engine starts (e.g. its actor loads the model) while the trainer's workers start.
         engine_start = asyncio.create_task(
             self.bricks.engine.start(
-                model_path=checkpoint.path if checkpoint else run.model_path,
+                model_path=checkpoint.path if checkpoint and not lora_checkpoint else run.model_path,
                 weight_version=checkpoint.state.weight_version if checkpoint else 0,
                 run_dir=run.path,
                 resumed=checkpoint is not None,
@@ -559,6 +562,8 @@ class RunStack:
         if self.trainer.resumed_from:
             logger.info("resumed from %s (state %s)", self.trainer.resumed_from, self.trainer.state)
         self.engine, self.weight_sync = await engine_start
+        if lora_checkpoint:
+            await self.weight_sync.push(self.trainer, self.trainer.state.weight_version)
         self.proxy_url, self.sessions = await self._start_proxy()
         self.sandboxes = self.bricks.sandboxes
         self._cleanups.append(self.sandboxes.close)
