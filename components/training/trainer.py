@@ -548,11 +548,14 @@ class Trainer:
         return metrics
 
     def full_state_dict_ref(self) -> Any:
-        """A Ray ObjectRef to the full (unsharded, CPU) state dict of the current policy."""
+        """A Ray ObjectRef to the full (unsharded, CPU) state dict of the current policy (LoRA: the PeftModel's,
+        keyed ``base_model.model.…`` with the adapter's tensors; engines get ``adapter_ref`` instead)."""
         return self._call(GatherFullStateDict())[0][0]
 
     def broadcast_weights(self, servers: Sequence[Any], sync: Any, version: int) -> dict[str, float]:
         """Rank 0 broadcasts the current policy as ``version`` to SGLang ``servers`` (``BroadcastWeights``)."""
+        if self.config.lora.enabled:
+            raise TrainerError("broadcast_weights: a LoRA trainer syncs its adapter (WeightSync mode 'disk')")
         return self._call(BroadcastWeights(servers=tuple(servers), sync=sync, version=version))[0]
 
     def adapter_ref(self) -> Any:
