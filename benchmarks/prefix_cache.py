@@ -103,7 +103,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="6 shorter turns (< 1 minute on an idle machine)")
+    parser.add_argument(
+        "--quick", action="store_true", help="6 shorter turns (< 1 minute on an idle machine)"
+    )
     parser.add_argument("--model", default="default", help="'default', 'tiny' or an HF folder")
     parser.add_argument("--turns", type=int, default=None)
     parser.add_argument("--new-tokens", type=int, default=None, help="reply tokens per turn")

@@ -194,7 +194,9 @@ class EmbeddedEngine:
         self._check_state_dict(state_dict)
         await self._scheduler.run_between_steps(lambda: self._scheduler.apply_weights(state_dict, version))
 
-    async def update_adapter(self, adapter: LoraAdapter, version: int, *, name: str = DEFAULT_ADAPTER) -> None:
+    async def update_adapter(
+        self, adapter: LoraAdapter, version: int, *, name: str = DEFAULT_ADAPTER
+    ) -> None:
         """Apply a LoRA adapter version between two decode steps over the unchanged base weights (only the
         adapter's tensors are copied) and stamp later tokens with ``version``; as with ``update_weights``,
         in-flight KV is recomputed (``recompute_kv_on_update``) and the prefix cache is emptied."""
