@@ -6,6 +6,9 @@ PIP := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MODEL_DIR := .models/smollm2-135m-instruct
 AGENTS_DIR := .agents
+IMAGES_DIR := .images
+SWEBENCH_DIR := .swebench
+SWEBENCH_MANIFEST := tests/components/tasks/data/pypi_instances.json
 
 .PHONY: run test setup setup-test lint clean
 
@@ -48,10 +51,6 @@ $(MODEL_DIR)/config.json: $(VENV)/.installed
 # SWE-bench-format fixtures (image sandboxes, data-set grading): an OCI image built with mmdebstrap + umoci
 # (Debian python3 + pytest + git), and instances built from real bug-fix releases on PyPI (the manifest names
 # them; the sdists are downloaded here, once). Tests are offline afterwards.
-IMAGES_DIR := .images
-SWEBENCH_DIR := .swebench
-SWEBENCH_MANIFEST := tests/components/tasks/data/pypi_instances.json
-
 /usr/bin/umoci:
 	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq umoci skopeo fuse-overlayfs mmdebstrap
 
