@@ -33,6 +33,12 @@ observer starts trusted and stays out of the reach of what it then runs:
    passed) as one line authenticated with HMAC-SHA256 under the nonce, which only the host and the observer
    know. Anything else on the exec's output is ignored.
 
+Repository mode (bundle key ``pytest_args``, used by ``components/tasks/swebench_grading.py``): the tests are the
+repository's own, already restored by the host (test files, test infrastructure, ``test_patch``), so steps 2
+and 3 are skipped; the test process runs pytest with the given arguments and the repository's own
+configuration and ``conftest.py`` files, the working tree placed before site-packages (as ``python -m pytest``
+finds it) but after the stdlib. Channel, fingerprint, kill loop and verdict are the same.
+
 Known limit: the code under test runs inside the test process, so code aimed at this grader's internals (its
 event socket, its fingerprint) can still forge that process's events, and a patch undone between a report and
 the next teardown escapes the fingerprint; the tree scan rejects the plain forms (see
@@ -247,16 +253,24 @@ def outcomes_from_events(events):
 
 
 def observe(bundle, nonce):
-    workspace = bundle["workspace"]
+    workspace = os.path.abspath(bundle["workspace"])
     runner_pattern = re.compile(bundle["test_runner_pattern"].encode())
     reach_pattern = re.compile(bundle["interpreter_pattern"].encode())
     verdict = {"outcomes": {}, "collection_errors": [], "timed_out": False, "exit_code": None}
+    if bundle.get("pytest_args") is not None:  # repository mode: the host restored the tree itself
+        return run_test_process(bundle, workspace, {}, verdict)
     verdict["scan"] = scan_tree(workspace, runner_pattern, reach_pattern)
     if bundle.get("skip_tests_on_tampering") and verdict["scan"]["test_runner"]:
         verdict["skipped"] = "the patched tree references the test runner"
         return verdict
     hidden = bundle["hidden_tests"]
     write_hidden_placeholders(workspace, sorted(hidden))
+    return run_test_process(bundle, workspace, hidden, verdict)
+
+
+def run_test_process(bundle, workspace, hidden, verdict):
+    """Start the test process, collect its events, kill every other process, and complete ``verdict``."""
+    pytest_args = bundle.get("pytest_args")
     ini_dir = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(ini_dir, "grader-pytest.ini"), "w", encoding="utf-8") as handle:
         handle.write("[pytest]\naddopts =\n")
@@ -282,7 +296,14 @@ def observe(bundle, nonce):
             "--test-process",
             str(source_read),
             str(event_write),
-            json.dumps({"workspace": workspace, "ini_dir": ini_dir, "plugins": bundle.get("plugins", [])}),
+            json.dumps(
+                {
+                    "workspace": workspace,
+                    "ini_dir": ini_dir,
+                    "plugins": bundle.get("plugins", []),
+                    "pytest_args": pytest_args,
+                }
+            ),
         ],
         cwd=workspace,
         env=child_env,
@@ -406,11 +427,15 @@ def _code_of(value):
     return id(getattr(function, "__code__", None))
 
 
+_repository_mode = False  # set by the test process in repository mode (see runner_fingerprint)
+
+
 def runner_fingerprint(plugin_manager):
     """What code under test would have to change to forge outcomes from inside the test process: every
     callable and class of pytest/pluggy/builtins (their identity, their code, every class's own attributes),
     the registered plugins, and the tracing hooks. Taken before any code of the agent runs, compared after
-    every test phase."""
+    every test phase. In repository mode the repository's own ``conftest.py`` modules, which pytest registers as
+    plugins while it collects (the host restored them to the base), do not count as a change."""
     fingerprint, classes = {}, {}
     for module_name, module in list(sys.modules.items()):
         if module is None or module_name.split(".", 1)[0] not in _WATCHED_PREFIXES:
@@ -427,9 +452,19 @@ def runner_fingerprint(plugin_manager):
                 fingerprint[f"{module_name}.{name}"] = (id(value), classes[id(value)])
             elif callable(value) and not isinstance(value, type(sys)):
                 fingerprint[f"{module_name}.{name}"] = (id(value), _code_of(value))
-    fingerprint["<plugins>"] = tuple(sorted(id(plugin) for plugin in plugin_manager.get_plugins()))
+    plugins = plugin_manager.get_plugins()
+    if _repository_mode:
+        plugins = [plugin for plugin in plugins if not _is_conftest_module(plugin)]
+    fingerprint["<plugins>"] = tuple(sorted(id(plugin) for plugin in plugins))
     fingerprint["<trace>"] = (id(sys.gettrace()), id(sys.getprofile()))
     return fingerprint
+
+
+def _is_conftest_module(plugin):
+    return (
+        isinstance(plugin, type(sys))
+        and os.path.basename(getattr(plugin, "__file__", "") or "") == "conftest.py"
+    )
 
 
 def fingerprint_changes(before, after):
@@ -482,6 +517,9 @@ def test_process(source_fd, event_fd, options):
                 raise self.CollectError(f"importing the hidden test module failed: {error!r}") from error
             return module
 
+    global _repository_mode
+    _repository_mode = options.get("pytest_args") is not None
+
     class EventSender:
         def __init__(self):
             self.fingerprint = None
@@ -528,6 +566,22 @@ def test_process(source_fd, event_fd, options):
             send(event)
 
     ini_path = os.path.join(options["ini_dir"], "grader-pytest.ini")
+    pytest_args = options.get("pytest_args")
+    if pytest_args is not None:
+        # Repository mode: the tree must shadow an installed copy of its own package (``python -m pytest`` puts
+        # it first), but not the stdlib or pytest, which are imported already or come before it.
+        site = [
+            index
+            for index, entry in enumerate(sys.path)
+            if entry.endswith(("site-packages", "dist-packages"))
+        ]
+        sys.path.insert(site[0] if site else len(sys.path), workspace)
+        arguments = ["-p", "no:cacheprovider"]
+        for plugin in options.get("plugins", []):
+            arguments += ["-p", plugin]
+        exit_code = pytest.main([*arguments, *pytest_args], plugins=[EventSender()])
+        sys.stdout.flush()
+        os._exit(int(exit_code))
     sys.path.append(workspace)  # after the stdlib and pytest: agent files cannot shadow them
     arguments = [
         "-c",

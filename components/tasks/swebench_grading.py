@@ -12,18 +12,28 @@ Per verdict (``SweBenchGrader.score``):
    ``*.pth``), goes back to the base commit (or away, if the agent created it); then ``test_patch`` (never
    shown to the agent) is applied. The environment itself is the image's, read-only: an agent cannot plant
    anything in site-packages.
-5. The instance's test command runs between two random markers (a row with its own ``eval_script``, as swebench
-   >= 4 data sets ship, runs that script instead: it restores the tests, applies ``test_patch`` and prints
-   swebench's fixed markers, exactly as SWE-bench grades it); the text between them is parsed per test id
-   with the ``swebench`` package's own parser for the repository (``PARSER_REGISTRY`` /
+5. A pytest repository's tests (no ``eval_script``, a test command ``python[3] -m pytest ARGS`` or ``pytest
+   ARGS``, a pytest-format log parser) run through the project grader's observer
+   (``components/tasks/grading_runner.py``, repository mode): the test process sends one event per test phase
+   over a socket whose sender pid the kernel stamps, the observer kills every process when the session ends and
+   prints its verdict authenticated with a per-verdict secret. The per-test outcomes of that verdict, written
+   out as pytest's ``-rA`` summary lines, go through the repository's swebench parser, so test ids map to
+   FAIL_TO_PASS / PASS_TO_PASS exactly as swebench maps them. Nothing the tests print is read. No verdict, a
+   session the test process did not finish, a fingerprint change of pytest/pluggy/builtins, or processes that
+   outlive the kill loop earn 0.
+6. Any other row (the fallback): the instance's test command runs between two random markers (a row with its
+   own ``eval_script``, as swebench >= 4 data sets ship, runs that script instead: it restores the tests,
+   applies ``test_patch`` and prints swebench's fixed markers, exactly as SWE-bench grades it); the text
+   between them is parsed per test id with the ``swebench`` package's own parser for the repository (``PARSER_REGISTRY`` /
    ``MAP_REPO_TO_PARSER_PY``), and ``swebench.harness.grading.get_eval_tests_report`` +
    ``get_resolution_status`` decide: reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS test passed
    (``RESOLVED_FULL``); a test missing from the log counts as failed. The exit code is never trusted.
 
-Known limit (SWE-bench's own): the verdict is read from the test output, which code under test also writes
-to; printing a forged ``PASSED <id>`` line is flagged by nothing here. The random markers stop it from
-cutting the parsed region short, and for pytest repositories the project's ``SweGrader`` (report written by
-an in-process plugin to a random path) is the stricter alternative.
+Known limits: on the fallback path (SWE-bench's own) the verdict is read from the test output, which code under
+test also writes to, so a forged ``PASSED <id>`` line counts; the random markers only stop it from cutting the
+parsed region short. On the observer path the code under test still runs inside pytest's process (the
+observer's known limit), the repository's own ``conftest.py`` files load before the fingerprint is taken, and
+pytest plugins are not autoloaded (``SweBenchGraderConfig.pytest_plugins`` names the ones a repository needs).
 
 Grading failures (sandbox or image unusable, ``test_patch`` not applying to the restored tree, the test
 command not found) are ``RewardResult(reward=None, error=...)``, never a 0.
@@ -36,6 +46,7 @@ import asyncio
 import json
 import re
 import secrets
+import shlex
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -44,6 +55,8 @@ from components.errors import SandboxError
 from components.protocols import RewardResult, Sandbox, Task
 from components.tasks.grading import (
     _TAMPERING,
+    INTERPRETER_PATTERN,
+    TEST_RUNNER_PATTERN,
     GradingError,
     SandboxFactory,
     SandboxSource,
@@ -52,6 +65,7 @@ from components.tasks.grading import (
     _AgentFault,
     flag_suspicious_diff,
 )
+from components.tasks.swe import SweTask
 from components.tasks.swebench import R2E_LOG_PARSER, SweBenchTask, parse_r2e_log
 
 _SAFE_GIT = ("git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
@@ -73,10 +87,90 @@ class SweBenchGraderConfig:
     test_timeout_s: float = 1800.0  # the whole test command (a patch that hangs the tests earns 0)
     step_timeout_s: float = 120.0  # each git / patch step
     reject_test_runner_tampering: bool = True  # as SweGraderConfig's
+    # pytest plugins the observer path enables with ``-p`` (it turns entry-point autoloading off: a
+    # ``*.dist-info`` in the working tree could otherwise load a plugin before the fingerprint is taken).
+    pytest_plugins: tuple[str, ...] = ()
+    observer_grace_s: float = 60.0  # the observer's time beyond test_timeout_s (kill loop, verdict)
 
     def __post_init__(self) -> None:
         require_positive(self.test_timeout_s, "test_timeout_s")
         require_positive(self.step_timeout_s, "step_timeout_s")
+        require_positive(self.observer_grace_s, "observer_grace_s")
+
+
+_INTERPRETER = re.compile(r"python(3(\.\d+)?)?")
+_SHELL_SYNTAX = re.compile(r"[;&|<>$`()\n*?\[\]{}~]")
+# swebench's outcome names for the observer's per-test outcomes (as pytest -rA prints them).
+_SUMMARY_STATUS = {
+    "passed": "PASSED",
+    "failed": "FAILED",
+    "error": "ERROR",
+    "skipped": "SKIPPED",
+    "xfailed": "XFAIL",
+    "incomplete": "FAILED",
+}
+
+
+def pytest_invocation(task: SweBenchTask) -> tuple[str, list[str]] | None:
+    """``(interpreter, pytest arguments)`` when the instance's tests run through the observer, else None.
+
+    Only a plain ``python[3] -m pytest ARGS`` / ``pytest ARGS`` command (no shell syntax), no ``eval_script``,
+    and a pytest-format swebench log parser for the repository qualify."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+    from swebench.harness.log_parsers.python import MAP_REPO_TO_PARSER_PY, parse_log_pytest
+
+    instance = task.instance
+    if instance.eval_script or instance.log_parser == R2E_LOG_PARSER:
+        return None
+    if instance.log_parser:
+        parser = PARSER_REGISTRY.get(instance.log_parser)
+    else:
+        parser = MAP_REPO_TO_PARSER_PY.get(instance.repo, parse_log_pytest)
+    if parser is None or not parser.__name__.startswith("parse_log_pytest"):
+        return None
+    command = task.test_command
+    if _SHELL_SYNTAX.search(command):
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    if len(words) >= 3 and _INTERPRETER.fullmatch(words[0]) and words[1:3] == ["-m", "pytest"]:
+        return words[0], words[3:]
+    if words and words[0] == "pytest":
+        return "python3", words[1:]
+    return None
+
+
+def summary_log(outcomes: dict[str, str]) -> str:
+    """The observer's per-test outcomes as pytest's ``-rA`` short summary (what swebench's parsers read)."""
+    return "".join(
+        f"{_SUMMARY_STATUS.get(outcome, 'FAILED')} {nodeid}\n" for nodeid, outcome in outcomes.items()
+    )
+
+
+class _RepositoryTestsObserver(SweGrader):
+    """The project grader's observer (``grading_runner.py``) in repository mode: the repository's own pytest
+    tests, not hidden ones; its ``_run_runner`` (authenticated start and verdict lines) is reused unchanged."""
+
+    def __init__(self, pytest_args: list[str], config: SweGraderConfig) -> None:
+        super().__init__(_no_sandboxes, config)
+        self.pytest_args = pytest_args
+
+    def runner_bundle(self, task: SweTask, nonce: str) -> dict:
+        return {
+            "nonce": nonce,
+            "workspace": ".",  # the exec's working directory: the repository, as the test command sees it
+            "pytest_args": list(self.pytest_args),
+            "plugins": list(self.config.pytest_plugins),
+            "timeout_s": self.config.test_timeout_s,
+            "test_runner_pattern": TEST_RUNNER_PATTERN,
+            "interpreter_pattern": INTERPRETER_PATTERN,
+        }
+
+
+async def _no_sandboxes(spec):
+    raise GradingError("the repository-tests observer runs in the grader's sandbox; it creates none")
 
 
 def parse_test_log(task: SweBenchTask, log: str) -> dict[str, str]:
@@ -210,6 +304,9 @@ class SweBenchGrader:
                 raise GradingError(
                     f"test_patch does not apply to the restored tree: {applied.stderr.strip()[-800:]}"
                 )
+        invocation = self._observer_invocation(task)
+        if invocation is not None:
+            return await self._run_observed(sandbox, task, grader_dir, invocation, log)
         start, end = f"REIN-TESTS-START-{secrets.token_hex(12)}", f"REIN-TESTS-END-{secrets.token_hex(12)}"
         script = f"echo {start}; {task.test_command}; echo; echo {end}"
         result = await sandbox.exec(["bash", "-c", script], timeout_s=self.config.test_timeout_s)
@@ -227,6 +324,66 @@ class SweBenchGrader:
         log.append(summary)
         if not statuses:
             log.append(f"no test outcome in the log (exit {result.exit_code}): {section[-800:]}")
+        return RewardResult(reward=1.0 if resolved else 0.0, log="\n".join(log))
+
+    def _observer_invocation(self, task: SweBenchTask) -> tuple[str, list[str]] | None:
+        """How the tests run through the observer; None: the log-parsing fallback."""
+        return pytest_invocation(task)
+
+    async def _run_observed(
+        self,
+        sandbox: Sandbox,
+        task: SweBenchTask,
+        grader_dir: str,
+        invocation: tuple[str, list[str]],
+        log: list[str],
+    ) -> RewardResult:
+        """The tests through the observer's authenticated channel (module docstring, step 5)."""
+        interpreter, pytest_args = invocation
+        observer = _RepositoryTestsObserver(
+            pytest_args,
+            SweGraderConfig(
+                python_executable=interpreter,
+                tool_paths=(),
+                test_timeout_s=self.config.test_timeout_s,
+                step_timeout_s=self.config.step_timeout_s,
+                observer_grace_s=self.config.observer_grace_s,
+                pytest_plugins=self.config.pytest_plugins,
+            ),
+        )
+        run = await observer._run_runner(sandbox, task, grader_dir)  # type: ignore[arg-type]
+        if not run.started:
+            raise GradingError(
+                f"the grader's observer did not start under {interpreter} (exit {run.exit_code}): "
+                f"{run.output_tail[-800:]}"
+            )
+        if run.observer_error:
+            raise GradingError(f"the grader's observer failed: {run.observer_error}")
+        failure = ""
+        if run.outcomes is None:
+            failure = (
+                f"no verdict from the grader's observer (exit {run.exit_code}): the code under test ended it"
+            )
+        elif run.tampered:
+            failure = "the test runner or builtins changed while the tests ran: " + ", ".join(run.tampered)
+        elif run.survivors:
+            failure = "processes of the code under test outlived the observer's kill loop"
+        elif run.timed_out:
+            failure = f"tests timed out after {self.config.test_timeout_s:.0f} s"
+        elif not run.finished:
+            failure = f"the test process ended before its pytest session did (exit {run.exit_code})"
+        if failure:
+            log.append(f"observer: reward 0: {failure}\n{run.output_tail[-1500:]}")
+            return RewardResult(reward=0.0, log="\n".join(log))
+        assert run.outcomes is not None
+        if run.foreign_events:
+            log.append(
+                f"FLAGGED: {run.foreign_events} test events from processes other than the test process"
+            )
+        resolved, summary = resolution(task, parse_test_log(task, summary_log(run.outcomes)))
+        log.append("observer: " + summary)
+        if not run.outcomes:
+            log.append(f"no test outcome on the observer's channel: {run.output_tail[-800:]}")
         return RewardResult(reward=1.0 if resolved else 0.0, log="\n".join(log))
 
     async def _run_eval_script(
@@ -360,5 +517,7 @@ __all__ = [
     "SweBenchGraderConfig",
     "check_instances",
     "parse_test_log",
+    "pytest_invocation",
     "resolution",
+    "summary_log",
 ]

@@ -61,6 +61,8 @@ def test_check_cli_gold_earns_1_and_empty_earns_0_on_every_instance(tmp_path: Pa
     assert all(
         verdict["gold"] == 1.0 and verdict["empty"] == 0.0 and not verdict["bad"] for verdict in verdicts
     )
+    # Every instance runs pytest: its outcomes came through the observer's authenticated channel, not the log.
+    assert all("observer: RESOLVED_FULL" in verdict["log"] for verdict in verdicts), verdicts
 
 
 async def test_repository_from_the_instance_image_and_tampering(tmp_path: Path) -> None:
@@ -121,6 +123,45 @@ async def _agent_diff(provider, grader: SweBenchGrader, task, files: dict[str, s
         return await grader._diff_reader.extract_diff(task, sandbox)
     finally:
         await provider.release(sandbox)
+
+
+async def test_forged_test_output_earns_1_from_the_log_and_0_through_the_observer(loaded) -> None:
+    """Code under test that prints fake ``PASSED <id>`` lines, or a whole fake report (a pytest summary and a
+    forged observer verdict), after the real summary: the log-parsing path (the weakened variant, SWE-bench's
+    own) reads them and earns 1; the observer path reads only the authenticated channel and earns 0."""
+    task = loaded.tasks[0]
+    test_ids = [*task.instance.fail_to_pass, *task.instance.pass_to_pass]
+    module = "parse.py"  # the library module the gold patch fixes; every test imports it
+    original = (task.snapshot().workspace_dir / module).read_text()
+    fake_passes = "".join(f"PASSED {test_id}\n" for test_id in test_ids)
+    forged_verdict = json.dumps({"finished": True, "outcomes": dict.fromkeys(test_ids, "passed")})
+    fake_report = (
+        f"===== short test summary info =====\n{fake_passes}===== {len(test_ids)} passed in 0.01s =====\n"
+        f"REIN-GRADER-VERDICT {'0' * 64} {forged_verdict}\n"
+    )
+    forgeries = {  # run at interpreter exit: after pytest's own summary, whose lines they override
+        "fake PASSED lines": f"\nimport atexit as _a\n_a.register(lambda: print({fake_passes!r}, flush=True))\n",
+        "fake report": f"\nimport atexit as _a, os as _o\n_a.register(lambda: _o.write(1, {fake_report.encode()!r}))\n",
+    }
+    config = ImageSandboxConfig(cache_dir=IMAGE_CACHE, num_warm_per_image=0)
+    async with ImageSandboxProvider(config) as provider:
+        hardened = SweBenchGrader(provider)
+        gold = await hardened.grade_patch(task, task.instance.patch)
+        assert gold.reward == 1.0 and "observer: RESOLVED_FULL" in gold.log, gold.log + gold.error
+        for name, forgery in forgeries.items():
+            forged = await _agent_diff(provider, hardened, task, {module: original + forgery})
+            weakened = await _LogParsingGrader(provider).grade_patch(task, forged)
+            assert weakened.reward == 1.0, f"{name}: {weakened.log}{weakened.error}"
+            result = await hardened.grade_patch(task, forged)
+            assert result.reward == 0.0, f"{name}: {result.log}{result.error}"
+            assert "observer: RESOLVED_NO" in result.log, result.log
+
+
+class _LogParsingGrader(SweBenchGrader):
+    """The weakened variant: every row takes the log-parsing path, as SWE-bench itself grades."""
+
+    def _observer_invocation(self, task):
+        return None
 
 
 async def test_check_reports_an_instance_whose_gold_patch_fails(loaded) -> None:
@@ -201,3 +242,61 @@ async def test_rows_with_an_eval_script_are_graded_by_it(tmp_path: Path) -> None
         empty = await grader.grade_patch(task, "")
     assert gold.reward == 1.0 and "eval_script: RESOLVED_FULL" in gold.log, gold.log + gold.error
     assert empty.reward == 0.0 and "eval_script: RESOLVED_NO" in empty.log, empty.log + empty.error
+
+
+NESTED_TEST_PATCH = """diff --git a/tests/unit/test_calc.py b/tests/unit/test_calc.py
+new file mode 100644
+--- /dev/null
++++ b/tests/unit/test_calc.py
+@@ -0,0 +1,7 @@
++from calc import add
++
++def test_add(numbers):
++    assert add(*numbers) == 5
++
++def test_numbers(numbers):
++    assert numbers == (2, 3)
+"""
+
+
+async def test_pytest_rows_report_through_the_observer_with_the_repositorys_own_conftests(
+    tmp_path: Path,
+) -> None:
+    """A repository whose fixture lives in a nested ``conftest.py`` that pytest loads while collecting (after the
+    observer's fingerprint is taken): the repository's own conftests are not tampering. Gold -> 1 and empty -> 0,
+    both read from the observer's channel; ids map to FAIL_TO_PASS / PASS_TO_PASS as swebench maps them."""
+    from components.tasks.swe import python_tool_paths
+    from components.tasks.swebench import SweBenchTask, instance_from_row
+    from components.tasks.swebench_grading import pytest_invocation
+    from sandboxes.bwrap import BwrapSandbox
+    from tests.components.tasks.test_swebench_loader import PATCH, _row
+
+    snapshot = tmp_path / "repo"
+    (snapshot / "tests" / "unit").mkdir(parents=True)
+    (snapshot / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (snapshot / "tests" / "unit" / "conftest.py").write_text(
+        "import pytest\n\n\n@pytest.fixture\ndef numbers():\n    return (2, 3)\n"
+    )
+    row = _row(
+        "calc-nested",
+        patch=PATCH,
+        test_patch=NESTED_TEST_PATCH,
+        test_cmd="python3 -m pytest --no-header -rA --tb=no -p no:cacheprovider tests",
+        FAIL_TO_PASS=json.dumps(["tests/unit/test_calc.py::test_add"]),
+        PASS_TO_PASS=json.dumps(["tests/unit/test_calc.py::test_numbers"]),
+    )
+    task = SweBenchTask(
+        instance=instance_from_row(row),
+        image=None,
+        snapshot_source=snapshot,
+        cache_dir=tmp_path / "cache",
+        tool_paths=python_tool_paths(),
+    )
+    assert pytest_invocation(task) is not None
+    grader = SweBenchGrader(BwrapSandbox.create)
+    gold = await grader.grade_patch(task, task.instance.patch)
+    assert gold.reward == 1.0 and "observer: RESOLVED_FULL" in gold.log, gold.log + gold.error
+    empty = await grader.grade_patch(task, "")
+    assert empty.reward == 0.0 and "observer: RESOLVED_NO: FAIL_TO_PASS 0/1, PASS_TO_PASS 1/1" in empty.log, (
+        empty.log + empty.error
+    )
