@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.trajectory import TrajectoryStatus
-from harnesses.agent_paths import AGENTS_DIR, NODE_PATHS, existing, npm_agent_executable
+from harnesses.agent_paths import AGENTS_DIR, existing
 from harnesses.blackbox import AgentExit, AgentLaunch, BlackBoxConfig, default_exit_status
 
 API_KEY_ENV = "REIN_API_KEY"
@@ -19,16 +19,31 @@ def _toml_string(value: str) -> str:
     return json.dumps(value)  # a JSON string literal is a valid TOML basic string
 
 
+# npm's ``codex`` launcher is a Node script that only picks this static (musl) binary for the platform, sets two
+# environment variables and execs it. Running the binary directly needs no Node, so Codex also runs in image
+# sandboxes, whose /usr is the image's own.
+NATIVE_CODEX = (
+    AGENTS_DIR
+    / "node_modules"
+    / "@openai"
+    / "codex-linux-x64"
+    / "vendor"
+    / "x86_64-unknown-linux-musl"
+    / "bin"
+    / "codex"
+)
+
+
 @dataclass(frozen=True)
 class CodexAgent:
     """``codex exec --skip-git-repo-check --json --dangerously-bypass-approvals-and-sandbox PROMPT``."""
 
-    executable: Path = npm_agent_executable("codex")
+    executable: Path = NATIVE_CODEX
     name: str = "codex"
 
     def read_only_paths(self) -> tuple[str, ...]:
-        """The npm install and Node (its launcher is a Node script that starts the native binary)."""
-        return existing([AGENTS_DIR, *NODE_PATHS])
+        """The npm install (the native binary; no Node needed)."""
+        return existing([AGENTS_DIR])
 
     def config_toml(self, *, base_url: str, config: BlackBoxConfig) -> str:
         """``$HOME/.codex/config.toml``: one provider pointing at the proxy session."""
@@ -69,7 +84,14 @@ class CodexAgent:
                 "never",
                 prompt,
             ),
-            env={API_KEY_ENV: api_key, "CODEX_HOME": f"{home}/.codex", "NO_COLOR": "1"},
+            env={
+                API_KEY_ENV: api_key,
+                "CODEX_HOME": f"{home}/.codex",
+                "NO_COLOR": "1",
+                # What the npm launcher sets before it execs the binary (no self-update prompts).
+                "CODEX_MANAGED_BY_NPM": "1",
+                "CODEX_MANAGED_PACKAGE_ROOT": str(AGENTS_DIR / "node_modules" / "@openai" / "codex"),
+            },
             home_files={".codex/config.toml": self.config_toml(base_url=base_url, config=config)},
         )
 

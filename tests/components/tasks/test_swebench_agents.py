@@ -19,6 +19,7 @@ from components.tasks.swebench_grading import SweBenchGrader
 from components.trajectory import TrajectoryStatus
 from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
 from harnesses.claude_code import ClaudeCodeAgent
+from harnesses.codex import CodexAgent
 from harnesses.mini_swe_agent import MiniSweAgent
 from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
 from sandboxes.image import ImageCache, ImageSandboxConfig, ImageSandboxProvider
@@ -41,7 +42,7 @@ def _apply_gold(patch: str) -> str:
     return f"cd /testbed && cat > /tmp/fix.patch <<'REIN_EOF'\n{patch}REIN_EOF\ngit apply /tmp/fix.patch && echo applied"
 
 
-@pytest.mark.parametrize("harness_name", ["swe_agent", "mini_swe_agent", "claude_code"])
+@pytest.mark.parametrize("harness_name", ["swe_agent", "mini_swe_agent", "claude_code", "codex"])
 async def test_agent_in_the_image_fixes_the_instance(harness_name, tmp_path: Path, tokenizer) -> None:
     require_fixtures(INSTANCES, SNAPSHOTS, IMAGE_LAYOUT)
     sources = RepoSources(
@@ -71,6 +72,15 @@ async def test_agent_in_the_image_fixes_the_instance(harness_name, tmp_path: Pat
             "Done.",
         ]
         program_paths = agent.read_only_paths()
+    elif harness_name == "codex":  # its native binary, run without npm's Node launcher: only .agents is bound
+        agent = CodexAgent()
+        harness = BlackBoxHarness(agent, BlackBoxConfig(max_turns=4, wall_time_s=240, max_output_tokens=4096))
+        replies = [
+            tool_call("exec_command", cmd=_apply_gold(task.instance.patch)),
+            tool_call("exec_command", cmd=check),
+            "Done.",
+        ]
+        program_paths = agent.read_only_paths()
     else:
         agent = MiniSweAgent()
         harness = BlackBoxHarness(agent, BlackBoxConfig(max_turns=4, wall_time_s=240, max_output_tokens=4096))
@@ -83,7 +93,7 @@ async def test_agent_in_the_image_fixes_the_instance(harness_name, tmp_path: Pat
     engine = ScriptedEngine(tokenizer, step_policy(replies), context_window=32768)
     agents = ImageSandboxProvider(ImageSandboxConfig(cache_dir=IMAGE_CACHE, read_only_paths=program_paths))
     grading = ImageSandboxProvider(ImageSandboxConfig(cache_dir=IMAGE_CACHE, num_warm_per_image=0))
-    async with running_proxy(engine, tokenizer) as proxy, agents, grading:
+    async with running_proxy(engine, tokenizer, default_max_tokens=4096) as proxy, agents, grading:
         runner = RolloutRunner(
             RolloutConfig(group_size=1, max_concurrency=1, harness_timeout_s=400),
             harness=harness,
