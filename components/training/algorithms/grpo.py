@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from components.config import require_non_negative, require_one_of, require_positive
+from components.training.algorithms.weighting import trajectory_mean_weights
 from components.training.losses import PolicyLossConfig, policy_gradient_loss
 
 SampleWeighting = Literal["trajectory", "token", "constant"]
@@ -105,8 +106,7 @@ class GRPO:
             return np.full(
                 len(num_sampled_tokens), 1.0 / (num_trajectories * self.config.constant_normalizer_tokens)
             )
-        per_trajectory = np.bincount(trajectory_index, weights=num_sampled_tokens)
-        return 1.0 / (num_trajectories * np.maximum(per_trajectory[trajectory_index], 1.0))
+        return trajectory_mean_weights(num_sampled_tokens, trajectory_index)
 
     def loss(
         self,

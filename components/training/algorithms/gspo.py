@@ -21,6 +21,7 @@ import torch
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.training.algorithms.grpo import group_relative_advantages
+from components.training.algorithms.weighting import trajectory_mean_weights
 from components.training.losses import ImportanceSamplingLevel, importance_weights
 
 
@@ -78,13 +79,7 @@ class GSPO:
     def sample_weights(self, num_sampled_tokens: np.ndarray, trajectory_index: np.ndarray) -> np.ndarray:
         """1 / (trajectories · the trajectory's sampled tokens): a sequence loss spread over its tokens sums
         back to one loss per trajectory, and trajectories are averaged."""
-        num_sampled_tokens = np.asarray(num_sampled_tokens, dtype=np.float64)
-        trajectory_index = np.asarray(trajectory_index, dtype=np.int64)
-        if len(num_sampled_tokens) == 0:
-            return np.zeros(0)
-        num_trajectories = len(np.unique(trajectory_index))
-        per_trajectory = np.bincount(trajectory_index, weights=num_sampled_tokens)
-        return 1.0 / (num_trajectories * np.maximum(per_trajectory[trajectory_index], 1.0))
+        return trajectory_mean_weights(num_sampled_tokens, trajectory_index)
 
     def loss(
         self,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from components.training.algorithms.weighting import trajectory_mean_weights
 from components.training.losses import PolicyLossConfig, policy_gradient_loss
 
 
@@ -52,13 +53,7 @@ class RLOO:
 
     def sample_weights(self, num_sampled_tokens: np.ndarray, trajectory_index: np.ndarray) -> np.ndarray:
         """Each trajectory's loss is the mean over its sampled tokens; trajectories averaged."""
-        num_sampled_tokens = np.asarray(num_sampled_tokens, dtype=np.float64)
-        trajectory_index = np.asarray(trajectory_index, dtype=np.int64)
-        if len(num_sampled_tokens) == 0:
-            return np.zeros(0)
-        num_trajectories = len(np.unique(trajectory_index))
-        per_trajectory = np.bincount(trajectory_index, weights=num_sampled_tokens)
-        return 1.0 / (num_trajectories * np.maximum(per_trajectory[trajectory_index], 1.0))
+        return trajectory_mean_weights(num_sampled_tokens, trajectory_index)
 
     def loss(
         self,
