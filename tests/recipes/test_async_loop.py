@@ -188,7 +188,9 @@ def wait_for_more_shards(run_dir: Path, *, than: int, process: subprocess.Popen,
 @pytest.mark.timeout(1800)  # ~8 min on an idle 2-core machine; 15+ min when its cores are shared
 def test_async_run_killed_five_times_loses_and_duplicates_nothing(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
-    num_steps = 6  # 12 groups: enough that five kills, each after one more committed group, leave work to do
+    # 20 groups: enough that five kills, each after one more committed group and a short random wait, still
+    # leave work to do on an idle machine (with 12 groups an idle run finished before its fifth kill).
+    num_steps = 10
     flags = toy_flags(run_dir, mode="async", num_steps=num_steps, model_dir=tiny_model_dir)
     chance = random.Random(int(os.environ.get("REIN_KILL_SEED", "11")))
     seen: dict[str, dict] = {}
@@ -204,7 +206,7 @@ def test_async_run_killed_five_times_loses_and_duplicates_nothing(tmp_path, tiny
         try:
             # Progress first (one more committed group), then a random moment: rollout, step, push, checkpoint.
             wait_for_more_shards(run_dir, than=len(seen), process=process, timeout_s=300)
-            time.sleep(chance.uniform(0, 12))
+            time.sleep(chance.uniform(0, 6))
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
