@@ -58,7 +58,9 @@ def test_a_watched_run_leaves_every_artifact_and_resumes(tmp_path, monkeypatch, 
     assert logged[-1]["segments/history_rewritten"] == 1
 
     wandb_runs = sorted((run_dir / "wandb").glob("offline-run-*"))
-    assert len(wandb_runs) == 2 and len({p.name.rsplit("-", 1)[1] for p in wandb_runs}) == 1  # same run id
+    # ``offline-run-<date>_<time>-<run id>``; wandb appends ``-1`` when both runs start within the same second.
+    run_ids = {re.fullmatch(r"offline-run-\d{8}_\d{6}-([^-]+)(-\d+)?", p.name).group(1) for p in wandb_runs}
+    assert len(wandb_runs) == 2 and len(run_ids) == 1  # same run id
     history = wandb_offline_history(wandb_runs[-1]) or wandb_offline_history(wandb_runs[0])
     assert any(row.get("train/logprob_pearson") == pytest.approx(0.995) for row in history)
 
