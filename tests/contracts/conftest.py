@@ -3,6 +3,7 @@
     pytest tests/contracts/test_algorithm_contract.py --brick examples.bricks.reinforce:Reinforce
     pytest tests/contracts/test_sandbox_contract.py --brick examples.bricks.tempdir_sandbox:TempDirSandbox.create
     pytest tests/contracts/test_reward_contract.py --brick examples.bricks.answer_file_reward:AnswerFileReward
+    pytest tests/contracts/test_engine_contract.py --brick examples.bricks.hashing_engine:HashingEngine
 
 ``MODULE:OBJECT`` is imported (``OBJECT`` may be dotted, e.g. a classmethod); a class is instantiated with no
 arguments. The module must be importable from where pytest runs (installed, or in the working directory).
