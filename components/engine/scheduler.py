@@ -158,6 +158,7 @@ class BatchScheduler:
         self._closed = False
         self._num_decode_steps = 0
         self._peak_batch_size = 0
+        self._num_multi_adapter_decode_steps = 0  # decode steps whose rows ran through two or more adapters
         self._thread = threading.Thread(target=self._scheduler_loop, name="rein-embedded-engine", daemon=True)
         self._thread.start()
 
@@ -198,6 +199,7 @@ class BatchScheduler:
                 "num_prefilling": len(self._prefill.requests) if self._prefill else 0,
                 "num_decode_steps": self._num_decode_steps,
                 "peak_batch_size": self._peak_batch_size,
+                "num_multi_adapter_decode_steps": self._num_multi_adapter_decode_steps,
                 "weight_version": self.weight_version,
                 **self.prefix_cache.stats(),
             }
@@ -466,6 +468,8 @@ class BatchScheduler:
         rows = len(self._running)
         self._num_decode_steps += 1
         self._peak_batch_size = max(self._peak_batch_size, rows)
+        if len({self._named_adapter(r.adapter) for r in self._running}) > 1:
+            self._num_multi_adapter_decode_steps += 1
         pending = torch.tensor(
             [r.output_ids[-1] for r in self._running], dtype=torch.long, device=self.device
         )

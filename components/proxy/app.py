@@ -11,8 +11,10 @@ Routes (each under ``/s/{session_id}`` and bare):
   POST /v1/messages/count_tokens Anthropic token counting
   GET  /v1/models                the served model
 Session control:
-  POST /sessions                 body (optional) {session_id, task_id, group_id, harness, step}
-                                 → {"session_id", "base_url"[, "api_key": the session token]}
+  POST /sessions                 body (optional) {session_id, task_id, group_id, harness, step, policy}
+                                 → {"session_id", "policy", "base_url"[, "api_key": the session token]}
+                                 (``policy``: the named policy every turn of the session is sampled by, see
+                                 ``components.proxy.sessions``; the requests' ``model`` field never picks one)
   GET  /s/{id}/trajectory        the recorded segments so far
   POST /s/{id}/finalize          body {reward, status, failure_reason, metrics, task_id, group_id, harness,
                                  step, log} → the trajectory as JSON (written to RUN_DIR/trajectories)
@@ -303,11 +305,16 @@ class _ProxyHandlers:
                 group_id=get_str(body, "group_id", "body", default=""),
                 harness=get_str(body, "harness", "body", default=""),
                 step=get_int(body, "step", "body", default=0, minimum=0),
+                policy=get_str(body, "policy", "body", default=""),
             )
         except Exception as error:
             return self._error(CHAT, error)
         root = str(request.url).split("?", 1)[0].removesuffix("/").removesuffix("/sessions")
-        opened = {"session_id": session_id, "base_url": f"{root}/s/{session_id}"}
+        opened = {
+            "session_id": session_id,
+            "policy": get_str(body, "policy", "body", default=""),
+            "base_url": f"{root}/s/{session_id}",
+        }
         keys = self.config.session_keys
         if keys is not None:
             opened["api_key"] = keys.session_token(session_id)  # the one credential to hand the agent

@@ -41,17 +41,30 @@ class SessionShard:
     Each method is the ``LocalSessionRegistry`` method of the same name; any failure comes back as a
     ``RemoteCallError`` (turned back into the typed exception by ``ShardedSessionRegistry``)."""
 
-    def __init__(self, engine: InferenceEngine, tokenizer_path: str, config: ProxyConfig) -> None:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        tokenizer_path: str,
+        config: ProxyConfig,
+        policies: Mapping[str, InferenceEngine] | None = None,
+    ) -> None:
         from transformers import AutoTokenizer
 
-        self.registry = LocalSessionRegistry(engine, AutoTokenizer.from_pretrained(tokenizer_path), config)
+        self.registry = LocalSessionRegistry(
+            engine, AutoTokenizer.from_pretrained(tokenizer_path), config, policies=policies
+        )
 
     async def open_session(
-        self, *, session_id: str, task_id: str, group_id: str, harness: str, step: int
+        self, *, session_id: str, task_id: str, group_id: str, harness: str, step: int, policy: str = ""
     ) -> str:
         with _remote_errors():
             return await self.registry.open_session(
-                session_id=session_id, task_id=task_id, group_id=group_id, harness=harness, step=step
+                session_id=session_id,
+                task_id=task_id,
+                group_id=group_id,
+                harness=harness,
+                step=step,
+                policy=policy,
             )
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
@@ -127,12 +140,18 @@ class ShardedSessionRegistry:
         group_id: str = "",
         harness: str = "",
         step: int = 0,
+        policy: str = "",
     ) -> str:
-        """Start recording a new session on its shard; returns its id."""
+        """Start recording a new session bound to ``policy`` on its shard; returns its id."""
         session_id = validate_session_id(session_id) if session_id is not None else new_session_id()
         return await self._result(
             self._shard(session_id).open_session.remote(
-                session_id=session_id, task_id=task_id, group_id=group_id, harness=harness, step=step
+                session_id=session_id,
+                task_id=task_id,
+                group_id=group_id,
+                harness=harness,
+                step=step,
+                policy=policy,
             )
         )
 
@@ -205,8 +224,10 @@ def start_session_shards(
     *,
     num_shards: int = 2,
     name_prefix: str | None = None,
+    policies: Mapping[str, InferenceEngine] | None = None,
 ) -> ShardedSessionRegistry:
-    """Start ``num_shards`` session-shard actors sharing ``engine`` (e.g. a ``RayEngineClient``)."""
+    """Start ``num_shards`` session-shard actors sharing ``engine`` (e.g. a ``RayEngineClient``) and the named
+    ``policies`` (see ``components.proxy.sessions``)."""
     import ray
 
     require_positive(num_shards, "num_shards")
@@ -217,7 +238,9 @@ def start_session_shards(
         if name_prefix:
             options["name"] = f"{name_prefix}-{index}"
         shards.append(
-            actor_class.options(**options).remote(engine, str(tokenizer_path), config or ProxyConfig())
+            actor_class.options(**options).remote(
+                engine, str(tokenizer_path), config or ProxyConfig(), dict(policies or {})
+            )
         )
     ray.get([shard.num_open_sessions.remote() for shard in shards])  # wait until every shard is up
     return ShardedSessionRegistry(shards)

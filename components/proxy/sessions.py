@@ -24,6 +24,15 @@ way the distribution used is recorded per segment (``Segment.sampling``), and a 
 from the segment it extends starts a new segment. With ``record_routed_experts`` the engine is asked for the
 MoE routes of every position, recorded per segment for routing replay (R3).
 
+Policies (multi-LoRA): a registry may serve several named policies besides its default engine
+(``policies``: name → that policy's ``InferenceEngine``, e.g. ``EmbeddedEngine.policy(name)``, one LoRA adapter
+on a shared base). A session is bound to one policy when it is opened (``open_session(policy=...)``, or
+``"policy"`` in the ``POST /sessions`` body, both of which need the admin key in isolated mode) and every turn
+of it is sampled by that policy, whatever the agent sends: the protocols' ``model`` field is ignored, so an
+agent holding one session's token cannot reach another policy's adapter. Each token records its own policy's
+adapter version. A registry with policies writes no trajectories itself (``run_dir`` must be unset): one
+store would mix the policies' trajectories; each policy's runner keeps the trajectories ``finalize`` returns.
+
 Finalize status rule: an explicit status other than ``ok`` wins; otherwise a session whose prompt outgrew the
 context window finalizes as ``context_overflow`` (trainable) and the rest as ``ok``.
 """
@@ -94,6 +103,7 @@ class SessionInfo:
     group_id: str = ""
     harness: str = ""
     step: int = 0
+    policy: str = ""  # the named policy that samples every turn; "": the registry's default engine
 
 
 class SessionRegistry(Protocol):
@@ -109,6 +119,7 @@ class SessionRegistry(Protocol):
         group_id: str = "",
         harness: str = "",
         step: int = 0,
+        policy: str = "",
     ) -> str: ...
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome: ...
@@ -149,6 +160,15 @@ def validate_session_id(session_id: str) -> str:
     if not all(c.isascii() and (c.isalnum() or c in "-_") for c in session_id):
         raise InvalidRequestError(f"session_id: {session_id!r} may contain only letters, digits, '-' and '_'")
     return session_id
+
+
+def validate_policy_name(policy: str) -> str:
+    """Policy names follow the session-id rule (letters, digits, ``-`` and ``_``, 1-128 characters)."""
+    if not isinstance(policy, str) or not 0 < len(policy) <= 128:
+        raise InvalidRequestError("policy: must be a string of 1-128 characters")
+    if not all(c.isascii() and (c.isalnum() or c in "-_") for c in policy):
+        raise InvalidRequestError(f"policy: {policy!r} may contain only letters, digits, '-' and '_'")
+    return policy
 
 
 def message_to_json(message: ChatMessage) -> dict[str, Any]:
@@ -213,6 +233,7 @@ def validate_tool_results(messages: Sequence[ChatMessage]) -> None:
 @dataclass(kw_only=True, eq=False)
 class _Session:
     info: SessionInfo
+    engine: InferenceEngine  # the session's policy: fixed when it is opened
     tito: TitoSession
     lock: asyncio.Lock
     # Per segment index: the latest request's messages and the reply to it (the viewer's conversation).
@@ -225,12 +246,28 @@ class _Session:
 
 
 class LocalSessionRegistry:
-    """Sessions held in this process, all calling one engine."""
+    """Sessions held in this process, each calling the engine of its policy (the default ``engine`` or one of
+    ``policies``, see the module docstring)."""
 
-    def __init__(self, engine: InferenceEngine, tokenizer: Any, config: ProxyConfig | None = None) -> None:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        tokenizer: Any,
+        config: ProxyConfig | None = None,
+        *,
+        policies: Mapping[str, InferenceEngine] | None = None,
+    ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config or ProxyConfig()
+        self.policies = dict(policies or {})
+        for name in self.policies:
+            validate_policy_name(name)
+        if self.policies and self.config.run_dir is not None:
+            raise ValueError(
+                "run_dir: a proxy serving several policies would write their trajectories into one store; "
+                "leave run_dir unset and let each policy's runner keep what finalize returns"
+            )
         self._sessions: dict[str, _Session] = {}
         self._closed: OrderedDict[str, str] = OrderedDict()  # session id -> "finalized" | "discarded"
         self._store = None
@@ -239,8 +276,19 @@ class LocalSessionRegistry:
 
             self._store = TrajectoryStore(self.config.run_dir)
 
-    def _new_tito(self, session_id: str) -> TitoSession:
-        return TitoSession(self.tokenizer, context_window=self.engine.context_window, session_id=session_id)
+    def _new_tito(self, session_id: str, engine: InferenceEngine) -> TitoSession:
+        return TitoSession(self.tokenizer, context_window=engine.context_window, session_id=session_id)
+
+    def _engine_of(self, policy: str) -> InferenceEngine:
+        if not policy:
+            return self.engine
+        engine = self.policies.get(validate_policy_name(policy))
+        if engine is None:
+            raise InvalidRequestError(
+                f"policy: {policy!r} is not served by this proxy; it serves {sorted(self.policies)} "
+                "(or omit it for the default engine)"
+            )
+        return engine
 
     def _get(self, session_id: str) -> _Session:
         session = self._sessions.get(session_id)
@@ -267,17 +315,27 @@ class LocalSessionRegistry:
         group_id: str = "",
         harness: str = "",
         step: int = 0,
+        policy: str = "",
     ) -> str:
-        """Start recording a new session; returns its id (a fresh one unless given)."""
+        """Start recording a new session bound to ``policy`` ("" = the default engine); returns its id (a fresh
+        one unless given)."""
         session_id = validate_session_id(session_id) if session_id is not None else new_session_id()
+        engine = self._engine_of(policy)
         if session_id in self._sessions or session_id in self._closed:
             raise InvalidRequestError(
                 f"session_id: {session_id!r} is already in use; pick another or omit it"
             )
         info = SessionInfo(
-            session_id=session_id, task_id=task_id, group_id=group_id, harness=harness, step=step
+            session_id=session_id,
+            task_id=task_id,
+            group_id=group_id,
+            harness=harness,
+            step=step,
+            policy=policy,
         )
-        self._sessions[session_id] = _Session(info=info, tito=self._new_tito(session_id), lock=asyncio.Lock())
+        self._sessions[session_id] = _Session(
+            info=info, engine=engine, tito=self._new_tito(session_id, engine), lock=asyncio.Lock()
+        )
         return session_id
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
@@ -308,7 +366,7 @@ class LocalSessionRegistry:
                 return_routed_experts=self.config.record_routed_experts,
             )
             try:
-                result = await self.engine.generate(turn.prompt_ids, params)
+                result = await session.engine.generate(turn.prompt_ids, params)
             except ContextOverflowError as error:
                 session.overflowed = True
                 session.overflow_message = str(error)
@@ -368,6 +426,7 @@ class LocalSessionRegistry:
         segments = session.tito.segments()
         return {
             "session_id": session_id,
+            "policy": session.info.policy,
             "status": TrajectoryStatus.CONTEXT_OVERFLOW.value if session.overflowed else "open",
             "num_turns": session.num_turns,
             "num_engine_errors": session.num_engine_errors,

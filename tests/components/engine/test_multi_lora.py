@@ -137,3 +137,91 @@ async def test_sglang_fleet_loads_each_adapter_version_on_every_server(tiny_mode
     finally:
         for engine in engines:
             await engine.aclose()
+
+
+async def test_proxy_sessions_bound_to_two_policies_batched_on_one_engine(tiny_model_dir, adapters):
+    """Two agents (the real openai SDK, each with only its session's token) on one proxy and one embedded engine:
+    each session is bound to its policy when the host opens it, the agent's ``model`` field cannot switch it
+    (each agent names the *other* policy), the two sessions' requests share decode steps, and every sampled
+    token is its own adapter's (teacher-forced) with its own adapter's version."""
+    import threading
+
+    import httpx
+    import numpy as np
+    from openai import AsyncOpenAI
+    from transformers import AutoTokenizer
+
+    from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.proxy.auth import generate_admin_key
+    from components.proxy.config import ProxyConfig
+    from components.proxy.server import ProxyServer
+    from components.proxy.sessions import LocalSessionRegistry
+
+    (alice_model, alice_adapter), (bob_model, bob_adapter) = adapters
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=()))
+    alice, bob = engine.policy("alice"), engine.policy("bob")
+    await alice.update_adapter(alice_adapter, 5)
+    await bob.update_adapter(bob_adapter, 9)
+    admin_key = generate_admin_key()
+    config = ProxyConfig(port=0, admin_key=admin_key, default_max_tokens=12)
+    registry = LocalSessionRegistry(
+        engine, AutoTokenizer.from_pretrained(tiny_model_dir), config, policies={"alice": alice, "bob": bob}
+    )
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    admin = httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {admin_key}"})
+    gate = threading.Event()
+    try:
+        opened = {}
+        for policy in ("alice", "bob"):
+            reply = await admin.post("/sessions", json={"policy": policy, "task_id": f"task-{policy}"})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["policy"] == policy
+            opened[policy] = reply.json()
+        unknown = await admin.post("/sessions", json={"policy": "mallory"})
+        assert unknown.status_code == 400 and "alice" in unknown.text
+
+        # Hold the scheduler between two steps until both agents' requests wait, so the engine must batch them.
+        held = asyncio.ensure_future(engine._scheduler.run_between_steps(lambda: gate.wait(30)))
+
+        async def agent_turn(own: str, named: str):
+            session = opened[own]
+            client = AsyncOpenAI(
+                base_url=session["base_url"] + "/v1", api_key=session["api_key"], max_retries=0
+            )
+            async with client:
+                return await client.chat.completions.create(
+                    model=named, messages=[{"role": "user", "content": f"hello, I am {own}"}], seed=3
+                )
+
+        turns = asyncio.gather(agent_turn("alice", named="bob"), agent_turn("bob", named="alice"))
+        for _ in range(3000):
+            if engine.stats()["num_waiting"] == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.stats()["num_waiting"] == 2
+        gate.set()
+        await held
+        await turns
+        stats = engine.stats()
+        assert stats["num_multi_adapter_decode_steps"] >= config.default_max_tokens - 1, stats
+
+        for policy, own, other in (("alice", alice_model, bob_model), ("bob", bob_model, alice_model)):
+            record = (await admin.get(f"/s/{opened[policy]['session_id']}/trajectory")).json()
+            assert record["policy"] == policy and record["num_segments"] == 1
+            segment = record["segments"][0]
+            ids, mask = segment["token_ids"], np.asarray(segment["loss_mask"], dtype=bool)
+            assert mask.sum() == config.default_max_tokens
+            sampled = np.asarray(segment["logprobs"])[mask]
+            expected = np.asarray(teacher_forced(own, ids, 1))[mask[1:]]
+            wrong = np.asarray(teacher_forced(other, ids, 1))[mask[1:]]
+            assert np.abs(sampled - expected).max() <= 1e-4
+            assert np.abs(sampled - wrong).max() > 1e-3  # the check tells the two adapters apart
+            versions = set(np.asarray(segment["weight_versions"])[mask].tolist())
+            assert versions == {registry.policies[policy].weight_version}
+        assert (alice.weight_version, bob.weight_version) == (5, 9)
+    finally:
+        gate.set()
+        await admin.aclose()
+        server.stop_thread()
+        await engine.aclose()
