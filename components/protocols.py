@@ -222,6 +222,19 @@ class Task(Protocol):
     def sandbox_spec(self) -> SandboxSpec: ...
 
 
+@runtime_checkable
+class TaskSource(Protocol):
+    """Which tasks make each training step's groups (what a recipe hands ``components.loop`` as
+    ``tasks_for_step``).
+
+    Contract: ``source(step)`` returns the same non-empty number of tasks for every step, and the same tasks
+    (ids, statements, starting workspaces) each time it is asked for one step: the overlapped loop asks again
+    for every group, a resumed run for the steps it replays. Task ids are non-empty and fit in a file name.
+    """
+
+    def __call__(self, step: int) -> Sequence[Task]: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class RewardResult:
     """A verdict. ``reward`` is None exactly when grading itself failed (then ``error`` says why)."""

@@ -4,9 +4,12 @@
     pytest tests/contracts/test_sandbox_contract.py --brick examples.bricks.tempdir_sandbox:TempDirSandbox.create
     pytest tests/contracts/test_reward_contract.py --brick examples.bricks.answer_file_reward:AnswerFileReward
     pytest tests/contracts/test_engine_contract.py --brick examples.bricks.hashing_engine:HashingEngine
+    pytest tests/contracts/test_task_contract.py --brick examples.bricks.arithmetic_tasks:ArithmeticTasks
 
 ``MODULE:OBJECT`` is imported (``OBJECT`` may be dotted, e.g. a classmethod); a class is instantiated with no
 arguments. The module must be importable from where pytest runs (installed, or in the working directory).
+Tests marked ``built_in_only`` (checks that need a built-in brick's partner, e.g. a task set with its grader) are
+deselected when ``--brick`` is given.
 """
 
 from __future__ import annotations
@@ -35,3 +38,18 @@ def brick_params(config: pytest.Config, built_in: dict[str, Callable[[], Any]]) 
     if user_specs:
         return [pytest.param(lambda spec=spec: load_brick(spec), id=spec) for spec in user_specs]
     return [pytest.param(factory, id=name) for name, factory in built_in.items()]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "built_in_only: checks of built-in bricks only (deselected with --brick)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--brick"):
+        return
+    kept = [item for item in items if item.get_closest_marker("built_in_only") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
