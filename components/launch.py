@@ -9,6 +9,8 @@ unless the recipe passes its own, and the stack never asks which kind they are::
         for step in stack.ledger.pending_steps(config.num_steps):
             trajectories, shard = await stack.rollout_or_load(step, runner, tasks)
             train_metrics = await stack.train_and_sync(step, shard)
+            monitor.end_step(step, trajectories, train_metrics=train_metrics)  # the step's row first,
+            await stack.checkpoint_if_due(step)  # then the checkpoint that marks it done
 
 Run directory (``runs/<recipe>-<time>`` unless ``--run-dir``): ``config.json``, ``trajectories/`` (one Parquet
 shard per step), ``metrics.jsonl``, ``checkpoints/step-N`` (HF folders + optimizer + ``trainer_state.json``),
@@ -70,7 +72,6 @@ if TYPE_CHECKING:
     from components.rollout import RolloutRunner
     from components.training import Trainer
     from components.training.weight_sync import WeightSync
-    from monitoring.run_monitor import RunMonitor
 
 logger = logging.getLogger("rein.recipe")
 
@@ -626,7 +627,9 @@ class RunStack:
         return trajectories, self.store.write(trajectories)
 
     async def train_and_sync(self, step: int, shard: Path | None) -> dict[str, float]:
-        """One optimizer step on the shard, then the new weights to the engine; checkpoint when due."""
+        """One optimizer step on the shard, then the new weights to the engine (the caller logs the step, then
+        calls ``checkpoint_if_due``: a step's metrics are written before the checkpoint that covers it, so a
+        kill between the two re-runs the step and re-logs it, never leaves a trained step without its row)."""
         trainer, version = self.trainer, self.trainer.state.weight_version
         metrics: dict[str, float] = {"trained": 0.0}
         colocated = self.config.sglang_colocated  # the servers' GPU memory goes to the trainer meanwhile
@@ -640,13 +643,20 @@ class RunStack:
             metrics.update(await self.weight_sync.push(trainer, trainer.state.weight_version))
         if colocated:
             await self.engine.resume_memory_occupation(["kv_cache"])
-        every = self.config.checkpoint_every_steps
-        if step + 1 == self.config.num_steps or (every and (step + 1) % every == 0):
-            started = time.perf_counter()
-            await _to_thread(trainer.save_checkpoint)
-            metrics["checkpoint_s"] = time.perf_counter() - started
-            logger.info("step %d: checkpoint written (trainer state %s)", step, trainer.state)
         return metrics
+
+    async def checkpoint_if_due(self, step: int) -> None:
+        """Write the trainer's checkpoint after ``step`` when ``checkpoint_every_steps`` (or the last step) says so."""
+        every, num_steps = self.config.checkpoint_every_steps, self.config.num_steps
+        if step + 1 == num_steps or (every and (step + 1) % every == 0):
+            started = time.perf_counter()
+            await _to_thread(self.trainer.save_checkpoint)
+            logger.info(
+                "step %d: checkpoint written in %.1f s (trainer state %s)",
+                step,
+                time.perf_counter() - started,
+                self.trainer.state,
+            )
 
     async def close(self) -> None:
         """Stop what was started, newest first; a failing cleanup never hides the others."""
@@ -667,24 +677,6 @@ async def _to_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) ->
 def tasks_for_step(tasks: Sequence[Task], *, step: int, num_tasks: int) -> list[Task]:
     """``num_tasks`` tasks for ``step``, walking through ``tasks`` in order (wrapping around)."""
     return [tasks[(step * num_tasks + index) % len(tasks)] for index in range(num_tasks)]
-
-
-def run_monitor(config: RunConfig, run: RunDirectory, stack: RunStack, *, rollouts_per_step: int) -> RunMonitor:
-    """The run's monitor (metrics.jsonl, wandb, progress, learning curves, viewer), starting at the resume step."""
-    from monitoring.run_monitor import RunMonitor, RunMonitorConfig
-
-    pending = stack.ledger.pending_steps(config.num_steps)
-    return RunMonitor(
-        RunMonitorConfig(
-            run_dir=run.path,
-            num_steps=config.num_steps,
-            rollouts_per_step=rollouts_per_step,
-            first_step=pending[0] if pending else config.num_steps,
-            run_config=json.loads(config_to_json(config)),
-            wandb_mode=config.wandb_mode,
-            model=run.model_path,
-        )
-    )
 
 
 def main_entry(main: Callable[[Any], Awaitable[Any]], config_class: type, description: str) -> None:

@@ -164,10 +164,6 @@ async def engine_probe(engine: Any):
             await task
 
 
-def checkpoint_due(step: int, *, num_steps: int, every: int) -> bool:
-    return step + 1 == num_steps or bool(every and (step + 1) % every == 0)
-
-
 @dataclass(frozen=True, kw_only=True)
 class LoopInputs:
     """What a recipe hands the loop: its config and run, the started stack, its bricks (as a runner), and
@@ -273,7 +269,7 @@ async def _sync_steps(
         for trajectory in trajectories:
             monitor.rollout_finished(trajectory)
         rollout_s = time.monotonic() - started
-        # 2. train, 3. sync weights to the engine, checkpoint when due
+        # 2. train, 3. sync weights to the engine
         train_metrics = await stack.train_and_sync(step, shard)
         wall_s = time.monotonic() - started
         pipeline = _timing_metrics(
@@ -285,7 +281,7 @@ async def _sync_steps(
         )
         pipeline.update(staleness_histogram([0] * groups_per_step))
         pipeline.update(probe.take())
-        # 4. log
+        # 4. log, 5. checkpoint when due (after the log: see ``RunStack.train_and_sync``)
         monitor.end_step(
             step,
             trajectories,
@@ -293,6 +289,7 @@ async def _sync_steps(
             rollout_wall_time_s=rollout_s,
             extra_metrics=pipeline,
         )
+        await stack.checkpoint_if_due(step)
 
 
 class OverlappedLoop:
@@ -461,7 +458,8 @@ class OverlappedLoop:
             self.groups_wanted += len(stale)  # the trainer still gets groups_per_step fresh groups
 
     async def _train(self, step: int, groups: Sequence[Group]) -> dict[str, float]:
-        """Record the step in the ledger (checkpointed with the weights), train, push, checkpoint when due."""
+        """Record the step in the ledger (checkpointed with the weights), train, push; the caller logs the step,
+        then checkpoints (``RunStack.checkpoint_if_due``)."""
         trainer, shards = self.stack.trainer, [s for g in groups for s in g.shards]
         self.ledger.record_step(step, shards)
         trainer.state = replace(
@@ -473,11 +471,6 @@ class OverlappedLoop:
         if metrics.get("trained"):
             # The producer keeps rolling out meanwhile; in-flight requests continue on the new weights.
             metrics.update(await self.stack.weight_sync.push(trainer, trainer.state.weight_version))
-        if checkpoint_due(step, num_steps=self.config.num_steps, every=self.config.checkpoint_every_steps):
-            started = time.perf_counter()
-            await asyncio.to_thread(trainer.save_checkpoint)
-            metrics["checkpoint_s"] = time.perf_counter() - started
-            logger.info("step %d: checkpoint written (trainer state step %d)", step, trainer.state.step)
         return metrics
 
     async def run(self) -> None:
@@ -535,6 +528,8 @@ class OverlappedLoop:
                     rollout_wall_time_s=waited_s,
                     extra_metrics=extra,
                 )
+                # after the step's row: a kill in between re-runs (and re-logs) the step
+                await self.stack.checkpoint_if_due(step)
                 self.dropped_groups = 0
                 step_started = now
 
@@ -556,4 +551,4 @@ class OverlappedLoop:
         return waiter.result()
 
 
-__all__ = ["LoopConfig", "LoopInputs", "ROLLOUT_MODES", "RolloutMode", "checkpoint_due", "run_recipe_loop"]
+__all__ = ["LoopConfig", "LoopInputs", "ROLLOUT_MODES", "RolloutMode", "run_recipe_loop"]
