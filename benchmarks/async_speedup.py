@@ -60,7 +60,15 @@ async def run_mode(args: argparse.Namespace, mode: str, run_dir: Path) -> dict[s
     """One run of the toy recipe's bricks in ``mode``; returns the loop's wall time and its pipeline means."""
     import functools
 
-    from components.launch import RunDirectory, RunStack, SandboxBrickConfig, TrainerBrickConfig
+    from components.launch import (
+        MonitoringBrickConfig,
+        RolloutBrickConfig,
+        RunDirectory,
+        RunStack,
+        SamplingBrickConfig,
+        SandboxBrickConfig,
+        TrainerBrickConfig,
+    )
     from components.loop import run_recipe_loop
     from components.rollout import RolloutConfig, RolloutRunner
     from harnesses.toy_agent import ToyAgentConfig, ToyAgentHarness
@@ -77,15 +85,15 @@ async def run_mode(args: argparse.Namespace, mode: str, run_dir: Path) -> dict[s
         num_steps=args.num_steps,
         games_per_step=args.groups_per_step,
         group_size=2,
-        max_concurrency=args.max_concurrency,
-        max_tokens=24,
+        rollout=RolloutBrickConfig(
+            mode=mode, max_staleness=args.max_staleness, max_concurrency=args.max_concurrency
+        ),
+        sampling=SamplingBrickConfig(max_tokens=24),
         max_turns=2,
-        rollout_mode=mode,
-        max_staleness=args.max_staleness,
         trainer=TrainerBrickConfig(workers=1, learning_rate=2e-5),
         sandbox=SandboxBrickConfig(num_warm=args.max_concurrency),
         checkpoint_every_steps=0,
-        wandb_mode="disabled",
+        monitoring=MonitoringBrickConfig(wandb_mode="disabled"),
         seed=args.seed,
     )
     run = RunDirectory.create(config, recipe=f"async_speedup_{mode}")
@@ -93,8 +101,8 @@ async def run_mode(args: argparse.Namespace, mode: str, run_dir: Path) -> dict[s
         ToyAgentHarness(
             ToyAgentConfig(
                 max_turns=config.max_turns,
-                max_tokens=config.max_tokens,
-                temperature=config.temperature,
+                max_tokens=config.sampling.max_tokens,
+                temperature=config.sampling.temperature,
                 accept_text_moves=True,
                 offer_tools=False,
                 example_turns=(text_move_example(),),
@@ -107,7 +115,7 @@ async def run_mode(args: argparse.Namespace, mode: str, run_dir: Path) -> dict[s
     )
     async with RunStack.start(config, run) as stack:
         runner = RolloutRunner(
-            RolloutConfig(group_size=config.group_size, max_concurrency=config.max_concurrency),
+            RolloutConfig(group_size=config.group_size, max_concurrency=config.rollout.max_concurrency),
             harness=harness,
             sandboxes=stack.sandboxes,
             sessions=stack.sessions,

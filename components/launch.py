@@ -17,10 +17,10 @@ shard per step), ``metrics.jsonl``, ``checkpoints/step-N`` (HF folders + optimiz
 ``logs/driver.log``, ``wandb/`` (offline unless logged in), ``learning_curves.png``, ``viewer/index.html``.
 
 Placement through Ray resources:
-  - engine: one ``EngineActor`` with ``engine_num_cpus`` CPUs and ``engine_num_gpus`` GPUs (``engine=embedded``);
-    with ``engine=sglang`` the SGLang servers run outside Ray and the recipe only talks HTTP to ``sglang_url``;
-  - proxy: session-shard actors and ``proxy_replicas`` Ray Serve replicas, 0 CPUs each (they wait on I/O);
-    ``proxy=local`` serves it from the driver process instead (one fewer moving part, no Serve start-up);
+  - engine: one ``EngineActor`` with ``engine.num_cpus`` CPUs and ``engine.num_gpus`` GPUs (``--engine embedded``);
+    with ``--engine sglang`` the SGLang servers run outside Ray and the recipe only talks HTTP to ``sglang.url``;
+  - proxy: session-shard actors and ``proxy.replicas`` Ray Serve replicas, 0 CPUs each (they wait on I/O);
+    ``--proxy local`` serves it from the driver process instead (one fewer moving part, no Serve start-up);
   - sandboxes: the driver's bubblewrap pool keeps ``sandbox.num_warm`` started (``--sandbox-backend e2b``: E2B's
     cloud); on a multi-node cluster use ``sandboxes.ray_pool`` whose capacity is the ``sandbox_slots`` resource;
   - trainer: ``trainer.workers`` Ray Train FSDP2 workers with ``trainer.cpus_per_worker`` CPUs (1 GPU each when
@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from components.config import require, require_non_negative, require_one_of, require_positive
-from components.loop import LoopConfig
 from components.lora import LoraSettings
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
 from components.protocols import (
@@ -84,8 +83,6 @@ WORKING_DIR_EXCLUDES = [".venv", ".models", ".agents", "runs", ".git", "**/__pyc
 # (model, steps, seed, sampling) stays on ``RunConfig``. A recipe changes a brick's defaults by giving the brick
 # field a new default instance: ``trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5))``.
 # ``--config FILE`` takes the same fields nested by brick (``trainer: {workers: 2}``).
-# Still flat this round (their code was being changed alongside): the engine_* / sglang_*, proxy_* and rollout
-# fields; they move into EngineBrickConfig / ProxyBrickConfig / RolloutBrickConfig the same way.
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -136,9 +133,148 @@ class SandboxBrickConfig:
         require_non_negative(self.num_warm, "num_warm")
 
 
+ENGINE_KINDS = ("embedded", "sglang")
+PROXY_KINDS = ("serve", "local")
+WANDB_MODES = ("auto", "offline", "online", "disabled")  # as monitoring.logger.WANDB_MODES
+
+
+@dataclass(kw_only=True, frozen=True)
+class EngineBrickConfig:
+    """The inference engine: the embedded torch engine in one Ray actor (the fields below), or SGLang servers
+    outside Ray (configured by the ``sglang`` brick)."""
+
+    kind: Literal["embedded", "sglang"] = option(
+        "embedded", "inference engine: embedded torch actor or SGLang", flag="engine"
+    )
+    num_cpus: float = option(1.0, "Ray CPUs reserved for the embedded engine actor")
+    num_gpus: float = option(0.0, "Ray GPUs for the embedded engine actor (device cuda when > 0)")
+    threads: int = option(1, "torch threads of the embedded engine")
+    max_batch_size: int = option(8, "requests the embedded engine decodes together")
+    kv_cache_gb: float = option(1.0, "GiB of the embedded engine's prefix cache (KV of past turns); 0 = off")
+
+    def __post_init__(self) -> None:
+        require_one_of(self.kind, "kind", ENGINE_KINDS)
+        for name in ("threads", "max_batch_size"):
+            require_positive(getattr(self, name), name)
+        for name in ("num_cpus", "num_gpus", "kv_cache_gb"):
+            require_non_negative(getattr(self, name), name)
+
+
+@dataclass(kw_only=True, frozen=True)
+class SGLangBrickConfig:
+    """SGLang servers outside Ray (``--engine sglang``), reached over HTTP."""
+
+    url: str = option(
+        "",
+        "SGLang server URL(s) (engine=sglang), comma-separated (a router URL stands for its workers), "
+        "e.g. http://10.0.0.5:30000,http://10.0.0.6:30000",
+    )
+    api_key: str = option("", "the servers' --api-key ('' = none)")
+    admin_api_key: str = option("", "the servers' --admin-api-key for weight/pause/memory calls ('' = none)")
+    startup_timeout_s: float = option(600.0, "how long to wait for every server's /health at start")
+    request_timeout_s: float = option(600.0, "bound of one /generate call")
+    context_window: int = option(0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)")
+    weight_sync: Literal["disk", "nccl"] = option(
+        "disk", "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0"
+    )
+    nccl_address: str = option("", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP")
+    colocated: bool = option(False, "trainer and servers share GPUs: servers release memory while training")
+
+    def __post_init__(self) -> None:
+        for name in ("startup_timeout_s", "request_timeout_s"):
+            require_positive(getattr(self, name), name)
+        require_non_negative(self.context_window, "context_window")
+        require_one_of(self.weight_sync, "weight_sync", ("disk", "nccl"))
+
+
+@dataclass(kw_only=True, frozen=True)
+class ProxyBrickConfig:
+    """The inference proxy the agents talk to (OpenAI / Anthropic APIs over the engine)."""
+
+    kind: Literal["serve", "local"] = option(
+        "serve", "inference proxy: Ray Serve deployment or in the driver", flag="proxy"
+    )
+    replicas: int = option(2, "Ray Serve replicas of the proxy (proxy=serve)")
+
+    def __post_init__(self) -> None:
+        require_one_of(self.kind, "kind", PROXY_KINDS)
+        require_positive(self.replicas, "replicas")
+
+
+@dataclass(kw_only=True, frozen=True)
+class RolloutBrickConfig:
+    """How rollouts are scheduled against training (the loop: ``components/loop.py``)."""
+
+    mode: Literal["sync", "async", "partial"] = option(
+        "sync",
+        "sync: roll out, then train (the reference); async: rollouts stay in flight across steps, the trainer "
+        "takes complete groups as they come; partial: step n+1 rolls out while step n trains, in-flight "
+        "rollouts continue on new weights (see components/loop.py)",
+    )
+    max_staleness: int = option(
+        1,
+        "async/partial: drop (and count) a group whose oldest sampled token is more versions behind",
+        flag="max-staleness",
+    )
+    max_concurrency: int = option(4, "rollouts in flight at once", flag="max-concurrency")
+
+    def __post_init__(self) -> None:
+        require_one_of(self.mode, "mode", ("sync", "async", "partial"))
+        require_positive(self.max_concurrency, "max_concurrency")
+        require_non_negative(self.max_staleness, "max_staleness")
+        require(
+            self.mode != "partial" or self.max_staleness >= 1,
+            "max_staleness",
+            "must be >= 1 in rollout mode partial (step n+1's rollouts start under step n's weights)",
+        )
+
+
+@dataclass(kw_only=True, frozen=True)
+class SamplingBrickConfig:
+    """How the policy samples (the proxy samples with it, each segment records it, the trainer recomputes
+    logprobs under it)."""
+
+    temperature: float = option(1.0, "sampling temperature of the policy", flag="temperature")
+    top_p: float = option(1.0, "nucleus (top-p) mass of the policy's sampling; 1: no truncation", flag="top-p")
+    top_k: int = option(0, "top-k of the policy's sampling; 0: no truncation", flag="top-k")
+    agent_sampling: bool = option(
+        False,
+        "sample with each agent's own temperature/top_p/top_k instead of the run's (recorded either way)",
+        flag="agent-sampling",
+    )
+    max_tokens: int = option(128, "cap on the tokens of one model reply", flag="max-tokens")
+    record_routed_experts: bool = option(
+        False,
+        "MoE policies: record the experts the engine routed each token to and replay them in training (R3)",
+        flag="record-routed-experts",
+    )
+
+    def __post_init__(self) -> None:
+        self.distribution  # noqa: B018 -- validates temperature / top_p / top_k, naming the bad one
+        require_positive(self.max_tokens, "max_tokens")
+
+    @property
+    def distribution(self) -> SamplingDistribution:
+        """The run's sampling distribution (the proxy samples with it; each segment records it)."""
+        return SamplingDistribution(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
+
+@dataclass(kw_only=True, frozen=True)
+class MonitoringBrickConfig:
+    """Where the run's metrics go besides ``metrics.jsonl`` (always written)."""
+
+    wandb_mode: Literal["auto", "offline", "online", "disabled"] = option(
+        "auto", "wandb: offline unless logged in", flag="wandb-mode"
+    )
+
+    def __post_init__(self) -> None:
+        require_one_of(self.wandb_mode, "wandb_mode", WANDB_MODES)
+
+
 @dataclass(kw_only=True, frozen=True)
 class RunConfig:
-    """Fields every recipe has: model, run directory, steps, placement, engine, proxy, sandboxes, trainer."""
+    """Fields every recipe has: the run's own (model, run directory, steps, seed, Ray) and one config per brick
+    (engine, sglang, proxy, rollout, sampling, sandbox, trainer, monitoring)."""
 
     model: str = option(
         "default", "policy: 'default' (SmolLM2-135M-Instruct), 'tiny' (test model) or an HF folder"
@@ -146,28 +282,6 @@ class RunConfig:
     run_dir: str = option("", "run directory; '' makes runs/<recipe>-<time>; an existing one is resumed")
     num_steps: int = option(2, "training steps (rollout → train → weight sync → log/checkpoint)")
     group_size: int = option(2, "rollouts per task per step (one GRPO group)")
-    max_concurrency: int = option(4, "rollouts in flight at once")
-    rollout_mode: Literal["sync", "async", "partial"] = option(
-        "sync",
-        "sync: roll out, then train (the reference); async: rollouts stay in flight across steps, the trainer "
-        "takes complete groups as they come; partial: step n+1 rolls out while step n trains, in-flight "
-        "rollouts continue on new weights (see components/loop.py)",
-    )
-    max_staleness: int = option(
-        1, "async/partial: drop (and count) a group whose oldest sampled token is more versions behind"
-    )
-    temperature: float = option(1.0, "sampling temperature of the policy")
-    top_p: float = option(1.0, "nucleus (top-p) mass of the policy's sampling; 1: no truncation")
-    top_k: int = option(0, "top-k of the policy's sampling; 0: no truncation")
-    agent_sampling: bool = option(
-        False,
-        "sample with each agent's own temperature/top_p/top_k instead of the run's (recorded either way)",
-    )
-    record_routed_experts: bool = option(
-        False,
-        "MoE policies: record the experts the engine routed each token to and replay them in training (R3)",
-    )
-    max_tokens: int = option(128, "cap on the tokens of one model reply")
     algorithm: Literal["grpo", "dr_grpo", "gspo", "rloo"] = option(
         "grpo",
         "policy-gradient algorithm (components/training/algorithms/): GRPO, Dr.GRPO, GSPO (sequence-level ratio "
@@ -175,75 +289,35 @@ class RunConfig:
     )
     checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
     seed: int = option(0, "seed of the trainer and of task selection")
-    engine: Literal["embedded", "sglang"] = option(
-        "embedded", "inference engine: embedded torch actor or SGLang"
-    )
-    sglang_url: str = option(
-        "",
-        "SGLang server URL(s) (engine=sglang), comma-separated (a router URL stands for its workers), "
-        "e.g. http://10.0.0.5:30000,http://10.0.0.6:30000",
-    )
-    sglang_api_key: str = option("", "the servers' --api-key ('' = none)")
-    sglang_admin_api_key: str = option("", "the servers' --admin-api-key for weight/pause/memory calls ('' = none)")
-    sglang_startup_timeout_s: float = option(600.0, "how long to wait for every server's /health at start")
-    sglang_request_timeout_s: float = option(600.0, "bound of one /generate call")
-    sglang_context_window: int = option(0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)")
-    sglang_weight_sync: Literal["disk", "nccl"] = option(
-        "disk", "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0"
-    )
-    sglang_nccl_address: str = option(
-        "", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP"
-    )
-    sglang_colocated: bool = option(False, "trainer and servers share GPUs: servers release memory while training")
-    engine_num_cpus: float = option(1.0, "Ray CPUs reserved for the embedded engine actor")
-    engine_num_gpus: float = option(0.0, "Ray GPUs for the embedded engine actor (device cuda when > 0)")
-    engine_threads: int = option(1, "torch threads of the embedded engine")
-    engine_max_batch_size: int = option(8, "requests the embedded engine decodes together")
-    engine_kv_cache_gb: float = option(1.0, "GiB of the embedded engine's prefix cache (KV of past turns); 0 = off")
-    proxy: Literal["serve", "local"] = option(
-        "serve", "inference proxy: Ray Serve deployment or in the driver"
-    )
-    proxy_replicas: int = option(2, "Ray Serve replicas of the proxy (proxy=serve)")
+    engine: EngineBrickConfig = option(EngineBrickConfig(), "the inference engine")
+    sglang: SGLangBrickConfig = option(SGLangBrickConfig(), "the SGLang servers (engine=sglang)")
+    proxy: ProxyBrickConfig = option(ProxyBrickConfig(), "the inference proxy")
+    rollout: RolloutBrickConfig = option(RolloutBrickConfig(), "rollout scheduling")
+    sampling: SamplingBrickConfig = option(SamplingBrickConfig(), "the policy's sampling")
     sandbox: SandboxBrickConfig = option(SandboxBrickConfig(), "the agents' sandboxes")
     trainer: TrainerBrickConfig = option(TrainerBrickConfig(), "the trainer")
+    monitoring: MonitoringBrickConfig = option(MonitoringBrickConfig(), "metrics loggers")
     ray_address: str = option(
         "", "Ray cluster to join; '' joins $RAY_ADDRESS when set, else starts a local one"
     )
     ray_num_cpus: int = option(8, "logical CPUs of a local Ray instance (oversubscribing 2 cores is fine)")
-    wandb_mode: Literal["auto", "offline", "online", "disabled"] = option(
-        "auto", "wandb: offline unless logged in"
-    )
 
     def __post_init__(self) -> None:
-        positive = (
-            "num_steps",
-            "group_size",
-            "max_concurrency",
-            "max_tokens",
-            "engine_threads",
-        )
-        positive += ("engine_max_batch_size", "proxy_replicas")
-        for name in (*positive, "ray_num_cpus"):
+        for name in ("num_steps", "group_size", "ray_num_cpus"):
             require_positive(getattr(self, name), name)
-        for name in ("temperature", "checkpoint_every_steps", "engine_num_cpus"):
-            require_non_negative(getattr(self, name), name)
-        require_non_negative(self.engine_num_gpus, "engine_num_gpus")
-        require_non_negative(self.engine_kv_cache_gb, "engine_kv_cache_gb")
-        SamplingDistribution(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # names a bad field
-        LoopConfig.of(self)  # rollout_mode, max_staleness: a bad value names its field
-        if self.engine == "sglang":
+        require_non_negative(self.checkpoint_every_steps, "checkpoint_every_steps")
+        # Checks across bricks (each brick checks its own fields).
+        if self.engine.kind == "sglang":
             from components.engine.sglang import require_untruncated_sampling
             from components.engine.sglang_fleet import parse_server_urls
 
-            parse_server_urls(self.sglang_url)  # ValueError naming sglang_url
-            require_untruncated_sampling(self.sampling)  # SGLang's logprobs ignore top-p / top-k truncation
-        for name in ("sglang_startup_timeout_s", "sglang_request_timeout_s"):
-            require_positive(getattr(self, name), name)
-        require_non_negative(self.sglang_context_window, "sglang_context_window")
+            parse_server_urls(self.sglang.url, field="sglang.url")
+            # SGLang's logprobs ignore top-p / top-k truncation
+            require_untruncated_sampling(self.sampling.distribution)
         require(
-            not self.sglang_colocated or (self.engine == "sglang" and self.rollout_mode == "sync"),
-            "sglang_colocated",
-            "needs engine=sglang and rollout_mode=sync (the servers give their GPU memory up while training)",
+            not self.sglang.colocated or (self.engine.kind == "sglang" and self.rollout.mode == "sync"),
+            "sglang.colocated",
+            "needs engine=sglang and rollout mode sync (the servers give their GPU memory up while training)",
         )
         if self.model == "default":
             require(
@@ -254,11 +328,6 @@ class RunConfig:
             )
         elif self.model != "tiny":
             require((Path(self.model) / "config.json").exists(), "model", f"{self.model!r} is no HF folder")
-
-    @property
-    def sampling(self) -> SamplingDistribution:
-        """The run's sampling distribution (the proxy samples with it; each segment records it)."""
-        return SamplingDistribution(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
 
 
 @dataclass(frozen=True)
@@ -342,10 +411,10 @@ class StepLedger:
 
 
 class EmbeddedEngineProvider:
-    """``EngineProvider``: the embedded torch engine in one Ray actor (``engine_*`` fields); weights travel
+    """``EngineProvider``: the embedded torch engine in one Ray actor (the ``engine`` brick); weights travel
     through Ray's object store."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: EngineBrickConfig) -> None:
         self.config = config
         self._actor: Any = None
 
@@ -360,14 +429,14 @@ class EmbeddedEngineProvider:
         self._actor = start_engine_actor(
             EmbeddedEngineConfig(
                 model_path=model_path,
-                max_batch_size=config.engine_max_batch_size,
-                num_threads=config.engine_threads,
-                kv_cache_gb=config.engine_kv_cache_gb,
-                device="cuda" if config.engine_num_gpus > 0 else "cpu",
+                max_batch_size=config.max_batch_size,
+                num_threads=config.threads,
+                kv_cache_gb=config.kv_cache_gb,
+                device="cuda" if config.num_gpus > 0 else "cpu",
                 initial_weight_version=weight_version,
             ),
-            num_cpus=config.engine_num_cpus,
-            num_gpus=config.engine_num_gpus,
+            num_cpus=config.num_cpus,
+            num_gpus=config.num_gpus,
         )
         engine = await RayEngineClient.connect(self._actor)
         return engine, WeightSync(WeightSyncConfig(mode="memory"), engine)
@@ -379,7 +448,7 @@ class EmbeddedEngineProvider:
 
 
 class SGLangEngineProvider:
-    """``EngineProvider``: SGLang servers outside Ray (``sglang_*`` fields), reached over HTTP."""
+    """``EngineProvider``: SGLang servers outside Ray (the ``sglang`` brick), reached over HTTP."""
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -398,7 +467,7 @@ class SGLangEngineProvider:
         )
         weight_sync = (
             WeightSync(WeightSyncConfig(mode="distributed"), engine)  # trainer rank 0 → servers (NCCL)
-            if config.sglang_weight_sync == "nccl"
+            if config.sglang.weight_sync == "nccl"
             else WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
         )
         if resumed:  # the server still serves whatever it was started with
@@ -496,11 +565,13 @@ class Bricks:
                 ),
             )
         )
-        engine = EmbeddedEngineProvider(config) if config.engine == "embedded" else SGLangEngineProvider(config)
+        engine = (
+            EmbeddedEngineProvider(config.engine) if config.engine.kind == "embedded" else SGLangEngineProvider(config)
+        )
         proxy = (
             LocalProxyProvider()
-            if config.proxy == "local"
-            else ServeProxyProvider(num_replicas=config.proxy_replicas)
+            if config.proxy.kind == "local"
+            else ServeProxyProvider(num_replicas=config.proxy.replicas)
         )
         return cls(engine=engine, proxy=proxy, algorithm=make_algorithm(config.algorithm), sandboxes=sandboxes)
 
@@ -585,7 +656,7 @@ class RunStack:
                 batching=SampleBatchConfig(max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch),
                 lora=config.trainer.lora_settings(),
                 gradient_checkpointing=config.trainer.gradient_checkpointing,
-                temperature=config.temperature,
+                temperature=config.sampling.temperature,
                 seed=config.seed,
                 resume=True,
             ),
@@ -599,12 +670,12 @@ class RunStack:
         # Isolated mode: the admin key stays on the host; agents get per-session tokens (session_keys).
         proxy_config = ProxyConfig(
             port=0,
-            default_max_tokens=self.config.max_tokens,
-            max_completion_tokens=self.config.max_tokens,
+            default_max_tokens=self.config.sampling.max_tokens,
+            max_completion_tokens=self.config.sampling.max_tokens,
             # every rollout is sampled with the run's distribution unless agents may choose (recorded per segment)
-            sampling=self.config.sampling,
-            agent_sampling=self.config.agent_sampling,
-            record_routed_experts=self.config.record_routed_experts,
+            sampling=self.config.sampling.distribution,
+            agent_sampling=self.config.sampling.agent_sampling,
+            record_routed_experts=self.config.sampling.record_routed_experts,
             admin_key=generate_admin_key(),
         )
         self.session_keys = proxy_config.session_keys
@@ -632,7 +703,7 @@ class RunStack:
         kill between the two re-runs the step and re-logs it, never leaves a trained step without its row)."""
         trainer, version = self.trainer, self.trainer.state.weight_version
         metrics: dict[str, float] = {"trained": 0.0}
-        colocated = self.config.sglang_colocated  # the servers' GPU memory goes to the trainer meanwhile
+        colocated = self.config.sglang.colocated  # the servers' GPU memory goes to the trainer meanwhile
         if colocated:
             await self.engine.release_memory_occupation()
         if shard is not None:

@@ -103,7 +103,15 @@ class LoopConfig:
 
     @classmethod
     def of(cls, config: Any) -> LoopConfig:
-        return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
+        """The loop's fields of a recipe's ``RunConfig`` (its ``rollout`` brick and the run's steps)."""
+        return cls(
+            rollout_mode=config.rollout.mode,
+            max_staleness=config.rollout.max_staleness,
+            num_steps=config.num_steps,
+            group_size=config.group_size,
+            max_concurrency=config.rollout.max_concurrency,
+            checkpoint_every_steps=config.checkpoint_every_steps,
+        )
 
     @property
     def steps_ahead(self) -> int:
@@ -181,7 +189,7 @@ class LoopInputs:
 async def run_recipe_loop(
     config: Any, run: Any, stack: Any, runner: Any, tasks_for_step: TasksForStep
 ) -> None:
-    """Run the recipe's steps in ``config.rollout_mode`` (see the module doc), with the run's monitor."""
+    """Run the recipe's steps in ``config.rollout.mode`` (see the module doc), with the run's monitor."""
     groups_per_step = len(tasks_for_step(0))
     require(groups_per_step > 0, "tasks", "a step needs at least one task")
     inputs = LoopInputs(
@@ -210,7 +218,7 @@ def _monitor(config: Any, run: Any, *, rollouts_per_step: int, first_step: int) 
             rollouts_per_step=rollouts_per_step,
             first_step=min(first_step, config.num_steps),
             run_config=json.loads(config_to_json(config)),
-            wandb_mode=config.wandb_mode,
+            wandb_mode=config.monitoring.wandb_mode,
             model=run.model_path,
         )
     )
@@ -274,7 +282,7 @@ async def _sync_steps(
         wall_s = time.monotonic() - started
         pipeline = _timing_metrics(
             trajectories,
-            max_concurrency=config.max_concurrency,
+            max_concurrency=config.rollout.max_concurrency,
             wall_s=wall_s,
             train_s=wall_s - rollout_s,
             trained_tokens=float(train_metrics.get("train/num_tokens", 0.0)),

@@ -97,6 +97,12 @@ def _leaves(config_class: type, path: tuple[str, ...] = (), brick_default: Any =
     return leaves
 
 
+def config_flags(config_class: type) -> dict[str, str]:
+    """Every plain field of ``config_class`` and its bricks (dotted: ``trainer.workers``) → its command-line flag
+    (``--trainer-workers``)."""
+    return {".".join(leaf.path): f"--{leaf.flag}" for leaf in _leaves(config_class)}
+
+
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
     """A value read from a config file as the field's type (lists → tuples, str → Path, checked Literals)."""
     origin = typing.get_origin(annotation)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from components.launch import main_entry
+from components.launch import SamplingBrickConfig, main_entry
 from components.recipe_config import option
 from recipes.swe_grpo import SweGrpoConfig, main
 
@@ -29,7 +29,10 @@ class ClaudeCodeGrpoConfig(SweGrpoConfig):
         "claude_code", "the agent: claude_code here; any SWE harness works with the same loop"
     )
     max_turns: int = option(3, "Claude Code's --max-turns")
-    max_tokens: int = option(192, "cap on the tokens of one model reply (CLAUDE_CODE_MAX_OUTPUT_TOKENS)")
+    sampling: SamplingBrickConfig = option(
+        SamplingBrickConfig(max_tokens=192),
+        "the policy's sampling (max_tokens: CLAUDE_CODE_MAX_OUTPUT_TOKENS)",
+    )
 
 
 async def claude_code_main(config: ClaudeCodeGrpoConfig) -> None:

@@ -9,7 +9,7 @@
 
 Each step: roll out ``num_tasks`` tasks × ``group_size`` samples (agent in a warm sandbox → proxy session →
 grade in a fresh sandbox) → write one trajectory shard → one GRPO step → push the new weights to the engine →
-log (and checkpoint) — in ``rollout_mode`` sync; async and partial overlap rollouts and training (the loop
+log (and checkpoint) — in ``--rollout-mode`` sync; async and partial overlap rollouts and training (the loop
 all recipes share: ``components/loop.py``). Placement, run directory and resume: see ``components/launch.py``.
 """
 
@@ -25,6 +25,7 @@ from components.launch import (
     RunConfig,
     RunDirectory,
     RunStack,
+    SamplingBrickConfig,
     main_entry,
     tasks_for_step,
 )
@@ -57,7 +58,7 @@ class SweGrpoConfig(RunConfig):
     images: str = option("", "image store for swebench:/r2e: tasks (OCI layouts / docker archives)")
     snapshots: str = option("", "repository snapshots for swebench:/r2e: tasks (<instance_id>[.tar.gz])")
     max_turns: int = option(3, "model calls per rollout")
-    max_tokens: int = option(192, "cap on the tokens of one model reply")
+    sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=192), "the policy's sampling")
     wall_time_s: float = option(300.0, "wall-clock bound of one agent run")
     reward: RewardBrickConfig = option(RewardBrickConfig(), "how rollouts are rewarded")
 
@@ -77,8 +78,8 @@ def build_harness(config: SweGrpoConfig) -> tuple[Harness, tuple[str, ...]]:
         agent_config = SweAgentConfig(
             max_turns=config.max_turns,
             wall_time_s=config.wall_time_s,
-            max_tokens=config.max_tokens,
-            temperature=config.temperature,
+            max_tokens=config.sampling.max_tokens,
+            temperature=config.sampling.temperature,
         )
         return SweAgentHarness(agent_config), python_tool_paths()
     from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
@@ -98,7 +99,9 @@ def build_harness(config: SweGrpoConfig) -> tuple[Harness, tuple[str, ...]]:
     harness = BlackBoxHarness(
         agent,
         BlackBoxConfig(
-            max_turns=config.max_turns, wall_time_s=config.wall_time_s, max_output_tokens=config.max_tokens
+            max_turns=config.max_turns,
+            wall_time_s=config.wall_time_s,
+            max_output_tokens=config.sampling.max_tokens,
         ),
     )
     return harness, (*python_tool_paths(), *agent.read_only_paths())
@@ -151,7 +154,7 @@ async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
             sandboxes, grader = await swebench_sandboxes(config, stack, tasks, sandbox_paths, images)
         grader, group_reward, reward_weights = config.reward.build(grader)
         runner = RolloutRunner(
-            RolloutConfig(group_size=config.group_size, max_concurrency=config.max_concurrency),
+            RolloutConfig(group_size=config.group_size, max_concurrency=config.rollout.max_concurrency),
             harness=harness,
             sandboxes=sandboxes,
             sessions=stack.sessions,

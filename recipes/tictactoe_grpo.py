@@ -20,7 +20,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from components.config import require_positive
-from components.launch import RunConfig, RunDirectory, RunStack, TrainerBrickConfig, main_entry
+from components.launch import (
+    ProxyBrickConfig,
+    RolloutBrickConfig,
+    RunConfig,
+    RunDirectory,
+    RunStack,
+    SamplingBrickConfig,
+    TrainerBrickConfig,
+    main_entry,
+)
 from components.loop import run_recipe_loop
 from components.recipe_config import option
 from components.rollout import RolloutConfig, RolloutRunner
@@ -41,12 +50,10 @@ class TicTacToeGrpoConfig(RunConfig):
 
     num_steps: int = option(4, "training steps")
     group_size: int = option(4, "games per seed per step (one GRPO group)")
-    max_concurrency: int = option(8, "games in flight at once")
-    max_tokens: int = option(48, "cap on the tokens of one model reply")
+    rollout: RolloutBrickConfig = option(RolloutBrickConfig(max_concurrency=8), "rollout scheduling")
+    sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=48), "the policy's sampling")
     trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5), "the trainer")
-    proxy: Literal["serve", "local"] = option(
-        "local", "inference proxy: Ray Serve deployment or in the driver"
-    )
+    proxy: ProxyBrickConfig = option(ProxyBrickConfig(kind="local"), "the inference proxy")
     games_per_step: int = option(2, "seeded games (GRPO groups) per step")
     opponent: Literal["random", "perfect"] = option("random", "the opponent: random legal moves or minimax")
     max_turns: int = option(6, "model calls per game (a game needs at most 5 moves)")
@@ -82,8 +89,8 @@ async def main(config: TicTacToeGrpoConfig) -> None:
     harness = ToyAgentHarness(
         ToyAgentConfig(
             max_turns=config.max_turns,
-            max_tokens=config.max_tokens,
-            temperature=config.temperature,
+            max_tokens=config.sampling.max_tokens,
+            temperature=config.sampling.temperature,
             accept_text_moves=config.accept_text_moves,
             offer_tools=not config.accept_text_moves,  # the tool schemas only confuse a model without tool support
             example_turns=(text_move_example(),) if config.accept_text_moves else (),
@@ -92,7 +99,7 @@ async def main(config: TicTacToeGrpoConfig) -> None:
     )
     async with RunStack.start(config, run) as stack:
         runner = RolloutRunner(
-            RolloutConfig(group_size=config.group_size, max_concurrency=config.max_concurrency),
+            RolloutConfig(group_size=config.group_size, max_concurrency=config.rollout.max_concurrency),
             harness=harness,
             sandboxes=stack.sandboxes,
             sessions=stack.sessions,

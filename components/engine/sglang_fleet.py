@@ -56,13 +56,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def parse_server_urls(text: str) -> tuple[str, ...]:
-    """``"http://a:30000,http://b:30000"`` → both URLs (spaces and a trailing slash ignored)."""
+def parse_server_urls(text: str, *, field: str = "sglang_url") -> tuple[str, ...]:
+    """``"http://a:30000,http://b:30000"`` → both URLs (spaces and a trailing slash ignored); a bad list fails
+    naming ``field``."""
     urls = tuple(part.strip().rstrip("/") for part in text.split(",") if part.strip())
-    require(len(urls) > 0, "sglang_url", "needs at least one http(s) URL")
+    require(len(urls) > 0, field, "needs at least one http(s) URL")
     for url in urls:
-        require(url.startswith(("http://", "https://")), "sglang_url", f"{url!r} is not an http(s) URL")
-    require(len(set(urls)) == len(urls), "sglang_url", f"lists a server twice: {text!r}")
+        require(url.startswith(("http://", "https://")), field, f"{url!r} is not an http(s) URL")
+    require(len(set(urls)) == len(urls), field, f"lists a server twice: {text!r}")
     return urls
 
 
@@ -95,21 +96,23 @@ class SGLangFleetConfig:
 
 
 def sglang_fleet_config(config: RunConfig, *, initial_weight_version: int) -> SGLangFleetConfig:
-    """The fleet a run's ``--sglang-*`` options describe (``--sglang-url`` may list several servers)."""
+    """The fleet a run's ``sglang`` brick (``--sglang-*`` options) describes (``--sglang-url`` may list several
+    servers)."""
     from components.models.registry import resolve_model
 
-    urls = parse_server_urls(config.sglang_url)
+    sglang = config.sglang
+    urls = parse_server_urls(sglang.url, field="sglang.url")
     distributed = None
-    experts = experts_per_token(resolve_model(config.model)) if config.record_routed_experts else None
-    if config.sglang_weight_sync == "nccl":  # '' : the node IP of the trainer's rank 0, found there
-        distributed = DistributedWeightSyncConfig(master_address=config.sglang_nccl_address, backend="nccl")
+    experts = experts_per_token(resolve_model(config.model)) if config.sampling.record_routed_experts else None
+    if sglang.weight_sync == "nccl":  # '' : the node IP of the trainer's rank 0, found there
+        distributed = DistributedWeightSyncConfig(master_address=sglang.nccl_address, backend="nccl")
     server = SGLangEngineConfig(
         base_url=urls[0],
-        api_key=config.sglang_api_key or None,
-        admin_api_key=config.sglang_admin_api_key or None,
-        startup_timeout_s=config.sglang_startup_timeout_s,
-        request_timeout_s=config.sglang_request_timeout_s,
-        context_window=config.sglang_context_window or None,
+        api_key=sglang.api_key or None,
+        admin_api_key=sglang.admin_api_key or None,
+        startup_timeout_s=sglang.startup_timeout_s,
+        request_timeout_s=sglang.request_timeout_s,
+        context_window=sglang.context_window or None,
         initial_weight_version=initial_weight_version,
         routed_experts_top_k=experts,  # R3: SGLang's routed experts are a flat id array, decoded with it
     )

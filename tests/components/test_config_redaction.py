@@ -6,17 +6,17 @@ import dataclasses
 import json
 import logging
 
-from components.launch import RunConfig, RunDirectory
+from components.launch import EngineBrickConfig, RunConfig, RunDirectory, SGLangBrickConfig
 from components.recipe_config import REDACTED, config_to_json
 
 
 def test_run_directory_config_json_holds_no_secret(tmp_path):
     config = RunConfig(
         model="tiny",
-        engine="sglang",
-        sglang_url="http://127.0.0.1:9",
-        sglang_api_key="user-secret-1234",
-        sglang_admin_api_key="admin-secret-5678",
+        engine=EngineBrickConfig(kind="sglang"),
+        sglang=SGLangBrickConfig(
+            url="http://127.0.0.1:9", api_key="user-secret-1234", admin_api_key="admin-secret-5678"
+        ),
         run_dir=str(tmp_path / "run"),
     )
     before = set(logging.getLogger().handlers)
@@ -29,8 +29,9 @@ def test_run_directory_config_json_holds_no_secret(tmp_path):
     text = (run.path / "config.json").read_text()
     assert "user-secret-1234" not in text and "admin-secret-5678" not in text
     recorded = json.loads(text)
-    assert recorded["sglang_api_key"] == REDACTED and recorded["sglang_admin_api_key"] == REDACTED
-    assert recorded["sglang_url"] == "http://127.0.0.1:9" and recorded["max_tokens"] == config.max_tokens
+    assert recorded["sglang"]["api_key"] == REDACTED and recorded["sglang"]["admin_api_key"] == REDACTED
+    assert recorded["sglang"]["url"] == "http://127.0.0.1:9"
+    assert recorded["sampling"]["max_tokens"] == config.sampling.max_tokens
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

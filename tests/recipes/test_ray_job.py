@@ -87,4 +87,4 @@ def test_ray_job_submit_runs_one_swe_step(ray_head, tmp_path, tiny_model_dir):
     assert completed.returncode == 0 and "succeeded" in output, output
     assert_complete_run(run_dir, num_steps=1, rollouts_per_step=2)
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["proxy"] == "serve" and config["recipe"] == "swe_grpo"
+    assert config["proxy"]["kind"] == "serve" and config["recipe"] == "swe_grpo"

@@ -30,6 +30,7 @@ CLAUDE = REPO_ROOT / ".agents" / "node_modules" / ".bin" / "claude"
 
 
 def test_recipe_help_lists_every_field_and_bad_values_fail_fast():
+    from components.recipe_config import config_flags
     from recipes.tictactoe_grpo import TicTacToeGrpoConfig
 
     completed = subprocess.run(
@@ -40,8 +41,10 @@ def test_recipe_help_lists_every_field_and_bad_values_fail_fast():
         timeout=60,
     )
     assert completed.returncode == 0
-    for field in TicTacToeGrpoConfig.__dataclass_fields__:
-        assert f"--{field.replace('_', '-')}" in completed.stdout
+    flags = config_flags(TicTacToeGrpoConfig)
+    assert {"engine.num_cpus", "sglang.url", "proxy.replicas", "rollout.mode", "monitoring.wandb_mode"} <= set(flags)
+    for flag in flags.values():  # every field of every brick
+        assert f"{flag} " in completed.stdout, flag
     assert "(default: 2e-05)" in completed.stdout  # learning_rate, with its meaning
     bad = subprocess.run(
         recipe_command("swe_grpo", "--group-size", "0"),
@@ -58,7 +61,7 @@ def test_recipe_help_lists_every_field_and_bad_values_fail_fast():
         env=recipe_env(),
         timeout=60,
     )
-    assert bad.returncode == 2 and "sglang_url" in bad.stderr
+    assert bad.returncode == 2 and "sglang.url" in bad.stderr
 
 
 def _wait_for(predicate, *, process: subprocess.Popen, timeout_s: float) -> None:

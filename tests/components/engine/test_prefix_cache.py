@@ -185,8 +185,8 @@ def test_recipe_flag_sets_the_budget(capsys):
     from components.launch import RunConfig
     from components.recipe_config import parse_config
 
-    assert parse_config(RunConfig, ["--engine-kv-cache-gb", "0.25"]).engine_kv_cache_gb == 0.25
-    assert parse_config(RunConfig, []).engine_kv_cache_gb == 1.0
+    assert parse_config(RunConfig, ["--engine-kv-cache-gb", "0.25"]).engine.kv_cache_gb == 0.25
+    assert parse_config(RunConfig, []).engine.kv_cache_gb == 1.0
     with pytest.raises(SystemExit):
         parse_config(RunConfig, ["--engine-kv-cache-gb", "-1"])
-    assert "engine_kv_cache_gb: must be >= 0" in capsys.readouterr().err
+    assert "engine.kv_cache_gb: must be >= 0" in capsys.readouterr().err

@@ -16,7 +16,7 @@ import torch
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from components.engine.sglang import SGLangEngine, SGLangEngineConfig, TruncatedSamplingError
-from components.launch import RunConfig
+from components.launch import EngineBrickConfig, RunConfig, SamplingBrickConfig, SGLangBrickConfig
 from components.protocols import SamplingParams
 from components.proxy.errors import classify_error
 from components.recipe_config import parse_config
@@ -99,14 +99,18 @@ async def test_client_refuses_truncated_sampling_before_any_request(fake_server)
 
 
 def test_run_config_refuses_truncated_sampling_with_sglang(capsys):
-    sglang = {"model": "tiny", "engine": "sglang", "sglang_url": "http://127.0.0.1:9"}
+    sglang = {
+        "model": "tiny",
+        "engine": EngineBrickConfig(kind="sglang"),
+        "sglang": SGLangBrickConfig(url="http://127.0.0.1:9"),
+    }
     for truncation in ({"top_p": 0.95}, {"top_k": 50}):
         with pytest.raises(TruncatedSamplingError, match=r"--top-p / --top-k: top_p="):
-            RunConfig(**sglang, **truncation)
+            RunConfig(**sglang, sampling=SamplingBrickConfig(**truncation))
     flags = ["--model", "tiny", "--engine", "sglang", "--sglang-url", "http://127.0.0.1:9"]
     with pytest.raises(SystemExit):  # the recipe's command line says which flags to change
         parse_config(RunConfig, [*flags, "--top-p", "0.9"])
     assert "--top-p 1 --top-k 0" in capsys.readouterr().err
     assert parse_config(RunConfig, [*flags, "--temperature", "0.6"]).sampling.temperature == 0.6
     # The embedded engine records logprobs under the truncated distribution itself: allowed there.
-    assert RunConfig(model="tiny", top_p=0.95, top_k=50).sampling.truncates
+    assert RunConfig(model="tiny", sampling=SamplingBrickConfig(top_p=0.95, top_k=50)).sampling.distribution.truncates

@@ -125,9 +125,9 @@ def test_recipe_options_name_the_run_distribution(capsys):
     config = parse_config(
         RunConfig, ["--model", "tiny", "--temperature", "0.6", "--top-p", "0.95", "--top-k", "50"]
     )
-    assert config.sampling == SamplingDistribution(temperature=0.6, top_p=0.95, top_k=50)
-    assert not config.agent_sampling and not config.record_routed_experts
-    assert parse_config(RunConfig, ["--model", "tiny", "--agent-sampling", "true"]).agent_sampling
+    assert config.sampling.distribution == SamplingDistribution(temperature=0.6, top_p=0.95, top_k=50)
+    assert not config.sampling.agent_sampling and not config.sampling.record_routed_experts
+    assert parse_config(RunConfig, ["--model", "tiny", "--agent-sampling", "true"]).sampling.agent_sampling
     with pytest.raises(SystemExit):
         parse_config(RunConfig, ["--model", "tiny", "--top-k", "-2"])
-    assert "top_k" in capsys.readouterr().err
+    assert "sampling.top_k" in capsys.readouterr().err
