@@ -5,6 +5,7 @@
     pytest tests/contracts/test_reward_contract.py --brick examples.bricks.answer_file_reward:AnswerFileReward
     pytest tests/contracts/test_engine_contract.py --brick examples.bricks.hashing_engine:HashingEngine
     pytest tests/contracts/test_task_contract.py --brick examples.bricks.arithmetic_tasks:ArithmeticTasks
+    pytest tests/contracts/test_harness_contract.py --brick examples.bricks.one_shot_harness:OneShotHarness
 
 ``MODULE:OBJECT`` is imported (``OBJECT`` may be dotted, e.g. a classmethod); a class is instantiated with no
 arguments. The module must be importable from where pytest runs (installed, or in the working directory).

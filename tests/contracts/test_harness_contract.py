@@ -1,0 +1,249 @@
+"""The ``Harness`` contract (``components.protocols.Harness``), checked on any harness brick — what the rollout
+runner relies on:
+
+- the harness talks to the policy through ``base_url`` with ``api_key`` only: the suite's proxy runs isolated
+  (an admin key), so only the session's own capability token opens the session, and the session must have
+  recorded the harness's model calls;
+- it returns a ``HarnessOutcome`` whose ``status`` is a ``TrajectoryStatus``, within its own bounds (the suite
+  gives it ``BOUND_S``);
+- failures are reported, never raised: a failing engine (HTTP 5xx), an unreachable proxy and a sandbox that
+  died each end in an outcome whose status is not ``ok``.
+
+Built-in: the white-box SWE agent (on a minilib task), the toy-game agent (on a tic-tac-toe game), a wrapped
+Python agent (``harnesses.wrap``) and mini-swe-agent as a black box in its sandbox. A user's harness gets a
+small question task in an empty workspace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from components.engine.scripted import ScriptedEngine
+from components.errors import SandboxError
+from components.protocols import Harness, HarnessOutcome, SandboxAwareHarness, SandboxSpec, Task
+from components.trajectory import TrajectoryStatus
+from tests.contracts.conftest import brick_params
+from tests.harnesses.harness_fixtures import builtin_tasks, running_proxy  # noqa: F401 (a fixture)
+from tests.required_tools import require_tool
+
+pytestmark = pytest.mark.timeout(300)
+
+BOUND_S = 120.0
+ADMIN_KEY = "contract-suite-admin-key"
+REPLY = "I looked at the problem and I am not sure what to do."
+
+
+@dataclass(frozen=True)
+class QuestionTask:
+    """The task a user's harness gets: a question, an empty workspace."""
+
+    task_id: str = "question-1"
+    problem_statement: str = "What is 19 + 23? Write the number into answer.txt."
+
+    def sandbox_spec(self) -> SandboxSpec:
+        return SandboxSpec()
+
+
+@dataclass(frozen=True)
+class BuiltInHarness:
+    """A built-in harness and the kind of task it is made for."""
+
+    harness: Harness
+    make_task: Callable[[pytest.FixtureRequest], Task]
+
+
+def _minilib_task(request) -> Task:
+    return next(iter(request.getfixturevalue("builtin_tasks").values()))
+
+
+def _tictactoe_task(request) -> Task:
+    from components.tasks.toys import TicTacToeEnv
+    from harnesses.toy_agent import ToyGameTask
+
+    return ToyGameTask(task_id="tictactoe-0", make_env=TicTacToeEnv, seed=0)
+
+
+def _swe_agent() -> BuiltInHarness:
+    from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
+
+    return BuiltInHarness(SweAgentHarness(SweAgentConfig(max_turns=2, wall_time_s=60)), _minilib_task)
+
+
+def _toy_agent() -> BuiltInHarness:
+    from harnesses.toy_agent import ToyAgentConfig, ToyAgentHarness
+
+    return BuiltInHarness(ToyAgentHarness(ToyAgentConfig(max_turns=2, wall_time_s=60)), _tictactoe_task)
+
+
+def _wrapped_agent() -> BuiltInHarness:
+    from harnesses.wrap import AgentContext, agent_harness
+
+    async def ask_then_run(ctx: AgentContext) -> None:
+        reply = await ctx.openai.chat.completions.create(
+            model=ctx.model, messages=[{"role": "user", "content": ctx.task.problem_statement}]
+        )
+        await ctx.sandbox.write_file("reply.txt", reply.choices[0].message.content or "")
+
+    return BuiltInHarness(agent_harness(ask_then_run, name="wrapped"), lambda request: QuestionTask())
+
+
+def _mini_swe_agent() -> BuiltInHarness:
+    from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
+    from harnesses.mini_swe_agent import MiniSweAgent
+
+    harness = BlackBoxHarness(
+        MiniSweAgent(), BlackBoxConfig(max_turns=2, wall_time_s=90, max_output_tokens=32)
+    )
+    return BuiltInHarness(harness, _minilib_task)
+
+
+BUILT_INS = {
+    "swe-agent": _swe_agent,
+    "toy-agent": _toy_agent,
+    "wrapped-function": _wrapped_agent,
+    "mini-swe-agent-blackbox": _mini_swe_agent,
+}
+
+
+def pytest_generate_tests(metafunc):
+    if "make_harness" in metafunc.fixturenames:
+        metafunc.parametrize("make_harness", brick_params(metafunc.config, BUILT_INS))
+
+
+@pytest.fixture
+def harness_and_task(make_harness, request) -> tuple[Harness, Task]:
+    brick = make_harness()
+    if isinstance(brick, BuiltInHarness):
+        harness, task = brick.harness, brick.make_task(request)
+    else:
+        harness, task = brick, QuestionTask()
+    assert isinstance(harness, Harness), f"{harness!r} does not implement components.protocols.Harness"
+    assert isinstance(harness.name, str) and harness.name
+    return harness, task
+
+
+class FailingEngine:
+    """An engine whose every generation fails (the proxy answers 5xx)."""
+
+    context_window = 4096
+    weight_version = 0
+
+    async def generate(self, input_ids, params):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    async def update_weights(self, state_dict, version):
+        pass
+
+
+class DeadSandbox:
+    """A sandbox whose backend died: every call raises ``SandboxError``."""
+
+    sandbox_id = "dead-sandbox"
+
+    def __getattr__(self, name):
+        async def fail(*args, **kwargs):
+            raise SandboxError("the sandbox died", sandbox_id=self.sandbox_id)
+
+        return fail
+
+
+async def _open_sandbox(harness: Harness, task: Task, proxy_url: str):
+    require_tool(shutil.which("bwrap"), "run `make setup` (apt-get install bubblewrap)")
+    from sandboxes.bwrap import BwrapSandbox
+
+    spec = task.sandbox_spec()
+    if isinstance(harness, SandboxAwareHarness):
+        spec = harness.adapt_sandbox_spec(spec, proxy_url=proxy_url)
+    return await BwrapSandbox.create(spec)
+
+
+async def _run(harness: Harness, task: Task, sandbox, base_url: str, api_key: str) -> HarnessOutcome:
+    try:
+        outcome = await asyncio.wait_for(
+            harness.run(task=task, sandbox=sandbox, base_url=base_url, api_key=api_key), BOUND_S
+        )
+    except TimeoutError:
+        pytest.fail(f"{harness.name} did not return within {BOUND_S:g} s")
+    assert isinstance(outcome, HarnessOutcome), f"{harness.name} returned {outcome!r}"
+    assert outcome.status in {status.value for status in TrajectoryStatus}, outcome.status
+    assert all(isinstance(value, int | float) for value in outcome.metrics.values()), outcome.metrics
+    return outcome
+
+
+async def _run_in_session(harness, task, engine, tokenizer, *, sandbox=None) -> tuple[HarnessOutcome, dict]:
+    async with running_proxy(engine, tokenizer, admin_key=ADMIN_KEY) as proxy:
+        session_id = await proxy.registry.open_session(task_id=task.task_id, harness=harness.name)
+        token = proxy.server.config.session_keys.session_token(session_id)
+        opened = sandbox or await _open_sandbox(harness, task, proxy.url)
+        try:
+            outcome = await _run(harness, task, opened, f"{proxy.url}/s/{session_id}", token)
+        finally:
+            if sandbox is None:
+                await opened.close()
+        return outcome, await proxy.registry.describe(session_id)
+
+
+async def test_a_run_talks_through_its_session_and_returns_an_outcome(harness_and_task, tokenizer):
+    harness, task = harness_and_task
+    outcome, session = await _run_in_session(
+        harness, task, ScriptedEngine(tokenizer, lambda _: REPLY), tokenizer
+    )
+    assert session["num_turns"] >= 1, f"the session recorded no model call: {outcome}"
+
+
+async def test_a_failing_engine_is_reported_not_raised(harness_and_task, tokenizer):
+    harness, task = harness_and_task
+    outcome, session = await _run_in_session(harness, task, FailingEngine(), tokenizer)
+    assert outcome.status != TrajectoryStatus.OK.value, outcome
+    assert session["num_engine_errors"] >= 1, "the harness never reached the (failing) engine"
+
+
+async def test_an_unreachable_proxy_is_reported_not_raised(harness_and_task, tmp_path):
+    harness, task = harness_and_task
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed_url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    sandbox = await _open_sandbox(harness, task, closed_url)
+    try:
+        outcome = await _run(harness, task, sandbox, f"{closed_url}/s/nowhere", "no-such-token")
+    finally:
+        await sandbox.close()
+    assert outcome.status != TrajectoryStatus.OK.value, outcome
+
+
+async def test_a_dead_sandbox_is_reported_not_raised(harness_and_task, tokenizer):
+    harness, task = harness_and_task
+    engine = ScriptedEngine(tokenizer, lambda _: REPLY)
+    outcome, _ = await _run_in_session(harness, task, engine, tokenizer, sandbox=DeadSandbox())
+    assert isinstance(outcome, HarnessOutcome)  # any status: a harness that never touches the sandbox is fine
+
+
+async def test_the_contract_catches_a_harness_that_raises(tokenizer):
+    from examples.bricks.one_shot_harness import OneShotHarness
+
+    class Raising(OneShotHarness):
+        async def run(self, *, task, sandbox, base_url, api_key):
+            await sandbox.exec(["true"])  # lets the dead sandbox's SandboxError escape
+            return await super().run(task=task, sandbox=sandbox, base_url=base_url, api_key=api_key)
+
+    with pytest.raises(SandboxError):
+        await test_a_dead_sandbox_is_reported_not_raised((Raising(), QuestionTask()), tokenizer)
+
+
+async def test_the_contract_catches_a_harness_that_ignores_its_session_key(tokenizer):
+    from examples.bricks.one_shot_harness import OneShotHarness
+
+    class OwnKey(OneShotHarness):
+        async def run(self, *, task, sandbox, base_url, api_key):
+            return await super().run(task=task, sandbox=sandbox, base_url=base_url, api_key="sk-my-own-key")
+
+    with pytest.raises(AssertionError, match="recorded no model call"):
+        await test_a_run_talks_through_its_session_and_returns_an_outcome(
+            (OwnKey(), QuestionTask()), tokenizer
+        )
