@@ -34,6 +34,9 @@ Request and response shapes follow SGLang's own ``sglang/srt/managers/io_struct.
   ``/unload_lora_adapter`` (``lora_name``) answer ``{success, error_message, loaded_adapters}`` (400 when
   ``success`` is false); a ``/generate`` body names its adapter with ``lora_path`` (the adapter's name). Each
   adapter version is loaded under a new name, so the version of a request's tokens is the one its name says.
+  Several policies (multi-LoRA, ``SGLangEngine.policy(name)``): each policy's adapter versions are loaded under
+  their own names side by side (``--max-loras-per-batch`` >= the number of policies + 1), each request carries
+  its own policy's current name, and loading a policy's new version unloads only that policy's previous one.
 - Auth (``sglang/srt/utils/auth.py``): ``--api-key`` guards ordinary endpoints, ``--admin-api-key`` the control
   endpoints (weights, pause, flush, memory, abort; when both are set the ordinary key no longer opens them);
   ``/health*`` is always open. Both travel as ``Authorization: Bearer KEY``.
@@ -198,7 +201,8 @@ class SGLangEngine:
         self._context_window = config.context_window
         self._weight_version = config.initial_weight_version
         self._update_lock: asyncio.Lock | None = None
-        self._lora: tuple[str, int] | None = None  # (name, version) of the adapter requests are served with
+        # policy ("" = the engine-wide adapter) → (loaded name, version) of the adapter its requests are served with
+        self._loras: dict[str, tuple[str, int]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # An open HTTP client (sockets, its event loop) cannot travel to another process: the copy opens its own.
@@ -287,8 +291,11 @@ class SGLangEngine:
     def weight_version(self) -> int:
         return self._weight_version
 
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
-        """One ``/generate`` call; the reply must carry a logprob for every output token."""
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> GenerationResult:
+        """One ``/generate`` call; the reply must carry a logprob for every output token. ``adapter``: the policy
+        (``policy(name)``) whose adapter serves it; None: the engine-wide one."""
         prompt = [int(token) for token in input_ids]
         require(len(prompt) > 0, "input_ids", "must not be empty")
         # Checked per request too: with agent-chosen sampling, an agent may ask for top-p / top-k.
@@ -299,7 +306,8 @@ class SGLangEngine:
         if len(prompt) >= self.context_window:
             raise ContextOverflowError(num_prompt_tokens=len(prompt), context_window=self.context_window)
         rid = uuid.uuid4().hex
-        lora = self._lora  # the adapter named now serves the whole request (loaded versions never change)
+        # the adapter named now serves the whole request (a loaded version never changes)
+        lora = self._loras.get(adapter or "")
         payload = self.generate_payload(prompt, params, rid=rid, lora_name=lora[0] if lora else None)
         try:
             reply = await self._request("POST", "/generate", json=payload)
@@ -485,22 +493,39 @@ class SGLangEngine:
             )
         )
 
-    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> dict[str, Any]:
+    async def load_lora_adapter(
+        self, lora_path: str | Path, version: int, *, policy: str = ""
+    ) -> dict[str, Any]:
         """``LoraServingEngine``: ``/load_lora_adapter`` the PEFT folder ``lora_path`` under a new name (the
-        folder's name), serve later requests with it as ``version``, then ``/unload_lora_adapter`` the previous
-        one (SGLang lets requests already using it finish)."""
+        folder's name), serve later requests of ``policy`` ("" = the engine-wide adapter) with it as
+        ``version``, then ``/unload_lora_adapter`` that policy's previous one (SGLang lets requests already using
+        it finish)."""
         name = Path(lora_path).name
+        owners = [owner for owner, (loaded, _) in self._loras.items() if loaded == name and owner != policy]
+        if owners:
+            raise EngineError(f"adapter name {name!r} already serves policy {owners[0]!r}; load it under a new name")
         async with self.update_lock:
             body = {"lora_name": name, "lora_path": str(lora_path)}
             reply = await self._request("POST", "/load_lora_adapter", json=body, accept_status=(400,))
             if not (isinstance(reply, Mapping) and reply.get("success")):
                 message = reply.get("error_message") if isinstance(reply, Mapping) else reply
                 raise EngineError(f"SGLang /load_lora_adapter {name!r} failed: {message}")
-            previous, self._lora = self._lora, (name, int(version))
-            self._weight_version = int(version)
+            previous = self._loras.get(policy)
+            self._loras[policy] = (name, int(version))
+            if not policy:
+                self._weight_version = int(version)
             if previous is not None and previous[0] != name:
                 await self.unload_lora_adapter(previous[0])
         return reply
+
+    def policy(self, name: str) -> SGLangPolicy:
+        """Multi-LoRA: the view of this server that serves policy ``name`` with its own adapter and versions."""
+        return SGLangPolicy(self, name)
+
+    def adapter_version(self, name: str) -> int:
+        """The version of policy ``name``'s adapter (the initial version until its first load)."""
+        loaded = self._loras.get(name)
+        return loaded[1] if loaded is not None else self.config.initial_weight_version
 
     async def unload_lora_adapter(self, lora_name: str) -> None:
         """``/unload_lora_adapter``; ``EngineError`` unless the server reports success."""
@@ -806,3 +831,35 @@ def serialize_named_tensors(named_tensors: Sequence[tuple[str, torch.Tensor]]) -
     buffer = io.BytesIO()
     ForkingPickler(buffer).dump(list(named_tensors))
     return base64.b64encode(buffer.getvalue()).decode("utf-8")
+
+
+class SGLangPolicy:
+    """One policy's view of a multi-LoRA SGLang server: an ``InferenceEngine`` + ``LoraServingEngine`` whose
+    requests carry this policy's adapter name (``lora_path``) and whose versions are that adapter's own. A proxy
+    session bound to this view samples only with this policy; a disk ``WeightSync`` over it loads only this
+    policy's adapter versions."""
+
+    def __init__(self, engine: SGLangEngine, name: str) -> None:
+        require(bool(name), "policy", "must be a non-empty name ('' is the engine-wide adapter)")
+        self.engine = engine
+        self.name = name
+
+    @property
+    def context_window(self) -> int:
+        return self.engine.context_window
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.adapter_version(self.name)
+
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
+        return await self.engine.generate(input_ids, params, adapter=self.name)
+
+    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> dict[str, Any]:
+        return await self.engine.load_lora_adapter(lora_path, version, policy=self.name)
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        raise EngineError(
+            f"policy {self.name!r}: the base weights are shared by every policy; push this policy's adapter "
+            "(a LoRA trainer's disk WeightSync calls load_lora_adapter)"
+        )

@@ -77,9 +77,10 @@ class WeightSync:
             raise ValueError(
                 "engine: 'distributed' weight sync needs an engine with update_weights_from_trainer(trainer, version)"
             )
-        if config.mode == "disk" and not isinstance(engine, DiskReloadingEngine):
+        if config.mode == "disk" and not isinstance(engine, DiskReloadingEngine | LoraServingEngine):
             raise ValueError(
-                "engine: 'disk' weight sync needs an engine with update_weights_from_disk(path, version)"
+                "engine: 'disk' weight sync needs an engine with update_weights_from_disk(path, version) "
+                "(or, for a LoRA trainer, load_lora_adapter(lora_path, version))"
             )
         self.config = config
         self.engine = engine

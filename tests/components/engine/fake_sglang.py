@@ -16,8 +16,9 @@ once; ``/release_memory_occupation`` / ``/resume_memory_occupation`` track the r
 can check they are exactly what the trainer sent.
 LoRA (``enable_lora``, SGLang's ``--enable-lora``): ``/load_lora_adapter`` reads a PEFT folder into the engine,
 ``/unload_lora_adapter`` drops a name, ``/generate`` with ``lora_path`` must name a loaded adapter (400
-otherwise, as SGLang). The engine holds one adapter slot, so the fake serves only the newest loaded adapter
-and answers 400 for an older one still loaded (SGLang would serve it; Rein's client never asks for it).
+otherwise, as SGLang). Every loaded name is its own adapter on the engine (``EmbeddedEngine``'s multi-LoRA),
+so requests naming different adapters are served side by side, each with its own; an unloaded name's adapter
+stays on the engine for requests already running with it (SGLang lets them finish) but new requests get 400.
 
 Run it as its own process (``python -m tests.components.engine.fake_sglang --model-path DIR --port N``, or
 ``FakeSGLangProcess``) or in a thread of the test (``FakeSGLangServer``).
@@ -341,9 +342,6 @@ def build_app(state: FakeSGLangState) -> FastAPI:
             if lora_name not in state.loras:
                 message = f"The following requested LoRA adapters are not loaded: {lora_name}"
                 return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
-            if lora_name != list(state.loras)[-1]:
-                message = f"fake SGLang serves only the newest adapter, not {lora_name}"
-                return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
         state.num_waiting += 1  # in SGLang's waiting queue until generation is not paused
         try:
             await state.paused.wait()
@@ -359,7 +357,8 @@ def build_app(state: FakeSGLangState) -> FastAPI:
             seed=sampling.get("sampling_seed"),
             return_routed_experts=bool(body.get("return_routed_experts", False)),
         )
-        task = asyncio.ensure_future(state.engine.generate(input_ids, params))
+        adapter = {} if lora_name is None else {"adapter": engine_adapter_name(lora_name)}
+        task = asyncio.ensure_future(state.engine.generate(input_ids, params, **adapter))
         state.tasks[rid] = task
         try:
             result = await task
@@ -427,7 +426,7 @@ def build_app(state: FakeSGLangState) -> FastAPI:
             return failed(f"The LoRA adapter {name} is already loaded.")
         try:
             adapter = await asyncio.to_thread(read_adapter_folder, Path(path))
-            await state.engine.update_adapter(adapter, state.version_int())
+            await state.engine.update_adapter(adapter, state.version_int(), name=engine_adapter_name(name))
         except (LoraError, OSError, ValueError) as error:
             return failed(f"Failed to load LoRA adapter {name}: {error}")
         state.loras[name] = path
@@ -544,6 +543,11 @@ async def _as_sglang_logprobs(engine: EmbeddedEngine, input_ids: list[int], resu
         return tuple(logprobs.gather(1, targets[:, None])[:, 0].tolist())
 
     return dataclasses.replace(result, logprobs=await asyncio.to_thread(untruncated))
+
+
+def engine_adapter_name(lora_name: str) -> str:
+    """The engine-side adapter a loaded SGLang LoRA name serves with (peft adapter names cannot hold dots)."""
+    return "sglang_" + lora_name.replace(".", "_")
 
 
 def _engine_version(version: Any, state: FakeSGLangState) -> int:

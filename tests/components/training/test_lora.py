@@ -209,7 +209,7 @@ async def test_sglang_loads_each_adapter_version_under_a_new_name_and_unloads_th
     from components.errors import EngineError
     from components.protocols import SamplingParams
     from components.training.weight_sync import WeightSync, WeightSyncConfig
-    from tests.components.engine.fake_sglang import FakeSGLangServer
+    from tests.components.engine.fake_sglang import FakeSGLangServer, engine_adapter_name
 
     if trainer.state.step == 0:
         trainer.step(random_batch(seed=11), current_version=0)
@@ -229,9 +229,9 @@ async def test_sglang_loads_each_adapter_version_under_a_new_name_and_unloads_th
                 assert (folder1 / "adapter_config.json").exists()
                 result = await client.generate(SEQUENCE[:3], SamplingParams(max_tokens=3, seed=0))
                 assert set(result.weight_versions) == {first}
-                assert await engine.logprobs_of(SEQUENCE) == pytest.approx(
-                    list(trainer.score([SEQUENCE])[0]), abs=1e-4
-                )
+                assert await engine.logprobs_of(
+                    SEQUENCE, adapter=engine_adapter_name(name1)
+                ) == pytest.approx(list(trainer.score([SEQUENCE])[0]), abs=1e-4)
 
                 await sync.push(trainer, second)
                 name2 = f"{trainer.config.run_dir.name}-v{second}"
@@ -312,3 +312,105 @@ def test_recipe_flags_build_the_trainers_lora_settings():
     assert not parse_config(RunConfig, []).trainer.lora_settings().enabled  # default: full fine-tuning
     with pytest.raises((ValueError, SystemExit)):
         parse_config(RunConfig, ["--lora-rank", "-1"])
+
+
+@pytest.mark.slow
+async def test_two_lora_policies_train_concurrently_on_one_engine(ray_session, tiny_model_dir, tmp_path):
+    """Two trainers (two adapters on one shared base) step at the same time and push their own adapter versions
+    into one embedded engine, then into one (fake) SGLang server; each policy's versions advance on their own and
+    every sample is its own trainer's policy (sampled logprobs == the trainer's recomputed ones)."""
+    import asyncio
+    import json
+
+    from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.engine.sglang import SGLangEngine, SGLangEngineConfig
+    from components.protocols import SamplingParams
+    from components.training.weight_sync import WeightSync, WeightSyncConfig
+    from tests.components.engine.fake_sglang import FakeSGLangServer
+
+    names = ("alice", "bob")
+    trainers = {
+        name: Trainer(
+            lora_trainer_config(
+                tiny_model_dir,
+                tmp_path / name,
+                num_workers=1,
+                cpus_per_worker=0.5,
+                gradient_checkpointing=False,
+            ),
+            algorithm=GRPO(),
+        )
+        for name in names
+    }
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, context_window=2048, eos_token_ids=())
+    )
+
+    async def step_together(which: tuple[str, ...], seed: int) -> None:
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(
+                    trainers[n].step, random_batch(seed=seed + i), trainers[n].state.weight_version
+                )
+                for i, n in enumerate(which)
+            )
+        )
+
+    async def sample_and_check(policies: dict, seed: int) -> None:
+        """Both policies sample at once; each token's logprob is its own trainer's, not the other's."""
+        prompt = SEQUENCE[:4]
+        results = await asyncio.gather(
+            *(policies[n].generate(prompt, SamplingParams(max_tokens=6, seed=seed)) for n in names)
+        )
+        for name, other, result in zip(names, names[::-1], results, strict=True):
+            assert set(result.weight_versions) == {trainers[name].state.weight_version}
+            sequence = prompt + list(result.output_ids)
+            own = trainers[name].score([sequence])[0][len(prompt) - 1 :]
+            theirs = trainers[other].score([sequence])[0][len(prompt) - 1 :]
+            assert max(abs(a - b) for a, b in zip(result.logprobs, own, strict=True)) <= 1e-4
+            assert max(abs(a - b) for a, b in zip(result.logprobs, theirs, strict=True)) > 1e-3
+
+    try:
+        # embedded engine: adapters pushed in memory, one engine-side adapter per policy
+        policies = {n: engine.policy(n) for n in names}
+        syncs = {n: WeightSync(WeightSyncConfig(mode="memory"), policies[n]) for n in names}
+        await step_together(names, seed=100)
+        await asyncio.gather(*(syncs[n].push(trainers[n], trainers[n].state.weight_version) for n in names))
+        await step_together(("alice",), seed=200)  # alice moves on alone; bob keeps serving version 1
+        await syncs["alice"].push(trainers["alice"], trainers["alice"].state.weight_version)
+        assert {n: policies[n].weight_version for n in names} == {"alice": 2, "bob": 1}
+        assert engine.weight_version == 0  # the shared base never moved
+        await sample_and_check(policies, seed=1)
+
+        # SGLang: each policy's versions loaded under their own names; requests carry their policy's lora_path
+        with FakeSGLangServer(engine, tiny_model_dir, enable_lora=True) as server:
+            client = await SGLangEngine.connect(SGLangEngineConfig(base_url=server.url))
+            try:
+                policies = {n: client.policy(n) for n in names}
+                syncs = {
+                    n: WeightSync(
+                        WeightSyncConfig(mode="disk", weights_dir=tmp_path / "adapters"), policies[n]
+                    )
+                    for n in names
+                }
+                await step_together(names, seed=300)
+                await asyncio.gather(
+                    *(syncs[n].push(trainers[n], trainers[n].state.weight_version) for n in names)
+                )
+                for seed in (400, 500):  # alice moves on alone
+                    await step_together(("alice",), seed=seed)
+                    await syncs["alice"].push(trainers["alice"], trainers["alice"].state.weight_version)
+                assert {n: policies[n].weight_version for n in names} == {"alice": 5, "bob": 2}
+                assert sorted(server.state.loras) == [
+                    "alice-v5",
+                    "bob-v2",
+                ]  # each policy's old versions unloaded
+                await sample_and_check(policies, seed=2)
+                generated = [json.loads(b) for p, b in server.state.requests if p == "/generate"]
+                assert sorted(b["lora_path"] for b in generated[-2:]) == ["alice-v5", "bob-v2"]
+            finally:
+                await client.aclose()
+    finally:
+        for trainer in trainers.values():
+            trainer.shutdown()
+        await engine.aclose()
