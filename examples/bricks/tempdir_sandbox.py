@@ -22,8 +22,11 @@ class TempDirSandbox:
     def __init__(self, spec: SandboxSpec) -> None:
         self.sandbox_id, self.spec = uuid.uuid4().hex[:8], spec
         self.root = Path(tempfile.mkdtemp(prefix="tempdir-sandbox-"))
-        if spec.workspace_source is not None:
-            shutil.copytree(spec.workspace_source, self.root, dirs_exist_ok=True)
+        source = spec.workspace_source
+        if source is not None and source.is_dir():
+            shutil.copytree(source, self.root, dirs_exist_ok=True)
+        elif source is not None:  # a .tar.gz
+            shutil.unpack_archive(source, self.root, format="gztar")
 
     @classmethod
     async def create(cls, spec: SandboxSpec) -> "TempDirSandbox":
@@ -66,3 +69,9 @@ class TempDirSandbox:
 
     async def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+    async def __aenter__(self) -> "TempDirSandbox":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()

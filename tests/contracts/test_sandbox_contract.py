@@ -1,15 +1,27 @@
 """The ``Sandbox`` contract (``components.protocols.Sandbox``), checked on any sandbox brick — an async factory
 ``spec -> Sandbox`` such as ``BwrapSandbox.create``:
 
-exit code, stdout and stderr come back apart; files round-trip (a missing one is ``FileNotFoundError``); the
-spec's workspace source is copied in; a command past its timeout is killed and reported ``timed_out`` and the
-sandbox stays usable; ``close`` is idempotent and every later call raises ``SandboxError`` naming the sandbox.
-(Isolation itself is proven per backend by the escape batteries in ``tests/sandboxes``.)
+exit code, stdout and stderr come back apart; an argv is not re-split or expanded; ``cwd`` and the spec's and
+the call's ``env`` apply; files round-trip (a missing one is ``FileNotFoundError``); ``upload_dir`` and
+``download`` copy trees and single files; the spec's workspace source (a directory or a ``.tar.gz``) is copied
+in; a command past its timeout is killed and reported ``timed_out`` and the sandbox stays usable; ``close`` is
+idempotent and every later call raises ``SandboxError`` naming the sandbox; as every built-in sandbox, it is an
+async context manager that closes it. (Isolation itself is proven per backend by the escape batteries in
+``tests/sandboxes``.)
+
+Built-in: bubblewrap (cold, a warm pool, per-node pools over Ray), E2B against the local fake of its SDK, and
+the image sandbox (bubblewrap on the test image's root filesystem).
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tarfile
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 
@@ -18,28 +30,104 @@ from components.protocols import Sandbox, SandboxLimits, SandboxSpec
 from tests.contracts.conftest import brick_params
 from tests.required_tools import require_tool
 
+SandboxMaker = Callable[[SandboxSpec], Awaitable[Sandbox]]
+IMAGE_CACHE = Path.home() / ".cache" / "rein" / "images"  # shared with tests/sandboxes (one unpack)
 
-def _bwrap():
-    import shutil
 
+@dataclass(frozen=True)
+class BuiltInSandboxes:
+    """A built-in backend: opened once per module (pools warm up once), it yields its ``spec -> Sandbox``."""
+
+    open: Callable[[pytest.FixtureRequest], contextlib.AbstractAsyncContextManager[SandboxMaker]]
+
+
+def _require_bwrap() -> None:
     require_tool(shutil.which("bwrap"), "run `make setup` (apt-get install bubblewrap)")
+
+
+@contextlib.asynccontextmanager
+async def _bwrap(request) -> AsyncIterator[SandboxMaker]:
+    _require_bwrap()
     from sandboxes.bwrap import BwrapSandbox
 
-    return BwrapSandbox.create
+    yield BwrapSandbox.create
+
+
+@contextlib.asynccontextmanager
+async def _bwrap_pool(request) -> AsyncIterator[SandboxMaker]:
+    _require_bwrap()
+    from sandboxes.pool import SandboxPool, SandboxPoolConfig
+
+    async with SandboxPool(SandboxPoolConfig(num_warm=2)) as pool:
+        yield pool.acquire
+
+
+@contextlib.asynccontextmanager
+async def _ray_pool(request) -> AsyncIterator[SandboxMaker]:
+    _require_bwrap()
+    from sandboxes.ray_pool import RaySandboxPool, shutdown_node_pools, start_node_pools
+    from tests.sandboxes.sandbox_test_support import RAY_POOL_CONFIG as config
+
+    request.getfixturevalue("ray_session")
+    handles = start_node_pools(config)  # the actors live as long as these handles
+    try:
+        yield RaySandboxPool(config).acquire
+    finally:
+        shutdown_node_pools(config)
+        del handles
+
+
+@contextlib.asynccontextmanager
+async def _e2b_on_fake(request) -> AsyncIterator[SandboxMaker]:
+    from sandboxes.e2b import E2BSandbox
+    from tests.sandboxes.sandbox_test_support import FAKE_E2B_CONFIG
+
+    yield lambda spec: E2BSandbox.create(spec, FAKE_E2B_CONFIG)
+
+
+@contextlib.asynccontextmanager
+async def _image(request) -> AsyncIterator[SandboxMaker]:
+    _require_bwrap()
+    from sandboxes.image import ImageSandboxConfig, create_image_sandbox
+    from tests.components.tasks.swebench_fixtures import ENV_IMAGE, IMAGE_LAYOUT, require_fixtures
+
+    require_fixtures(IMAGE_LAYOUT)
+    config = ImageSandboxConfig(cache_dir=IMAGE_CACHE)
+    yield lambda spec: create_image_sandbox(replace(spec, root_image=ENV_IMAGE), config)
+
+
+BUILT_INS = {
+    "bwrap": lambda: BuiltInSandboxes(_bwrap),
+    "bwrap-pool": lambda: BuiltInSandboxes(_bwrap_pool),
+    "ray-pool": lambda: BuiltInSandboxes(_ray_pool),
+    "e2b-fake": lambda: BuiltInSandboxes(_e2b_on_fake),
+    "image": lambda: BuiltInSandboxes(_image),
+}
 
 
 def pytest_generate_tests(metafunc):
     if "make_factory" in metafunc.fixturenames:
-        metafunc.parametrize("make_factory", brick_params(metafunc.config, {"bwrap": _bwrap}))
+        metafunc.parametrize("make_factory", brick_params(metafunc.config, BUILT_INS), scope="module")
+
+
+@contextlib.asynccontextmanager
+async def _as_is(factory: SandboxMaker) -> AsyncIterator[SandboxMaker]:
+    yield factory
+
+
+@pytest.fixture(scope="module")
+async def sandbox_factory(make_factory, request) -> AsyncIterator[SandboxMaker]:
+    brick = make_factory()
+    async with brick.open(request) if isinstance(brick, BuiltInSandboxes) else _as_is(brick) as factory:
+        yield factory
 
 
 @pytest.fixture
-async def make_sandbox(make_factory):
-    factory = make_factory()
+async def make_sandbox(sandbox_factory):
     opened: list = []
 
     async def make(spec: SandboxSpec | None = None):
-        sandbox = await factory(spec or SandboxSpec())
+        sandbox = await sandbox_factory(spec or SandboxSpec())
         assert isinstance(sandbox, Sandbox), f"{sandbox!r} does not implement components.protocols.Sandbox"
         opened.append(sandbox)
         return sandbox
@@ -57,6 +145,17 @@ async def test_exec_reports_exit_code_stdout_and_stderr(make_sandbox):
     assert failed.exit_code == 3 and failed.stdout == "partial\n" and not failed.timed_out
 
 
+async def test_argv_cwd_and_env(make_sandbox):
+    sandbox = await make_sandbox(SandboxSpec(env={"FROM_SPEC": "spec-value"}))
+    argv = await sandbox.exec(["printf", "%s|", "two words", "$HOME"])
+    assert argv.stdout == "two words|$HOME|"  # an argv is not re-split or expanded
+    await sandbox.exec("mkdir -p sub/dir")
+    where = await sandbox.exec("pwd", cwd="sub/dir")
+    assert where.stdout.strip().endswith("/sub/dir")
+    env = await sandbox.exec("echo $FROM_SPEC $FROM_CALL", env={"FROM_CALL": "call-value"})
+    assert env.stdout == "spec-value call-value\n"
+
+
 async def test_files_round_trip_and_missing_file(make_sandbox):
     sandbox = await make_sandbox()
     await sandbox.write_file("notes/a.txt", "text é")
@@ -68,10 +167,32 @@ async def test_files_round_trip_and_missing_file(make_sandbox):
         await sandbox.read_file("does/not/exist")
 
 
-async def test_workspace_source_is_copied_in(make_sandbox, tmp_path):
-    (tmp_path / "repo" / "pkg").mkdir(parents=True)
-    (tmp_path / "repo" / "pkg" / "mod.py").write_text("X = 1\n")
-    sandbox = await make_sandbox(SandboxSpec(workspace_source=tmp_path / "repo"))
+async def test_upload_dir_and_download(make_sandbox, tmp_path):
+    source = tmp_path / "src"
+    (source / "pkg").mkdir(parents=True)
+    (source / "pkg" / "mod.py").write_text("X = 1\n")
+    (source / "top.txt").write_text("top\n")
+    sandbox = await make_sandbox()
+    await sandbox.upload_dir(source, "uploaded")
+    assert (await sandbox.exec("cat uploaded/top.txt uploaded/pkg/mod.py")).stdout == "top\nX = 1\n"
+    await sandbox.exec("mkdir -p out/deep && echo result > out/deep/r.txt && echo single > one.txt")
+    await sandbox.download("out", tmp_path / "got")
+    assert (tmp_path / "got" / "deep" / "r.txt").read_text() == "result\n"
+    await sandbox.download("one.txt", tmp_path / "one-copy.txt")
+    assert (tmp_path / "one-copy.txt").read_text() == "single\n"
+
+
+@pytest.mark.parametrize("kind", ["dir", "tar.gz"])
+async def test_workspace_source_is_copied_in(make_sandbox, tmp_path, kind):
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "mod.py").write_text("X = 1\n")
+    source = repo
+    if kind == "tar.gz":
+        source = tmp_path / "repo.tar.gz"
+        with tarfile.open(source, "w:gz") as tar:
+            tar.add(repo / "pkg", arcname="pkg")
+    sandbox = await make_sandbox(SandboxSpec(workspace_source=source))
     assert (await sandbox.exec("cat pkg/mod.py")).stdout == "X = 1\n"
 
 
@@ -93,3 +214,11 @@ async def test_close_is_idempotent_and_later_calls_raise(make_sandbox):
     assert info.value.sandbox_id == sandbox.sandbox_id
     with pytest.raises(SandboxError):
         await sandbox.read_file("x")
+
+
+async def test_async_context_manager_closes(make_sandbox):
+    sandbox = await make_sandbox()
+    async with sandbox as entered:
+        assert (await entered.exec("echo in")).stdout == "in\n"
+    with pytest.raises(SandboxError):
+        await sandbox.exec("true")

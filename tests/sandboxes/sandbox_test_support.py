@@ -8,10 +8,10 @@ import signal
 import sys
 from pathlib import Path
 
-from components.protocols import SandboxLimits, SandboxSpec
+from components.protocols import SandboxLimits
 from sandboxes.bwrap import BwrapSandbox
-from sandboxes.e2b import E2BSandbox, E2BSandboxConfig
-from sandboxes.pool import SandboxPool, SandboxPoolConfig
+from sandboxes.e2b import E2BSandboxConfig
+from sandboxes.pool import SandboxPoolConfig
 from sandboxes.ray_pool import RaySandboxPoolConfig
 from tests.sandboxes.fake_e2b_sdk import FakeAsyncSandbox
 
@@ -44,30 +44,6 @@ def process_uids() -> list[int]:
             with contextlib.suppress(OSError):
                 uids.append(os.stat(f"/proc/{name}").st_uid)
     return uids
-
-
-class SandboxFactory:
-    """Makes sandboxes of one backend and closes whatever a test left open."""
-
-    def __init__(self, backend: str, pool: SandboxPool | None) -> None:
-        self.backend = backend
-        self.pool = pool
-        self.made: list = []
-
-    async def __call__(self, spec: SandboxSpec | None = None):
-        spec = spec or SandboxSpec()
-        if self.backend == "bwrap":
-            sandbox = await BwrapSandbox.create(spec)
-        elif self.backend in ("bwrap-pool", "ray-pool"):
-            sandbox = await self.pool.acquire(spec)
-        else:
-            sandbox = await E2BSandbox.create(spec, FAKE_E2B_CONFIG)
-        self.made.append(sandbox)
-        return sandbox
-
-    async def close_all(self) -> None:
-        for sandbox in self.made:
-            await sandbox.close()
 
 
 SMALL_LIMITS = SandboxLimits(command_timeout_s=20, memory_mb=256, max_processes=32, workspace_mb=32)
