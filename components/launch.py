@@ -56,6 +56,7 @@ from components.protocols import (
     Algorithm,
     EngineProvider,
     InferenceEngine,
+    MetricsLoggerProvider,
     ProxyProvider,
     SandboxProvider,
     SessionControl,
@@ -65,6 +66,7 @@ from components.recipe_config import config_to_json, option
 from components.sampling import SamplingDistribution
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
+from monitoring.logger import WANDB_MODES, WandbLoggerProvider
 
 if TYPE_CHECKING:
     from components.proxy.config import ProxyConfig
@@ -135,7 +137,6 @@ class SandboxBrickConfig:
 
 ENGINE_KINDS = ("embedded", "sglang")
 PROXY_KINDS = ("serve", "local")
-WANDB_MODES = ("auto", "offline", "online", "disabled")  # as monitoring.logger.WANDB_MODES
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -550,6 +551,7 @@ class Bricks:
     proxy: ProxyProvider  # serves the proxy sessions over that engine
     algorithm: Algorithm
     sandboxes: SandboxProvider  # the agents' sandboxes (closed with the stack)
+    loggers: MetricsLoggerProvider  # where metrics go besides metrics.jsonl (opened by the run's monitor)
 
     @classmethod
     def from_config(cls, config: RunConfig, *, sandbox_paths: Sequence[str] = ()) -> Bricks:
@@ -573,7 +575,13 @@ class Bricks:
             if config.proxy.kind == "local"
             else ServeProxyProvider(num_replicas=config.proxy.replicas)
         )
-        return cls(engine=engine, proxy=proxy, algorithm=make_algorithm(config.algorithm), sandboxes=sandboxes)
+        return cls(
+            engine=engine,
+            proxy=proxy,
+            algorithm=make_algorithm(config.algorithm),
+            sandboxes=sandboxes,
+            loggers=WandbLoggerProvider(mode=config.monitoring.wandb_mode),
+        )
 
 
 class RunStack:

@@ -51,7 +51,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from components.config import require, require_non_negative
 from components.protocols import Task
@@ -67,6 +67,11 @@ from components.rollout.buffer import (
 )
 from components.trajectory import Trajectory
 from components.trajectory_store import CorruptShard, TrajectoryStore
+
+if TYPE_CHECKING:
+    from components.launch import RunConfig, RunDirectory, RunStack
+    from components.rollout import RolloutRunner
+    from monitoring.run_monitor import RunMonitor
 
 logger = logging.getLogger("rein.loop")
 
@@ -177,17 +182,17 @@ class LoopInputs:
     """What a recipe hands the loop: its config and run, the started stack, its bricks (as a runner), and
     which tasks make each step's groups."""
 
-    config: Any
-    run: Any
-    stack: Any
-    runner: Any
+    config: RunConfig
+    run: RunDirectory
+    stack: RunStack
+    runner: RolloutRunner
     tasks_for_step: TasksForStep
     loop_config: LoopConfig
     groups_per_step: int
 
 
 async def run_recipe_loop(
-    config: Any, run: Any, stack: Any, runner: Any, tasks_for_step: TasksForStep
+    config: RunConfig, run: RunDirectory, stack: RunStack, runner: RolloutRunner, tasks_for_step: TasksForStep
 ) -> None:
     """Run the recipe's steps in ``config.rollout.mode`` (see the module doc), with the run's monitor."""
     groups_per_step = len(tasks_for_step(0))
@@ -207,10 +212,12 @@ async def run_recipe_loop(
         await OverlappedLoop(inputs).run()
 
 
-def _monitor(config: Any, run: Any, *, rollouts_per_step: int, first_step: int) -> Any:
+def _monitor(inputs: LoopInputs, *, rollouts_per_step: int, first_step: int) -> RunMonitor:
+    """The run's monitor: ``metrics.jsonl`` plus the trackers of the stack's ``loggers`` brick."""
     from components.recipe_config import config_to_json
     from monitoring.run_monitor import RunMonitor, RunMonitorConfig
 
+    config, run = inputs.config, inputs.run
     return RunMonitor(
         RunMonitorConfig(
             run_dir=run.path,
@@ -218,9 +225,9 @@ def _monitor(config: Any, run: Any, *, rollouts_per_step: int, first_step: int) 
             rollouts_per_step=rollouts_per_step,
             first_step=min(first_step, config.num_steps),
             run_config=json.loads(config_to_json(config)),
-            wandb_mode=config.monitoring.wandb_mode,
             model=run.model_path,
-        )
+        ),
+        trackers=inputs.stack.bricks.loggers,
     )
 
 
@@ -253,7 +260,7 @@ async def _run_sync(inputs: LoopInputs) -> None:
     pending = stack.ledger.pending_steps(config.num_steps)
     first_step = pending[0] if pending else config.num_steps
     rollouts_per_step = inputs.groups_per_step * config.group_size
-    monitor = _monitor(config, inputs.run, rollouts_per_step=rollouts_per_step, first_step=first_step)
+    monitor = _monitor(inputs, rollouts_per_step=rollouts_per_step, first_step=first_step)
     async with engine_probe(stack.engine) as probe:
         with monitor:
             await _sync_steps(inputs, pending, monitor, probe)
@@ -304,6 +311,7 @@ class OverlappedLoop:
     """``async`` and ``partial``: a rollout producer and the trainer, joined by a buffer of complete groups."""
 
     def __init__(self, inputs: LoopInputs) -> None:
+        self.inputs = inputs
         self.config = inputs.config
         self.run_dir = inputs.run
         self.stack = inputs.stack
@@ -485,9 +493,7 @@ class OverlappedLoop:
         self.recover()
         first_step = self.ledger.steps_done
         rollouts_per_step = self.groups_per_step * self.loop_config.group_size
-        monitor = _monitor(
-            self.config, self.run_dir, rollouts_per_step=rollouts_per_step, first_step=first_step
-        )
+        monitor = _monitor(self.inputs, rollouts_per_step=rollouts_per_step, first_step=first_step)
         self.monitor = monitor
         producer = asyncio.create_task(self.produce())
         try:

@@ -346,6 +346,21 @@ class MetricsLogger(Protocol):
 
 
 @runtime_checkable
+class MetricsLoggerProvider(Protocol):
+    """Opens the trackers a run's metrics go to besides ``RUN_DIR/metrics.jsonl`` (always written: resume, the
+    learning curves and ``rein`` read it): Weights & Biases (``monitoring.logger.WandbLoggerProvider``), or yours.
+
+    Contract: ``open`` is called once per run, when its monitor starts, and returns ``MetricsLogger``s (none is
+    fine); a tracker that cannot start is left out with a warning, never stops the run. The monitor closes what
+    ``open`` returned when the run ends.
+    """
+
+    def open(
+        self, run_dir: Path, *, run_name: str, run_config: Mapping[str, Any]
+    ) -> Sequence[MetricsLogger]: ...
+
+
+@runtime_checkable
 class SandboxAwareHarness(Protocol):
     """A harness that runs programs inside the sandbox (black-box agents) and needs more from it: host paths
     bound read-only, the proxy reachable, higher limits."""

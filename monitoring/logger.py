@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from components.config import require, require_one_of
-from components.protocols import MetricsLogger
+from components.protocols import MetricsLogger, MetricsLoggerProvider
 
 logger = logging.getLogger(__name__)
 
@@ -327,6 +327,35 @@ class MultiLogger:
                 logger.warning("%s.close failed: %s", type(item).__name__, error)
 
 
+@dataclass(frozen=True, kw_only=True)
+class WandbLoggerProvider:
+    """``MetricsLoggerProvider``: a Weights & Biases run under ``RUN_DIR/wandb`` in ``mode`` (see
+    ``WandbLoggerConfig``); no tracker when ``mode="disabled"``, or when wandb cannot start (the run keeps
+    logging to ``metrics.jsonl`` and says so once)."""
+
+    mode: str = "auto"
+    project: str = "rein"
+
+    def __post_init__(self) -> None:
+        require_one_of(self.mode, "mode", WANDB_MODES)
+
+    def open(
+        self, run_dir: Path, *, run_name: str | None, run_config: Mapping[str, Any]
+    ) -> list[MetricsLogger]:
+        """The wandb logger of the run in ``run_dir`` (a list of at most one)."""
+        if self.mode == "disabled":
+            return []
+        run_dir = Path(run_dir)
+        wandb_config = WandbLoggerConfig(
+            run_dir=run_dir, project=self.project, name=run_name, config=dict(run_config), mode=self.mode
+        )
+        try:
+            return [WandbLogger(wandb_config)]
+        except Exception as error:
+            logger.warning("wandb could not start (%s); logging to %s only", error, run_dir / METRICS_FILE_NAME)
+            return []
+
+
 def run_loggers(
     run_dir: Path | str,
     *,
@@ -334,20 +363,10 @@ def run_loggers(
     name: str | None = None,
     config: Mapping[str, Any] | None = None,
     wandb_mode: str = "auto",
+    trackers: MetricsLoggerProvider | None = None,
 ) -> MultiLogger:
-    """The standard loggers of a run: ``metrics.jsonl`` plus wandb (unless ``wandb_mode="disabled"``).
-
-    When wandb itself cannot start, the run keeps logging to ``metrics.jsonl`` and says so once."""
+    """The loggers of a run: ``metrics.jsonl`` (always) plus what ``trackers`` opens (default: wandb in
+    ``wandb_mode``)."""
     run_dir = Path(run_dir)
-    loggers: list[MetricsLogger] = [JsonlLogger(run_dir)]
-    if wandb_mode != "disabled":
-        wandb_config = WandbLoggerConfig(
-            run_dir=run_dir, project=project, name=name, config=dict(config or {}), mode=wandb_mode
-        )
-        try:
-            loggers.append(WandbLogger(wandb_config))
-        except Exception as error:
-            logger.warning(
-                "wandb could not start (%s); logging to %s only", error, run_dir / METRICS_FILE_NAME
-            )
-    return MultiLogger(loggers)
+    trackers = trackers or WandbLoggerProvider(mode=wandb_mode, project=project)
+    return MultiLogger([JsonlLogger(run_dir), *trackers.open(run_dir, run_name=name, run_config=config or {})])

@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from components.config import require, require_non_negative, require_one_of, require_positive
+from components.protocols import MetricsLoggerProvider
 from components.trajectory import Trajectory
 from monitoring.logger import WANDB_MODES, run_loggers
 from monitoring.plots import write_learning_curves
@@ -70,7 +71,15 @@ def train_metric_names(metrics: Mapping[str, Any]) -> dict[str, Any]:
 class RunMonitor:
     """Loggers + progress display + rollout statistics + end-of-run artifacts for one run directory."""
 
-    def __init__(self, config: RunMonitorConfig, *, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        config: RunMonitorConfig,
+        *,
+        trackers: MetricsLoggerProvider | None = None,
+        console: Console | None = None,
+    ) -> None:
+        """``trackers``: where metrics go besides ``metrics.jsonl`` (a recipe's brick; default: wandb in
+        ``config.wandb_mode``)."""
         self.config = config
         config.run_dir.mkdir(parents=True, exist_ok=True)
         self.loggers = run_loggers(
@@ -79,6 +88,7 @@ class RunMonitor:
             name=config.run_name or config.run_dir.name,
             config=config.run_config,
             wandb_mode=config.wandb_mode,
+            trackers=trackers,
         )
         self.progress = RunProgress(
             num_steps=config.num_steps,
