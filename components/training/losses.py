@@ -7,8 +7,10 @@ Three policies meet here (the "decoupled" PPO objective used by slime's TIS and 
   given, the current logprobs detached - exact when the step makes one optimizer update),
 - the current policy being optimised (``logprobs``, with gradient).
 
-PPO clipping bounds the current/proximal ratio; the proximal/behaviour ratio (engine-vs-trainer mismatch,
-staleness) is corrected with a truncated importance weight, per token or per sequence.
+PPO clipping bounds the current/proximal ratio - per token (PPO, GRPO), or per sequence (GSPO: the
+length-normalised ratio exp(mean_t log r_t), so that a whole sequence is in or out of the trust region); the
+proximal/behaviour ratio (engine-vs-trainer mismatch, staleness) is corrected with a truncated importance
+weight, per token or per sequence.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from components.config import require, require_non_negative, require_one_of, require_positive
 
 ImportanceSamplingLevel = Literal["token", "sequence", "none"]
+RatioLevel = Literal["token", "sequence"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -33,6 +36,7 @@ class PolicyLossConfig:
     importance_sampling: ImportanceSamplingLevel = "token"  # truncated IS against rollout logprobs
     importance_sampling_cap: float = 2.0  # IS weights are truncated at this value
     kl_coef: float = 0.0  # weight of the k3 KL estimate to the reference policy (0: no reference model)
+    ratio_level: RatioLevel = "token"  # the clipped ratio: per token, or per sequence (GSPO)
 
     def __post_init__(self) -> None:
         require(0 <= self.clip_low < 1, "clip_low", f"must be in [0, 1), got {self.clip_low!r}")
@@ -40,6 +44,15 @@ class PolicyLossConfig:
         require_one_of(self.importance_sampling, "importance_sampling", ("token", "sequence", "none"))
         require_positive(self.importance_sampling_cap, "importance_sampling_cap")
         require_non_negative(self.kl_coef, "kl_coef")
+        require_one_of(self.ratio_level, "ratio_level", ("token", "sequence"))
+
+
+def per_sequence_sum(values: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
+    """The sum of ``values`` over each sequence's tokens, broadcast back to its tokens."""
+    sequence_ids = sequence_ids.long()
+    num_sequences = int(sequence_ids.max().item()) + 1 if sequence_ids.numel() else 0
+    sums = torch.zeros(num_sequences, dtype=values.dtype, device=values.device)
+    return sums.index_add(0, sequence_ids, values)[sequence_ids]
 
 
 def importance_weights(
@@ -59,11 +72,7 @@ def importance_weights(
         return torch.exp(torch.clamp(log_ratio, max=log_cap))
     if sequence_ids is None:
         raise ValueError("importance_sampling: 'sequence' needs sequence_ids for the tokens")
-    sequence_ids = sequence_ids.long()
-    num_sequences = int(sequence_ids.max().item()) + 1 if sequence_ids.numel() else 0
-    summed = torch.zeros(num_sequences, dtype=log_ratio.dtype, device=log_ratio.device)
-    summed.index_add_(0, sequence_ids, log_ratio * loss_mask)
-    return torch.exp(torch.clamp(summed, max=log_cap))[sequence_ids]
+    return torch.exp(torch.clamp(per_sequence_sum(log_ratio * loss_mask, sequence_ids), max=log_cap))
 
 
 def policy_gradient_loss(
@@ -78,7 +87,8 @@ def policy_gradient_loss(
     proximal_logprobs: torch.Tensor | None = None,
     sequence_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Σ_t weights·mask·(IS·max(-A·r, -A·clip(r)) + β·KL) over 1-D per-token tensors.
+    """Σ_t weights·mask·(IS·max(-A·r, -A·clip(r)) + β·KL) over 1-D per-token tensors (r per token, or the
+    sequence's ratio broadcast to its tokens).
 
     Returns the weighted *sum* (weights already carry the step's normalisation, so micro-batch and rank
     losses add up to the step loss) and token statistics as sums over masked tokens (``*_sum`` keys) plus
@@ -87,7 +97,14 @@ def policy_gradient_loss(
     mask = loss_mask.to(logprobs.dtype)
     if proximal_logprobs is None:
         proximal_logprobs = logprobs.detach()
-    ratio = torch.exp(logprobs - proximal_logprobs)
+    log_ratio = logprobs - proximal_logprobs
+    if config.ratio_level == "sequence":
+        if sequence_ids is None:
+            raise ValueError("sequence_ids: a sequence-level ratio (GSPO) needs each token's sequence")
+        # exp(mean over the sequence's sampled tokens): long and short sequences get comparable ratios
+        num_tokens = per_sequence_sum(mask, sequence_ids).clamp(min=1.0)
+        log_ratio = per_sequence_sum(log_ratio * mask, sequence_ids) / num_tokens
+    ratio = torch.exp(log_ratio)
     clipped_ratio = torch.clamp(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high)
     unclipped_loss = -advantages * ratio
     clipped_loss = -advantages * clipped_ratio
@@ -122,3 +139,39 @@ def policy_gradient_loss(
         stats["is_weight_applied_sum"] = float((is_weight * mask).sum())
         stats["num_tokens"] = float(mask.sum())
     return loss, stats
+
+
+class ClippedPolicyGradient:
+    """An ``Algorithm``'s ``loss`` and ``needs_reference_logprobs`` from its ``PolicyLossConfig`` (``loss_config``):
+    the one loss that GRPO, Dr.GRPO, RLOO (token ratio) and GSPO (sequence ratio) share."""
+
+    loss_config: PolicyLossConfig
+
+    @property
+    def needs_reference_logprobs(self) -> bool:
+        return self.loss_config.kl_coef > 0
+
+    def loss(
+        self,
+        *,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        weights: torch.Tensor,
+        ref_logprobs: torch.Tensor | None = None,
+        proximal_logprobs: torch.Tensor | None = None,
+        sequence_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped, importance-corrected policy-gradient loss (see ``policy_gradient_loss``)."""
+        return policy_gradient_loss(
+            self.loss_config,
+            logprobs=logprobs,
+            old_logprobs=old_logprobs,
+            advantages=advantages,
+            loss_mask=loss_mask,
+            weights=weights,
+            ref_logprobs=ref_logprobs,
+            proximal_logprobs=proximal_logprobs,
+            sequence_ids=sequence_ids,
+        )

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from components.config import require_non_negative, require_one_of, require_positive
 from components.training.algorithms.weighting import trajectory_mean_weights
-from components.training.losses import PolicyLossConfig, policy_gradient_loss
+from components.training.losses import ClippedPolicyGradient, PolicyLossConfig
+
+if TYPE_CHECKING:
+    from components.training.algorithms.gspo import GSPOConfig
 
 SampleWeighting = Literal["trajectory", "token", "constant"]
 
@@ -74,15 +76,11 @@ def group_relative_advantages(
     return centred / (std[group_index] + std_epsilon)
 
 
-class GRPO:
-    """GRPO (and Dr.GRPO, by config): implements ``components.protocols.Algorithm``."""
+class GroupRelativeAdvantages:
+    """``Algorithm.advantages`` from a config with ``normalize_advantages_by_std`` and ``std_epsilon`` (GRPO's
+    and GSPO's)."""
 
-    def __init__(self, config: GRPOConfig | None = None) -> None:
-        self.config = config or GRPOConfig()
-
-    @property
-    def needs_reference_logprobs(self) -> bool:
-        return self.config.loss.kl_coef > 0
+    config: GRPOConfig | GSPOConfig
 
     def advantages(self, rewards: np.ndarray, group_ids: Sequence[str]) -> np.ndarray:
         """Per-trajectory group-relative advantages."""
@@ -92,6 +90,14 @@ class GRPO:
             normalize_by_std=self.config.normalize_advantages_by_std,
             std_epsilon=self.config.std_epsilon,
         )
+
+
+class GRPO(GroupRelativeAdvantages, ClippedPolicyGradient):
+    """GRPO (and Dr.GRPO, by config): implements ``components.protocols.Algorithm``."""
+
+    def __init__(self, config: GRPOConfig | None = None) -> None:
+        self.config = config or GRPOConfig()
+        self.loss_config = self.config.loss
 
     def sample_weights(self, num_sampled_tokens: np.ndarray, trajectory_index: np.ndarray) -> np.ndarray:
         """Per-segment weight of each of its sampled tokens; the step loss is Σ weight·token loss."""
@@ -107,28 +113,3 @@ class GRPO:
                 len(num_sampled_tokens), 1.0 / (num_trajectories * self.config.constant_normalizer_tokens)
             )
         return trajectory_mean_weights(num_sampled_tokens, trajectory_index)
-
-    def loss(
-        self,
-        *,
-        logprobs: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        loss_mask: torch.Tensor,
-        weights: torch.Tensor,
-        ref_logprobs: torch.Tensor | None = None,
-        proximal_logprobs: torch.Tensor | None = None,
-        sequence_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The clipped, importance-corrected policy-gradient loss (see ``losses.policy_gradient_loss``)."""
-        return policy_gradient_loss(
-            self.config.loss,
-            logprobs=logprobs,
-            old_logprobs=old_logprobs,
-            advantages=advantages,
-            loss_mask=loss_mask,
-            weights=weights,
-            ref_logprobs=ref_logprobs,
-            proximal_logprobs=proximal_logprobs,
-            sequence_ids=sequence_ids,
-        )

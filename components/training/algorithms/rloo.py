@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from components.training.algorithms.weighting import trajectory_mean_weights
-from components.training.losses import PolicyLossConfig, policy_gradient_loss
+from components.training.losses import ClippedPolicyGradient, PolicyLossConfig
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -37,15 +36,12 @@ def leave_one_out_advantages(rewards: np.ndarray, group_ids: Sequence[str]) -> n
     return np.where(others > 0, rewards - baseline, 0.0)
 
 
-class RLOO:
+class RLOO(ClippedPolicyGradient):
     """REINFORCE leave-one-out: implements ``components.protocols.Algorithm``."""
 
     def __init__(self, config: RLOOConfig | None = None) -> None:
         self.config = config or RLOOConfig()
-
-    @property
-    def needs_reference_logprobs(self) -> bool:
-        return self.config.loss.kl_coef > 0
+        self.loss_config = self.config.loss
 
     def advantages(self, rewards: np.ndarray, group_ids: Sequence[str]) -> np.ndarray:
         """Per-trajectory leave-one-out advantages."""
@@ -54,28 +50,3 @@ class RLOO:
     def sample_weights(self, num_sampled_tokens: np.ndarray, trajectory_index: np.ndarray) -> np.ndarray:
         """Each trajectory's loss is the mean over its sampled tokens; trajectories averaged."""
         return trajectory_mean_weights(num_sampled_tokens, trajectory_index)
-
-    def loss(
-        self,
-        *,
-        logprobs: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        loss_mask: torch.Tensor,
-        weights: torch.Tensor,
-        ref_logprobs: torch.Tensor | None = None,
-        proximal_logprobs: torch.Tensor | None = None,
-        sequence_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The clipped, importance-corrected policy-gradient loss (see ``losses.policy_gradient_loss``)."""
-        return policy_gradient_loss(
-            self.config.loss,
-            logprobs=logprobs,
-            old_logprobs=old_logprobs,
-            advantages=advantages,
-            loss_mask=loss_mask,
-            weights=weights,
-            ref_logprobs=ref_logprobs,
-            proximal_logprobs=proximal_logprobs,
-            sequence_ids=sequence_ids,
-        )
