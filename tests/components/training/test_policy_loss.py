@@ -94,6 +94,10 @@ def test_loss_config_validation_names_the_field():
         PolicyLossConfig(clip_low=1.5)
     with pytest.raises(ValueError, match="importance_sampling"):
         PolicyLossConfig(importance_sampling="per-token")
+    with pytest.raises(ValueError, match="ratio_level"):
+        PolicyLossConfig(ratio_level="segment")
+    with pytest.raises(ValueError, match="sequence_ids"):  # a sequence ratio needs to know the sequences
+        policy_gradient_loss(PolicyLossConfig(ratio_level="sequence"), **inputs())
     with pytest.raises(ValueError, match="sample_weighting"):
         GRPOConfig(sample_weighting="per-segment")
 
