@@ -31,6 +31,7 @@ from components.launch import (
     main_entry,
 )
 from components.loop import run_recipe_loop
+from components.protocols import Harness, Reward
 from components.recipe_config import option
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks.toys import TicTacToeConfig, TicTacToeEnv
@@ -84,9 +85,9 @@ def games_for_step(config: TicTacToeGrpoConfig, step: int) -> list[ToyGameTask]:
     return [ToyGameTask(task_id=f"tictactoe-{seed}", make_env=make_env, seed=seed) for seed in seeds]
 
 
-async def main(config: TicTacToeGrpoConfig) -> None:
-    run = RunDirectory.create(config, recipe="tictactoe_grpo")
-    harness = ToyAgentHarness(
+def toy_harness(config: TicTacToeGrpoConfig) -> ToyAgentHarness:
+    """The recipe's agent: plays each game through the proxy, by text moves or tool calls."""
+    return ToyAgentHarness(
         ToyAgentConfig(
             max_turns=config.max_turns,
             max_tokens=config.sampling.max_tokens,
@@ -97,6 +98,20 @@ async def main(config: TicTacToeGrpoConfig) -> None:
             system_prompt=TEXT_MOVE_SYSTEM_PROMPT if config.accept_text_moves else TOOL_SYSTEM_PROMPT,
         )
     )
+
+
+async def train(
+    config: TicTacToeGrpoConfig, *, harness: Harness | None = None, grader: Reward | None = None
+) -> RunDirectory:
+    """Train on ``games_for_step``'s games; returns the run directory. ``harness`` and ``grader`` default to
+    ``toy_harness(config)`` and its reward; a caller passes its own to wrap the agent (latency, instrumentation:
+    the wrapper's grader is then the wrapped toy harness's ``reward``)."""
+    run = RunDirectory.create(config, recipe="tictactoe_grpo")
+    if harness is None:
+        toy = toy_harness(config)
+        harness, grader = toy, grader or toy.reward
+    if grader is None:
+        raise ValueError("a harness passed to train() needs its grader (the toy harness's .reward)")
     async with RunStack.start(config, run) as stack:
         runner = RolloutRunner(
             RolloutConfig(group_size=config.group_size, max_concurrency=config.rollout.max_concurrency),
@@ -105,9 +120,14 @@ async def main(config: TicTacToeGrpoConfig) -> None:
             sessions=stack.sessions,
             proxy_url=stack.proxy_url,
             session_keys=stack.session_keys,
-            grader=harness.reward,
+            grader=grader,
         )
         await run_recipe_loop(config, run, stack, runner, functools.partial(games_for_step, config))
+    return run
+
+
+async def main(config: TicTacToeGrpoConfig) -> None:
+    run = await train(config)
     print(f"run directory: {run.path}")
 
 

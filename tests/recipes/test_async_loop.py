@@ -6,6 +6,7 @@ duplicates nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -87,24 +88,10 @@ def assert_every_committed_group_trained_once(run_dir: Path, *, num_steps: int) 
     return ledger
 
 
-@pytest.mark.parametrize("mode", ["async", "partial"])
-def test_overlapped_run_trains_every_committed_group_exactly_once(tmp_path, tiny_model_dir, mode):
-    run_dir = tmp_path / "run"
-    # partial: one group at a time with long replies (6 turns × 256 tokens), so the producer, not the trainer,
-    # is the bottleneck: a group is always generating when a step's weights arrive.
-    num_steps, max_tokens, max_concurrency = (4, 256, 2) if mode == "partial" else (3, 48, 4)
-    flags = toy_flags(
-        run_dir,
-        mode=mode,
-        num_steps=num_steps,
-        model_dir=tiny_model_dir,
-        max_tokens=max_tokens,
-        max_concurrency=max_concurrency,
-    )
-    run_recipe("tictactoe_grpo", *flags, timeout_s=600)
-
-    ledger = assert_every_committed_group_trained_once(run_dir, num_steps=num_steps)
-    for names in ledger["step_shards"].values():  # every step trained groups_per_step complete groups
+def assert_overlapped_metrics(run_dir: Path, ledger: dict) -> None:
+    """Every step trained ``groups_per_step`` complete groups within ``max_staleness``, reported the pipeline
+    metrics, and some group was trained with tokens older than the trainer's version (rollouts overlapped)."""
+    for names in ledger["step_shards"].values():
         assert len(names) == GAMES_PER_STEP
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     for row in metrics:
@@ -112,15 +99,93 @@ def test_overlapped_run_trains_every_committed_group_exactly_once(tmp_path, tiny
         assert 0.0 <= row["pipeline/trainer_idle_fraction"] <= 1.0
         assert 0.0 <= row["pipeline/engine_idle_fraction"] <= 1.0
         assert "pipeline/buffer_depth" in row and "staleness/groups_dropped" in row
-    # Rollouts overlapped training: some group was trained with tokens of an older version than the trainer's
     assert any(row["staleness/max"] >= 1 for row in metrics[1:]), metrics
-    if mode == "partial":  # ordered like sync: step k trains the groups the producer started k-th
-        groups = committed_groups(run_dir)
-        for step, names in ledger["step_shards"].items():
-            assert sorted(groups[name]["index"] for name in names) == [
-                int(step) * GAMES_PER_STEP + i for i in range(GAMES_PER_STEP)
-            ]
-        assert_a_rollout_spans_a_weight_push_with_per_token_importance_weights(run_dir)
+
+
+def test_async_run_trains_every_committed_group_exactly_once(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    num_steps = 3
+    run_recipe(
+        "tictactoe_grpo", *toy_flags(run_dir, mode="async", num_steps=num_steps, model_dir=tiny_model_dir),
+        timeout_s=600,
+    )  # fmt: skip
+    ledger = assert_every_committed_group_trained_once(run_dir, num_steps=num_steps)
+    assert_overlapped_metrics(run_dir, ledger)
+
+
+class ThinksUntilNewWeights:
+    """The toy agent, then a second turn in the same session after a "tool call" that lasts until a training
+    step has pushed new weights since the rollout started (bounded; the loop logs a step's row right after its
+    push): a rollout that is still going when a step's weights arrive, on any machine, whatever the ratio of
+    rollout to training time. Rollouts of the first step skip the wait (their own groups must train first)."""
+
+    def __init__(self, inner, *, run_dir: Path, first_step_tasks: set[str], wait_s: float = 300.0) -> None:
+        self.inner, self.name = inner, inner.name
+        self.run_dir, self.first_step_tasks, self.wait_s = run_dir, first_step_tasks, wait_s
+        self.spanned = 0  # rollouts whose second turn came after a push
+
+    def steps_logged(self) -> int:
+        path = self.run_dir / "metrics.jsonl"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    async def run(self, *, task, sandbox, base_url: str, api_key: str):
+        from openai import AsyncOpenAI
+
+        logged_at_start = self.steps_logged()
+        outcome = await self.inner.run(task=task, sandbox=sandbox, base_url=base_url, api_key=api_key)
+        if task.task_id in self.first_step_tasks:
+            return outcome
+        deadline = time.monotonic() + self.wait_s
+        while self.steps_logged() <= logged_at_start and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.spanned += self.steps_logged() > logged_at_start
+        async with AsyncOpenAI(base_url=f"{base_url.rstrip('/')}/v1", api_key=api_key) as client:
+            await client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "Your move?"}], max_tokens=16
+            )
+        return outcome
+
+
+def test_partial_run_continues_rollouts_across_weight_pushes(tmp_path, tiny_model_dir, ray_session):
+    """``partial`` in process (the recipe's own ``train`` with a wrapped agent): every committed group trained
+    exactly once in the order it was started, and rollouts that were going when new weights arrived continued
+    on them (never thrown away), with per-token behaviour logprobs and versions in the trainer's batches."""
+    from components.launch import (
+        MonitoringBrickConfig,
+        ProxyBrickConfig,
+        RolloutBrickConfig,
+        SamplingBrickConfig,
+        TrainerBrickConfig,
+    )
+    from recipes.tictactoe_grpo import TicTacToeGrpoConfig, games_for_step, toy_harness, train
+
+    run_dir, num_steps = tmp_path / "run", 3
+    config = TicTacToeGrpoConfig(
+        model=str(tiny_model_dir),
+        run_dir=str(run_dir),
+        num_steps=num_steps,
+        group_size=GROUP_SIZE,
+        games_per_step=GAMES_PER_STEP,
+        rollout=RolloutBrickConfig(mode="partial", max_staleness=2, max_concurrency=4),
+        sampling=SamplingBrickConfig(max_tokens=48),
+        trainer=TrainerBrickConfig(workers=1, learning_rate=2e-5),
+        proxy=ProxyBrickConfig(kind="local"),
+        monitoring=MonitoringBrickConfig(wandb_mode="disabled"),
+    )
+    toy = toy_harness(config)
+    first_step_tasks = {task.task_id for task in games_for_step(config, 0)}
+    harness = ThinksUntilNewWeights(toy, run_dir=run_dir, first_step_tasks=first_step_tasks)
+    asyncio.run(asyncio.wait_for(train(config, harness=harness, grader=toy.reward), timeout=600))
+
+    ledger = assert_every_committed_group_trained_once(run_dir, num_steps=num_steps)
+    assert_overlapped_metrics(run_dir, ledger)
+    groups = committed_groups(run_dir)  # ordered like sync: step k trains the groups the producer started k-th
+    for step, names in ledger["step_shards"].items():
+        assert sorted(groups[name]["index"] for name in names) == [
+            int(step) * GAMES_PER_STEP + i for i in range(GAMES_PER_STEP)
+        ]
+    assert harness.spanned > 0, "no rollout was still going when new weights arrived"
+    assert_a_rollout_spans_a_weight_push_with_per_token_importance_weights(run_dir)
 
 
 def assert_a_rollout_spans_a_weight_push_with_per_token_importance_weights(run_dir: Path) -> None:
