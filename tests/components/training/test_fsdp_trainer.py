@@ -7,40 +7,13 @@ import pytest
 import torch
 
 from components.training.checkpoint import latest_checkpoint
-from components.training.data import SampleBatchConfig, build_micro_batches_locally, micro_batches_from_table
+from components.training.data import build_micro_batches_locally, micro_batches_from_table
 from components.training.grpo import GRPO
-from components.training.step import OptimizerConfig, build_optimizer, run_train_step
+from components.training.step import build_optimizer, run_train_step
 from components.training.trainer import Trainer, TrainerConfig
 from components.training.weight_sync import WeightSync, WeightSyncConfig
 from tests.components.training.training_synthetic import random_batch
-
-OPTIMIZER = OptimizerConfig(learning_rate=1e-3, max_grad_norm=1.0)
-BATCHING = SampleBatchConfig(max_tokens_per_micro_batch=40)
-
-
-def trainer_config(model_dir, run_dir, **overrides) -> TrainerConfig:
-    values = dict(
-        model_path=model_dir,
-        run_dir=run_dir,
-        num_workers=2,
-        cpus_per_worker=0.5,
-        optimizer=OPTIMIZER,
-        batching=BATCHING,
-    )
-    values.update(overrides)
-    return TrainerConfig(**values)
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("fsdp-run")
-
-
-@pytest.fixture(scope="module")
-def trainer(ray_session, tiny_model_dir, run_dir):
-    trainer = Trainer(trainer_config(tiny_model_dir, run_dir), algorithm=GRPO())
-    yield trainer
-    trainer.shutdown()
+from tests.components.training.two_worker_trainer import BATCHING, OPTIMIZER, two_worker_trainer_config
 
 
 def single_process_step(model_dir, trajectories, *, current_version=0):
@@ -103,7 +76,7 @@ def test_checkpoint_is_an_hf_folder_and_resume_continues_exactly(trainer, tiny_m
     torn.mkdir()
     (torn / "model.safetensors").write_bytes(b"partial")
     (run_dir / "checkpoints" / ".tmp-step-00000100-abc").mkdir()
-    resumed = Trainer(trainer_config(tiny_model_dir, run_dir), algorithm=GRPO())
+    resumed = Trainer(two_worker_trainer_config(tiny_model_dir, run_dir), algorithm=GRPO())
     try:
         assert resumed.resumed_from == path and resumed.state.step == 1 and resumed.state.weight_version == 1
         assert not (run_dir / "checkpoints" / ".tmp-step-00000100-abc").exists()

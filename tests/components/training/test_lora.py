@@ -9,43 +9,26 @@ import torch
 
 from components.lora import LoraSettings
 from components.training.checkpoint import latest_checkpoint
-from components.training.data import SampleBatchConfig, build_micro_batches_locally, micro_batches_from_table
+from components.training.data import build_micro_batches_locally, micro_batches_from_table
 from components.training.grpo import GRPO
-from components.training.step import OptimizerConfig, build_optimizer, run_train_step
+from components.training.step import build_optimizer, run_train_step
 from components.training.trainer import Trainer, TrainerConfig, TrainerError
 from tests.components.training.training_synthetic import random_batch
+from tests.components.training.two_worker_trainer import BATCHING, OPTIMIZER, two_worker_trainer_config
 
-OPTIMIZER = OptimizerConfig(learning_rate=1e-3, max_grad_norm=1.0)
-BATCHING = SampleBatchConfig(max_tokens_per_micro_batch=40)
 LORA = LoraSettings(rank=16, alpha=32, target_modules="all-linear")
+LORA_OVERRIDES = dict(lora=LORA, gradient_checkpointing=True)
 SEQUENCE = [1, 504, 2231, 17, 9, 3000, 42, 77, 2, 11]
 
 
 def lora_trainer_config(model_dir, run_dir, **overrides) -> TrainerConfig:
-    values = dict(
-        model_path=model_dir,
-        run_dir=run_dir,
-        num_workers=2,
-        cpus_per_worker=0.5,
-        optimizer=OPTIMIZER,
-        batching=BATCHING,
-        lora=LORA,
-        gradient_checkpointing=True,
-    )
-    values.update(overrides)
-    return TrainerConfig(**values)
+    return two_worker_trainer_config(model_dir, run_dir, **{**LORA_OVERRIDES, **overrides})
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("lora-run")
-
-
-@pytest.fixture(scope="module")
-def trainer(ray_session, tiny_model_dir, run_dir):
-    trainer = Trainer(lora_trainer_config(tiny_model_dir, run_dir), algorithm=GRPO())
-    yield trainer
-    trainer.shutdown()
+def trainer_overrides() -> dict:
+    """The shared ``trainer`` fixture (``conftest``), with LoRA."""
+    return LORA_OVERRIDES
 
 
 def plain_peft_model(model_dir):
