@@ -29,6 +29,7 @@ from components.errors import SandboxError
 from components.protocols import Harness, HarnessOutcome, SandboxAwareHarness, SandboxSpec, Task
 from components.trajectory import TrajectoryStatus
 from tests.contracts.conftest import brick_params
+from tests.failing_bricks import DeadSandbox, FailingEngine
 from tests.harnesses.harness_fixtures import builtin_tasks, running_proxy  # noqa: F401 (a fixture)
 from tests.required_tools import require_tool
 
@@ -126,31 +127,6 @@ def harness_and_task(make_harness, request) -> tuple[Harness, Task]:
     assert isinstance(harness, Harness), f"{harness!r} does not implement components.protocols.Harness"
     assert isinstance(harness.name, str) and harness.name
     return harness, task
-
-
-class FailingEngine:
-    """An engine whose every generation fails (the proxy answers 5xx)."""
-
-    context_window = 4096
-    weight_version = 0
-
-    async def generate(self, input_ids, params):
-        raise RuntimeError("CUDA error: device-side assert triggered")
-
-    async def update_weights(self, state_dict, version):
-        pass
-
-
-class DeadSandbox:
-    """A sandbox whose backend died: every call raises ``SandboxError``."""
-
-    sandbox_id = "dead-sandbox"
-
-    def __getattr__(self, name):
-        async def fail(*args, **kwargs):
-            raise SandboxError("the sandbox died", sandbox_id=self.sandbox_id)
-
-        return fail
 
 
 async def _open_sandbox(harness: Harness, task: Task, proxy_url: str):

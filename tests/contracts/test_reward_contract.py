@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from components.errors import SandboxError
 from components.protocols import Reward, RewardResult, Sandbox, SandboxSpec, Task
 from tests.contracts.conftest import brick_params
+from tests.failing_bricks import DeadSandbox
 from tests.required_tools import require_tool
 
 
@@ -94,20 +94,8 @@ async def test_same_state_same_verdict(reward, task, agent_sandbox):
     assert second.reward == first.reward
 
 
-class _DeadSandbox:
-    """A sandbox whose backend died: every call raises ``SandboxError``."""
-
-    sandbox_id = "dead"
-
-    def __getattr__(self, name):
-        async def fail(*args, **kwargs):
-            raise SandboxError("the sandbox died", sandbox_id=self.sandbox_id)
-
-        return fail
-
-
 async def test_a_dead_sandbox_is_a_grading_failure_not_a_zero(reward, task):
-    dead: Sandbox = _DeadSandbox()
+    dead: Sandbox = DeadSandbox()
     result = await reward.score(task, dead)
     _check_result(result)
     assert result.reward is None and result.error

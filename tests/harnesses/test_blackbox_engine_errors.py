@@ -17,6 +17,7 @@ from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import existing, python_environment_paths
 from harnesses.blackbox import AgentExit, AgentLaunch, BlackBoxConfig, BlackBoxHarness, default_exit_status
 from harnesses.mini_swe_agent import MiniSweAgent
+from tests.failing_bricks import FailingEngine
 from tests.harnesses.harness_fixtures import running_proxy
 
 # One chat completion with the OpenAI wire format over plain urllib; any HTTP error makes the agent exit 1
@@ -57,19 +58,6 @@ class OneCallAgent:
     ) -> tuple[TrajectoryStatus, str, dict[str, float]]:
         status, reason = default_exit_status(run, config)
         return status, reason, {}
-
-
-class FailingEngine:
-    """An engine whose every generation fails (a crashed GPU worker, say)."""
-
-    context_window = 4096
-    weight_version = 0
-
-    async def generate(self, input_ids, params):
-        raise RuntimeError("CUDA error: device-side assert triggered")
-
-    async def update_weights(self, state_dict, version):
-        pass
 
 
 async def _roll_out(agent, tokenizer, task, sandbox_pool, grader):

@@ -20,6 +20,7 @@ from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
 from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
 from harnesses.wrap import AgentContext, agent_harness
+from tests.failing_bricks import FailingEngine
 from tests.harnesses.harness_fixtures import running_proxy
 
 pytestmark = pytest.mark.timeout(300)
@@ -194,18 +195,8 @@ async def test_harness_that_never_returns_is_cut_off(scripted_proxy, slugify_tas
 
 
 async def test_engine_failure_is_an_engine_error(tokenizer, slugify_task, sandbox_pool, swe_grader):
-    class BrokenEngine:
-        context_window = 4096
-        weight_version = 0
-
-        async def generate(self, input_ids, params):
-            raise RuntimeError("CUDA error: device-side assert triggered")
-
-        async def update_weights(self, state_dict, version):
-            pass
-
     harness = SweAgentHarness(SweAgentConfig(max_turns=3, max_retries=0))
-    async with running_proxy(BrokenEngine(), tokenizer) as proxy:
+    async with running_proxy(FailingEngine(), tokenizer) as proxy:
         [trajectory] = await _runner(proxy, harness, sandbox_pool, swe_grader).run([slugify_task], step=0)
     assert trajectory.status == TrajectoryStatus.ENGINE_ERROR, trajectory.failure_reason
     assert trajectory.reward is None and not trajectory.trainable
