@@ -15,8 +15,10 @@ deselected when ``--brick`` is given.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -39,6 +41,24 @@ def brick_params(config: pytest.Config, built_in: dict[str, Callable[[], Any]]) 
     if user_specs:
         return [pytest.param(lambda spec=spec: load_brick(spec), id=spec) for spec in user_specs]
     return [pytest.param(factory, id=name) for name, factory in built_in.items()]
+
+
+@dataclass(frozen=True)
+class BuiltIn:
+    """A built-in brick, opened with the test session's fixtures (models, Ray, pools, temporary directories)."""
+
+    open: Callable[[pytest.FixtureRequest], contextlib.AbstractAsyncContextManager[Any]]
+
+
+@contextlib.asynccontextmanager
+async def opened_brick(make_brick: Callable[[], Any], request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """The brick ``make_brick()`` gives: a ``BuiltIn`` opened (and closed afterwards), a user's one as it is."""
+    brick = make_brick()
+    if isinstance(brick, BuiltIn):
+        async with brick.open(request) as opened:
+            yield opened
+    else:
+        yield brick
 
 
 def pytest_configure(config: pytest.Config) -> None:

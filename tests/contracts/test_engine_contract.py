@@ -18,27 +18,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 
 import pytest
 from safetensors.torch import load_file
 
 from components.errors import ContextOverflowError, ReinError
 from components.protocols import FinishReason, InferenceEngine, SamplingParams
-from tests.contracts.conftest import brick_params
+from tests.contracts.conftest import BuiltIn, brick_params, opened_brick
 
 pytestmark = pytest.mark.timeout(240)
 
 BUILT_IN_WINDOW = 256
 PROMPTS = [[11 + i, 12, 13 + i, 14] for i in range(4)]
-
-
-@dataclass(frozen=True)
-class BuiltInEngine:
-    """A built-in engine, opened with the test session's fixtures (models, Ray, a temporary directory)."""
-
-    open: Callable[[pytest.FixtureRequest], contextlib.AbstractAsyncContextManager[InferenceEngine]]
 
 
 def _embedded_config(request: pytest.FixtureRequest):
@@ -89,9 +81,9 @@ async def _sglang_on_fake(request):
 
 
 BUILT_INS = {
-    "embedded": lambda: BuiltInEngine(_embedded),
-    "ray": lambda: BuiltInEngine(_ray_client),
-    "sglang-fake": lambda: BuiltInEngine(_sglang_on_fake),
+    "embedded": lambda: BuiltIn(_embedded),
+    "ray": lambda: BuiltIn(_ray_client),
+    "sglang-fake": lambda: BuiltIn(_sglang_on_fake),
 }
 
 
@@ -100,17 +92,10 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("make_engine", brick_params(metafunc.config, BUILT_INS), scope="module")
 
 
-@contextlib.asynccontextmanager
-async def _as_is(engine) -> AsyncIterator[InferenceEngine]:
-    yield engine
-
-
 @pytest.fixture(scope="module")
 async def engine(make_engine, request) -> AsyncIterator[InferenceEngine]:
     """One engine per brick, shared by the module's tests (each reads the version it starts from)."""
-    brick = make_engine()
-    opened = brick.open(request) if isinstance(brick, BuiltInEngine) else _as_is(brick)
-    async with opened as engine:
+    async with opened_brick(make_engine, request) as engine:
         assert isinstance(engine, InferenceEngine), f"{engine!r} does not implement InferenceEngine"
         yield engine
 

@@ -20,25 +20,18 @@ import shutil
 import tarfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from components.errors import SandboxError
 from components.protocols import Sandbox, SandboxLimits, SandboxSpec
-from tests.contracts.conftest import brick_params
+from tests.contracts.conftest import BuiltIn, brick_params, opened_brick
 from tests.required_tools import require_tool
 
 SandboxMaker = Callable[[SandboxSpec], Awaitable[Sandbox]]
 IMAGE_CACHE = Path.home() / ".cache" / "rein" / "images"  # shared with tests/sandboxes (one unpack)
-
-
-@dataclass(frozen=True)
-class BuiltInSandboxes:
-    """A built-in backend: opened once per module (pools warm up once), it yields its ``spec -> Sandbox``."""
-
-    open: Callable[[pytest.FixtureRequest], contextlib.AbstractAsyncContextManager[SandboxMaker]]
 
 
 def _require_bwrap() -> None:
@@ -97,11 +90,11 @@ async def _image(request) -> AsyncIterator[SandboxMaker]:
 
 
 BUILT_INS = {
-    "bwrap": lambda: BuiltInSandboxes(_bwrap),
-    "bwrap-pool": lambda: BuiltInSandboxes(_bwrap_pool),
-    "ray-pool": lambda: BuiltInSandboxes(_ray_pool),
-    "e2b-fake": lambda: BuiltInSandboxes(_e2b_on_fake),
-    "image": lambda: BuiltInSandboxes(_image),
+    "bwrap": lambda: BuiltIn(_bwrap),
+    "bwrap-pool": lambda: BuiltIn(_bwrap_pool),
+    "ray-pool": lambda: BuiltIn(_ray_pool),
+    "e2b-fake": lambda: BuiltIn(_e2b_on_fake),
+    "image": lambda: BuiltIn(_image),
 }
 
 
@@ -110,15 +103,10 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("make_factory", brick_params(metafunc.config, BUILT_INS), scope="module")
 
 
-@contextlib.asynccontextmanager
-async def _as_is(factory: SandboxMaker) -> AsyncIterator[SandboxMaker]:
-    yield factory
-
-
 @pytest.fixture(scope="module")
 async def sandbox_factory(make_factory, request) -> AsyncIterator[SandboxMaker]:
-    brick = make_factory()
-    async with brick.open(request) if isinstance(brick, BuiltInSandboxes) else _as_is(brick) as factory:
+    """One factory per brick, opened once per module (pools warm up once)."""
+    async with opened_brick(make_factory, request) as factory:
         yield factory
 
 
