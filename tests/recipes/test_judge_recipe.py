@@ -83,7 +83,7 @@ def test_swe_recipe_trains_on_judge_rewards(tmp_path, tiny_model_dir):
             "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", "1", "--num-tasks", "1",
             "--group-size", "3", "--max-turns", "1", "--proxy", "local", "--wandb-mode", "offline",
             "--reward", "judge", "--judge-url", f"http://127.0.0.1:{judge.port}/v1", "--rubric", str(rubric),
-            "--judge-weight", "2.0",
+            "--judge-weight", "2.0", "--algorithm", "dr_grpo",
         )  # fmt: skip
     assert_complete_run(run_dir, num_steps=1, rollouts_per_step=3)
     rows = []
@@ -105,3 +105,4 @@ def test_swe_recipe_trains_on_judge_rewards(tmp_path, tiny_model_dir):
         assert "rubric-marker-7f3a" not in row["messages_json"]
     config = json.loads((run_dir / "config.json").read_text())
     assert config["reward"]["kind"] == "judge" and config["reward"]["judge_api_key"] == "***"
+    assert config["algorithm"] == "dr_grpo"  # the README's `--algorithm dr_grpo`, on rewards that differ

@@ -1,5 +1,6 @@
 """``ray job submit --working-dir . -- python recipes/swe_grpo.py ...`` against a running Ray head completes a
-step: the recipe joins the cluster ($RAY_ADDRESS), deploys the proxy on Ray Serve, trains, and leaves a run dir."""
+step: the recipe joins the cluster ($RAY_ADDRESS), deploys the proxy on Ray Serve, trains, and leaves a run dir.
+The job's agent is the README's one-line swap ``--harness mini_swe_agent`` (the unmodified PyPI agent)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from components.launch import WORKING_DIR_EXCLUDES
 from tests.recipes.recipe_runs import REPO_ROOT, assert_complete_run, recipe_env
+from tests.required_tools import require_tool
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -74,13 +77,14 @@ def ray_head():
 
 
 def test_ray_job_submit_runs_one_swe_step(ray_head, tmp_path, tiny_model_dir):
+    require_tool(Path(sys.prefix) / "bin" / "mini", "pip install mini-swe-agent (the test extra)")
     run_dir = tmp_path / "run"
     command = [
         str(RAY), "job", "submit", "--address", ray_head, "--working-dir", str(REPO_ROOT),
         "--runtime-env-json", json.dumps({"excludes": WORKING_DIR_EXCLUDES}), "--",
         sys.executable, "recipes/swe_grpo.py", "--model", str(tiny_model_dir), "--run-dir", str(run_dir),
         "--num-steps", "1", "--num-tasks", "1", "--group-size", "2", "--max-turns", "2", "--proxy", "serve",
-        "--proxy-replicas", "1", "--wandb-mode", "offline",
+        "--proxy-replicas", "1", "--wandb-mode", "offline", "--harness", "mini_swe_agent",
     ]  # fmt: skip
     completed = subprocess.run(command, env=recipe_env(), capture_output=True, text=True, timeout=540)
     output = completed.stdout[-6000:] + completed.stderr[-6000:]
@@ -88,3 +92,7 @@ def test_ray_job_submit_runs_one_swe_step(ray_head, tmp_path, tiny_model_dir):
     assert_complete_run(run_dir, num_steps=1, rollouts_per_step=2)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["proxy"]["kind"] == "serve" and config["recipe"] == "swe_grpo"
+    rows = [row for path in (run_dir / "trajectories").glob("*.parquet") for row in pq.read_table(path).to_pylist()]
+    assert {row["harness"] for row in rows} == {"mini-swe-agent"}
+    assert not [row["failure_reason"] for row in rows if row["status"] in ("agent_error", "sandbox_error")]
+    assert any(row["segments"] for row in rows), "mini-swe-agent never reached the policy"
