@@ -29,7 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from components.config import require, require_one_of
 from components.protocols import (
@@ -41,6 +41,9 @@ from components.protocols import (
     TrainerBroadcastEngine,
 )
 from components.training.checkpoint import save_hf_model
+
+if TYPE_CHECKING:
+    from components.training.trainer import Trainer
 
 WeightSyncMode = Literal["memory", "disk", "distributed"]
 
@@ -85,11 +88,10 @@ class WeightSync:
         self.config = config
         self.engine = engine
 
-    async def push(self, trainer: Any, version: int) -> dict[str, float]:
+    async def push(self, trainer: Trainer, version: int) -> dict[str, float]:
         """Gather the trainer's full state dict and load it into the engine as ``version``; returns timings."""
         started = time.perf_counter()
-        lora = getattr(getattr(trainer, "config", None), "lora", None)
-        if lora is not None and lora.enabled:
+        if trainer.config.lora.enabled:
             return await self._push_adapter(trainer, version, started)
         if self.config.mode == "distributed":
             metrics = await self.engine.update_weights_from_trainer(trainer, version)
@@ -108,7 +110,7 @@ class WeightSync:
             await self.engine.update_weights_from_disk(str(path), version)
         return {"weight_sync/gather_s": gathered_s, "weight_sync/total_s": time.perf_counter() - started}
 
-    async def _push_adapter(self, trainer: Any, version: int, started: float) -> dict[str, float]:
+    async def _push_adapter(self, trainer: Trainer, version: int, started: float) -> dict[str, float]:
         from components.lora import write_adapter_version
 
         if self.config.mode == "memory" and not isinstance(self.engine, AdapterEngine):
