@@ -218,16 +218,35 @@ class RolloutBrickConfig:
         flag="max-staleness",
     )
     max_concurrency: int = option(4, "rollouts in flight at once", flag="max-concurrency")
+    placement: Literal["driver", "actor"] = option(
+        "driver",
+        "where the rollout producer runs: in the driver, or in a Ray actor placed by actor_num_cpus / "
+        "actor_resources on any node (needs proxy kind serve; see components/rollout/producer.py)",
+    )
+    actor_num_cpus: float = option(1.0, "Ray CPUs of the rollout producer actor (placement actor)")
+    actor_resources: str = option(
+        "", "custom Ray resources the producer actor needs, name=amount,... e.g. rollout=1 (placement actor)"
+    )
 
     def __post_init__(self) -> None:
         require_one_of(self.mode, "mode", ("sync", "async", "partial"))
         require_positive(self.max_concurrency, "max_concurrency")
+        require_one_of(self.placement, "placement", ("driver", "actor"))
+        require_non_negative(self.actor_num_cpus, "actor_num_cpus")
+        self.actor_resource_amounts  # noqa: B018 -- validates actor_resources
         require_non_negative(self.max_staleness, "max_staleness")
         require(
             self.mode != "partial" or self.max_staleness >= 1,
             "max_staleness",
             "must be >= 1 in rollout mode partial (step n+1's rollouts start under step n's weights)",
         )
+
+    @property
+    def actor_resource_amounts(self) -> dict[str, float]:
+        """``actor_resources`` as Ray custom resources."""
+        from components.rollout.producer import parse_resources
+
+        return parse_resources(self.actor_resources)
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -62,6 +62,7 @@ from components.rollout.buffer import (
     TrajectoryLedger,
     group_id_for,
     group_index,
+    oldest_token_version,
     split_stale,
     staleness_histogram,
 )
@@ -71,6 +72,7 @@ from components.trajectory_store import CorruptShard, TrajectoryStore
 if TYPE_CHECKING:
     from components.launch import RunConfig, RunDirectory, RunStack
     from components.rollout import RolloutRunner
+    from components.rollout.producer import ActorRolloutRunner
     from monitoring.run_monitor import RunMonitor
 
 logger = logging.getLogger("rein.loop")
@@ -185,7 +187,7 @@ class LoopInputs:
     config: RunConfig
     run: RunDirectory
     stack: RunStack
-    runner: RolloutRunner
+    runner: RolloutRunner | ActorRolloutRunner
     tasks_for_step: TasksForStep
     loop_config: LoopConfig
     groups_per_step: int
@@ -194,9 +196,37 @@ class LoopInputs:
 async def run_recipe_loop(
     config: RunConfig, run: RunDirectory, stack: RunStack, runner: RolloutRunner, tasks_for_step: TasksForStep
 ) -> None:
-    """Run the recipe's steps in ``config.rollout.mode`` (see the module doc), with the run's monitor."""
+    """Run the recipe's steps in ``config.rollout.mode`` (see the module doc), with the run's monitor; the
+    rollouts run in the driver or, with ``rollout.placement actor``, in a Ray actor placed by its resources."""
     groups_per_step = len(tasks_for_step(0))
     require(groups_per_step > 0, "tasks", "a step needs at least one task")
+    if config.rollout.placement == "driver":
+        await _run_steps(config, run, stack, runner, tasks_for_step, groups_per_step)
+        return
+    from components.rollout.producer import ActorRolloutRunner
+
+    require(
+        config.proxy.kind == "serve",
+        "rollout.placement",
+        "actor needs proxy kind serve: the in-driver proxy (local) cannot be reached from the producer actor",
+    )
+    remote = await ActorRolloutRunner.start(
+        runner, num_cpus=config.rollout.actor_num_cpus, resources=config.rollout.actor_resource_amounts
+    )
+    try:
+        await _run_steps(config, run, stack, remote, tasks_for_step, groups_per_step)
+    finally:
+        await remote.close()
+
+
+async def _run_steps(
+    config: RunConfig,
+    run: RunDirectory,
+    stack: RunStack,
+    runner: RolloutRunner | ActorRolloutRunner,
+    tasks_for_step: TasksForStep,
+    groups_per_step: int,
+) -> None:
     inputs = LoopInputs(
         config=config,
         run=run,
@@ -307,6 +337,40 @@ async def _sync_steps(
         await stack.checkpoint_if_due(step)
 
 
+class RolloutSlots:
+    """``capacity`` rollout slots shared by every group in flight: a member that finished frees its slot for
+    another group's rollout at once (per-group slots idle while a group's fastest members wait for its slowest).
+    The producer starts a group when ``has_room`` and ``reserve``s its members, which take slots as they free."""
+
+    def __init__(self, capacity: int, changed: asyncio.Condition) -> None:
+        self.capacity = capacity
+        self.running = 0
+        self.reserved = 0  # members of started groups not yet holding a slot
+        self._semaphore = asyncio.Semaphore(capacity)
+        self._changed = changed
+
+    def has_room(self) -> bool:
+        """A slot is free and every started group's members already hold one."""
+        return self.reserved <= 0 and self.running < self.capacity
+
+    def reserve(self, count: int) -> None:
+        self.reserved += count
+
+    async def __aenter__(self) -> None:
+        await self._semaphore.acquire()
+        self.reserved -= 1
+        self.running += 1
+        if self.has_room():  # the started group's last member got a slot and one is still free
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.running -= 1
+        self._semaphore.release()
+        async with self._changed:
+            self._changed.notify_all()
+
+
 class OverlappedLoop:
     """``async`` and ``partial``: a rollout producer and the trainer, joined by a buffer of complete groups."""
 
@@ -327,7 +391,8 @@ class OverlappedLoop:
         self.redo: list[int] = []  # groups in flight at a crash (never committed): rolled out again
         self.next_index = 0
         self.groups_wanted = 0  # more groups the producer must still start
-        self.in_flight = 0  # rollouts
+        self.slots = RolloutSlots(self.loop_config.max_concurrency, self.changed)
+        self.failed: Exception | None = None  # a group that could not be committed stops the producer
         self.committed_since_step: list[Trajectory] = []
         self.dropped_groups = 0
         self.monitor: Any = None
@@ -377,15 +442,17 @@ class OverlappedLoop:
         limit = self.loop_config.steps_ahead * self.groups_per_step
         return len(self.open_groups) < limit
 
-    async def _next_group(self) -> int | None:
-        """The next group to roll out, once the producer is allowed to run that far ahead; None when done."""
+    async def _next_group(self) -> int:
+        """The next group to roll out, once the producer is allowed to run that far ahead. With every needed
+        group started it waits on: a group dropped for staleness later needs a replacement (the producer
+        ends when the trainer has trained its last step)."""
         async with self.changed:
             while True:
+                if self.failed is not None:
+                    raise self.failed
                 if self.redo:
                     return self.redo.pop(0)
-                if self.groups_wanted <= 0:
-                    return None
-                if self._admissible():
+                if self.groups_wanted > 0 and self._admissible():
                     index = self.next_index
                     self.next_index += 1
                     self.groups_wanted -= 1
@@ -393,46 +460,96 @@ class OverlappedLoop:
                     return index
                 await self.changed.wait()
 
-    async def _roll_out_group(self, index: int, slots: asyncio.Semaphore) -> None:
+    async def _roll_out_group(self, index: int) -> None:
         try:
-            task = self._task_of(index)
-            group_id = group_id_for(index, task.task_id)
-            self.in_flight += self.loop_config.group_size
-            try:
-                trajectories = await self.runner.run([task], index // self.groups_per_step)
-            finally:
-                self.in_flight -= self.loop_config.group_size
-            trajectories = [replace(t, group_id=group_id) for t in trajectories]
-            shard = await asyncio.to_thread(self.store.write, trajectories)  # atomic: the group is committed
+            await self._commit_group(index)
+        except Exception as error:  # e.g. the store cannot write: the producer, and so the run, fails
             async with self.changed:
-                self.buffer.add_group(trajectories, shard)
-                self.committed_since_step.extend(trajectories)
+                self.failed = error
                 self.changed.notify_all()
-            if self.monitor is not None:  # the live display counts rollouts as they finish
-                for trajectory in trajectories:
-                    self.monitor.rollout_finished(trajectory)
+
+    async def _commit_group(self, index: int) -> None:
+        task = self._task_of(index)
+        started = time.monotonic()
+        finished: list[Trajectory] = []
+        rollouts = asyncio.create_task(
+            self.runner.run_group(
+                task,
+                group_id=group_id_for(index, task.task_id),
+                step=index // self.groups_per_step,
+                slots=self.slots,
+                on_member=finished.append,
+            )
+        )
+        doom = asyncio.create_task(self._give_up_when_doomed(index, finished))
+        try:
+            await asyncio.wait({rollouts, doom}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            slots.release()
+            doom.cancel()
+            given_up = doom.done() and not doom.cancelled()
+            if given_up or not rollouts.done():
+                rollouts.cancel()
+        if given_up:  # counted as dropped and replaced (``_abandon``): never committed
+            return
+        trajectories = rollouts.result()
+        shard = await asyncio.to_thread(self.store.write, trajectories)  # atomic: the group is committed
+        async with self.changed:
+            self.buffer.add_group(trajectories, shard)
+            self.committed_since_step.extend(trajectories)
+            self.changed.notify_all()
+        logger.debug(
+            "group %d committed after %.2f s (buffer %d, open %d)",
+            index,
+            time.monotonic() - started,
+            self.buffer.depth,
+            len(self.open_groups),
+        )
+        if self.monitor is not None:  # the live display counts rollouts as they finish
+            for trajectory in trajectories:
+                self.monitor.rollout_finished(trajectory)
+
+    def _doomed(self, finished: Sequence[Trajectory]) -> bool:
+        """``async``: the group's finished members already sampled a token more than ``max_staleness`` versions
+        behind the trainer, so the group can only be dropped: its slow members are not worth waiting for."""
+        if self.loop_config.rollout_mode != "async":
+            return False
+        oldest = oldest_token_version(finished)
+        version = self.stack.trainer.state.weight_version
+        return oldest is not None and version - oldest > self.loop_config.max_staleness
+
+    async def _give_up_when_doomed(self, index: int, finished: Sequence[Trajectory]) -> None:
+        """Return once the group is doomed (``_doomed``) and given up; re-checked on every change (a member
+        that finished frees its slot, a step trained). Never returns in ``partial``."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: self._doomed(finished))
+            self._abandon(index)
+
+    def _abandon(self, index: int) -> None:
+        """Give a doomed group up before it is committed: counted as dropped for staleness, replaced (nothing
+        was committed, so nothing enters the ledger; after a crash its index is simply rolled out again)."""
+        self.open_groups.discard(index)
+        self.dropped_groups += 1
+        self.groups_wanted += 1
+        self.changed.notify_all()
+        logger.debug("group %d abandoned: a finished member is beyond max_staleness", index)
 
     async def produce(self) -> None:
-        """Keep ``max_concurrency`` rollouts (whole groups) in flight until every needed group is started."""
-        groups_at_once = max(1, self.loop_config.max_concurrency // self.loop_config.group_size)
-        slots = asyncio.Semaphore(groups_at_once)
+        """Keep ``max_concurrency`` rollouts in flight until the run ends (``run`` cancels it): a group starts as
+        soon as a rollout slot is free (its members queue for slots; the next group waits until they all run).
+        A failed group fails the producer, and so the run."""
         running: set[asyncio.Task] = set()
         try:
             while True:
-                await slots.acquire()
+                async with self.changed:
+                    await self.changed.wait_for(lambda: self.failed is not None or self.slots.has_room())
                 index = await self._next_group()
-                if index is None:
-                    slots.release()
-                    break
-                job = asyncio.create_task(self._roll_out_group(index, slots))
+                self.slots.reserve(self.loop_config.group_size)
+                logger.debug("group %d started (open %d)", index, len(self.open_groups))
+                job = asyncio.create_task(self._roll_out_group(index))
                 running.add(job)
                 job.add_done_callback(running.discard)
-            if running:
-                await asyncio.gather(*running)
         finally:
-            for job in running:
+            for job in list(running):
                 job.cancel()
 
     # --- trainer -------------------------------------------------------------------------------------------
@@ -519,6 +636,16 @@ class OverlappedLoop:
                 buffer_depth = self.buffer.depth
                 train_started = time.monotonic()
                 train_metrics = await self._train(step, groups)
+                async with self.changed:  # a new version: groups in flight may now be doomed (``_doomed``)
+                    self.changed.notify_all()
+                logger.debug(
+                    "step %d: waited %.2f s for %d groups (staleness %s), trained and pushed in %.2f s",
+                    step,
+                    waited_s,
+                    len(groups),
+                    staleness,
+                    time.monotonic() - train_started,
+                )
                 now = time.monotonic()
                 committed, self.committed_since_step = self.committed_since_step, []
                 extra = _timing_metrics(
@@ -532,7 +659,7 @@ class OverlappedLoop:
                 extra.update(probe.take())
                 extra["staleness/groups_dropped"] = float(self.dropped_groups)
                 extra["pipeline/buffer_depth"] = float(buffer_depth)
-                extra["pipeline/rollouts_in_flight"] = float(self.in_flight)
+                extra["pipeline/rollouts_in_flight"] = float(self.slots.running)
                 extra["pipeline/trainer_wait_s"] = waited_s
                 trajectories = [t for g in groups for t in g.trajectories]
                 monitor.end_step(
@@ -556,7 +683,7 @@ class OverlappedLoop:
             while not waiter.done():
                 if producer.done() and producer.exception() is not None:
                     raise producer.exception()  # type: ignore[misc]
-                monitor.pipeline_changed(in_flight=self.in_flight, buffered=self.buffer.depth)
+                monitor.pipeline_changed(in_flight=self.slots.running, buffered=self.buffer.depth)
                 watched = {waiter} if producer.done() else {waiter, producer}
                 await asyncio.wait(watched, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -11,12 +11,15 @@ cannot reach a verdict ``grading_error``. Infrastructure failures carry no rewar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from components.config import require_positive
 from components.protocols import (
@@ -140,21 +143,47 @@ class RolloutRunner:
     async def run(self, tasks: Sequence[Task], step: int) -> list[Trajectory]:
         """Roll out every task ``group_size`` times (concurrently, bounded); one trajectory per rollout, in
         task order then sample order. A single rollout's failure never raises."""
-        semaphore = asyncio.Semaphore(self.config.max_concurrency)
-
-        async def bounded(task: Task, group_id: str) -> Trajectory:
-            async with semaphore:
-                return await self._rollout_never_raises(task, group_id=group_id, step=step)
-
-        async def group(task: Task, group_id: str) -> list[Trajectory]:
-            members = await asyncio.gather(*(bounded(task, group_id) for _ in range(self.config.group_size)))
-            return await self._apply_group_reward(task, list(members))
-
+        slots = asyncio.Semaphore(self.config.max_concurrency)
         groups = [
-            group(task, f"{self._run_tag}-s{step}-t{task_index}-{task.task_id}")
+            self.run_group(
+                task, group_id=f"{self._run_tag}-s{step}-t{task_index}-{task.task_id}", step=step, slots=slots
+            )
             for task_index, task in enumerate(tasks)
         ]
         return [trajectory for members in await asyncio.gather(*groups) for trajectory in members]
+
+    async def run_group(
+        self,
+        task: Task,
+        *,
+        group_id: str,
+        step: int,
+        slots: AbstractAsyncContextManager[Any] | None = None,
+        on_member: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """One GRPO group: ``task`` rolled out ``group_size`` times, each rollout inside ``async with slots``
+        (shared by the caller's groups, so a member that finished frees its slot for another group's rollout
+        at once; default: ``max_concurrency`` slots of its own), then the group reward over the whole group.
+        ``on_member`` sees each member as it finishes (the caller may cancel a group it can no longer use)."""
+        slots = slots if slots is not None else asyncio.Semaphore(self.config.max_concurrency)
+
+        async def member() -> Trajectory:
+            async with slots:  # told before the slot is freed (a slot's release wakes the caller)
+                trajectory = await self._rollout_never_raises(task, group_id=group_id, step=step)
+                if on_member is not None:
+                    on_member(trajectory)
+            return trajectory
+
+        members = await asyncio.gather(*(member() for _ in range(self.config.group_size)))
+        return await self.finish_group(task, list(members))
+
+    async def run_one(self, task: Task, *, group_id: str, step: int) -> Trajectory:
+        """One rollout of ``task`` (no slot of its own: the caller bounds concurrency); never raises."""
+        return await self._rollout_never_raises(task, group_id=group_id, step=step)
+
+    async def finish_group(self, task: Task, members: list[Trajectory]) -> list[Trajectory]:
+        """A complete group's members with the group reward applied (unchanged without one)."""
+        return await self._apply_group_reward(task, members)
 
     async def _apply_group_reward(self, task: Task, members: list[Trajectory]) -> list[Trajectory]:
         """The group reward (if any) over a complete group; its failure is the group's ``grading_error``."""
@@ -181,6 +210,11 @@ class RolloutRunner:
         rollout = _Rollout()
         try:
             return await self._rollout(task, rollout, group_id=group_id, step=step)
+        except asyncio.CancelledError:  # the caller gave up on this rollout: its proxy session goes too
+            if rollout.open_session_id is not None:
+                with contextlib.suppress(Exception):
+                    await self.sessions.discard(rollout.open_session_id)
+            raise
         except Exception as exc:  # a bug of ours or a provider's: still one classified, untrainable record
             logger.exception("rollout of %s failed unexpectedly", task.task_id)
             status, reason = classify_exception(exc)

@@ -1,0 +1,145 @@
+"""The ``async`` loop's scheduling, in seconds and without Ray: the real ``OverlappedLoop``, ``TrajectoryStore``,
+``GroupBuffer``, ledger and monitor, over a scripted rollout runner (each member takes a chosen time and
+samples its tokens, at its end, with the trainer's current version) and an instant trainer.
+
+One group has a member that would take a minute: it is overtaken, its finished member is soon more than
+``max_staleness`` versions behind, so the loop gives the group up without waiting (its slot goes back, a
+replacement is rolled out — after every needed group was already started, the case that once stalled the
+producer for good) and the run ends in seconds, every committed group trained exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from components.launch import MonitoringBrickConfig, RolloutBrickConfig, RunConfig
+from components.loop import run_recipe_loop
+from components.rollout.buffer import TrajectoryLedger, group_index
+from components.training.checkpoint import TrainerState
+from components.trajectory import Segment, Trajectory, TrajectoryStatus
+from components.trajectory_store import TrajectoryStore
+
+GROUP_SIZE, GROUPS_PER_STEP, NUM_STEPS, MAX_STALENESS = 2, 2, 4, 2
+SLOW_GROUP, SLOW_MEMBER_S, MEMBER_S = 0, 60.0, 0.05
+
+
+class InstantTrainer:
+    """The trainer's state machine (version += 1 per step; the ledger rides in ``state.extra``), no model."""
+
+    def __init__(self) -> None:
+        self.state = TrainerState()
+        self.trained_shards: list[list[str]] = []
+
+    def step(self, shards, current_version: int) -> dict[str, float]:
+        assert current_version == self.state.weight_version
+        self.trained_shards.append([Path(s).name for s in shards])
+        self.state = replace(self.state, step=self.state.step + 1, weight_version=current_version + 1)
+        return {"trained": 1.0, "train/num_tokens": 8.0}
+
+
+class ScriptedRunner:
+    """``RolloutRunner.run_group``'s contract: each member holds a slot while it runs, samples its tokens at its
+    end with the trainer's current version, and is reported through ``on_member`` before its slot frees."""
+
+    def __init__(self, trainer: InstantTrainer) -> None:
+        self.trainer = trainer
+        self.most_running = 0
+        self.running = 0
+
+    async def run_group(self, task, *, group_id, step, slots, on_member=None):
+        index = group_index(group_id)
+
+        async def member(number: int) -> Trajectory:
+            async with slots:
+                self.running += 1
+                self.most_running = max(self.most_running, self.running)
+                try:
+                    slow = index == SLOW_GROUP and number == 1
+                    await asyncio.sleep(SLOW_MEMBER_S if slow else MEMBER_S)
+                finally:
+                    self.running -= 1
+                version = self.trainer.state.weight_version
+                trajectory = Trajectory(
+                    trajectory_id=f"{group_id}-{number}",
+                    group_id=group_id,
+                    task_id=task.task_id,
+                    harness="scripted",
+                    status=TrajectoryStatus.OK,
+                    reward=float(number),
+                    step=step,
+                    segments=(
+                        Segment(
+                            token_ids=np.arange(6),
+                            loss_mask=np.array([0, 0, 0, 1, 1, 1]),
+                            logprobs=np.array([0.0, 0.0, 0.0, -0.5, -0.5, -0.5]),
+                            weight_versions=np.array([-1, -1, -1, version, version, version]),
+                        ),
+                    ),
+                )
+                if on_member is not None:
+                    on_member(trajectory)
+            return trajectory
+
+        return list(await asyncio.gather(*(member(n) for n in range(GROUP_SIZE))))
+
+
+async def no_push(trainer, version):
+    return {}
+
+
+async def no_checkpoint(step):
+    return None
+
+
+class NoTrackers:
+    def open(self, run_dir, *, run_name, run_config):
+        return []
+
+
+async def test_a_doomed_group_is_given_up_and_replaced_without_waiting_for_its_slow_member(tmp_path):
+    config = RunConfig(
+        model="tiny",
+        num_steps=NUM_STEPS,
+        group_size=GROUP_SIZE,
+        rollout=RolloutBrickConfig(mode="async", max_staleness=MAX_STALENESS, max_concurrency=4),
+        monitoring=MonitoringBrickConfig(wandb_mode="disabled"),
+        checkpoint_every_steps=0,
+    )
+    trainer = InstantTrainer()
+    stack = SimpleNamespace(
+        store=TrajectoryStore(tmp_path),
+        trainer=trainer,
+        weight_sync=SimpleNamespace(push=no_push),
+        engine=None,
+        checkpoint_if_due=no_checkpoint,
+        bricks=SimpleNamespace(loggers=NoTrackers()),
+    )
+    run = SimpleNamespace(path=tmp_path, model_path=tmp_path)
+    runner = ScriptedRunner(trainer)
+
+    def tasks_for_step(step: int):
+        return [SimpleNamespace(task_id=f"task-{step}-{i}") for i in range(GROUPS_PER_STEP)]
+
+    started = time.monotonic()
+    await asyncio.wait_for(run_recipe_loop(config, run, stack, runner, tasks_for_step), 30)
+    assert time.monotonic() - started < SLOW_MEMBER_S / 4  # never waited for the slow member
+
+    ledger = TrajectoryLedger.from_state(trainer.state.extra)
+    assert sorted(ledger.step_shards) == list(range(NUM_STEPS))
+    trained = [name for names in ledger.step_shards.values() for name in names]
+    committed = sorted(path.name for path in stack.store.shard_paths())
+    assert sorted(trained) == committed and len(set(trained)) == len(trained)  # each exactly once
+    trained_indices = {group_index(t.group_id) for name in trained for t in stack.store.read_shard(tmp_path / "trajectories" / name)}
+    assert SLOW_GROUP not in trained_indices  # given up, never committed
+    assert len(trained_indices) == NUM_STEPS * GROUPS_PER_STEP  # and replaced: every step got its groups
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert sum(row["staleness/groups_dropped"] for row in rows) == 1
+    assert all(row["staleness/max"] <= MAX_STALENESS for row in rows)
+    # a finished member's slot went to another group's rollout while the slow member kept its own
+    assert runner.most_running == 4
