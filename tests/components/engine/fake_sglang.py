@@ -92,7 +92,9 @@ def _finish_reason(result, sampling: dict[str, Any], tokenizer) -> dict[str, Any
     return {"type": "stop", "matched": last}
 
 
-# SGLang's ADMIN_OPTIONAL endpoints (``@auth_level(AuthLevel.ADMIN_OPTIONAL)`` in http_server.py).
+# SGLang's ADMIN_OPTIONAL endpoints (``@auth_level(AuthLevel.ADMIN_OPTIONAL)`` in http_server.py). Written out
+# here, not imported from the client's ``CONTROL_PATHS``: the fake is an independent reading of SGLang, so a
+# wrong list in the client fails against it instead of agreeing with it.
 ADMIN_OPTIONAL_PATHS = frozenset(
     {
         "/update_weights_from_disk",
@@ -136,7 +138,8 @@ def request_allowed(state: FakeSGLangState, path: str, authorization: str | None
 
 
 def init_custom_process_group(*, backend, init_method, world_size, rank, group_name, timeout):
-    """SGLang's ``init_custom_process_group`` (itself from PyTorch / OpenRLHF): a group beside the default one."""
+    """SGLang's ``init_custom_process_group`` (itself from PyTorch / OpenRLHF): a group beside the default one.
+    The server's side, kept apart from the trainer's copy in ``sglang_weight_transfer`` on purpose (see above)."""
     from torch.distributed.distributed_c10d import (
         Backend,
         PrefixStore,
