@@ -13,7 +13,7 @@ unless the recipe passes its own, and the stack never asks which kind they are::
             await stack.checkpoint_if_due(step)  # then the checkpoint that marks it done
 
 Run directory (``runs/<recipe>-<time>`` unless ``--run-dir``): ``config.json``, ``trajectories/`` (one Parquet
-shard per step), ``metrics.jsonl``, ``checkpoints/step-N`` (HF folders + optimizer + ``trainer_state.json``),
+shard per step; in ``--rollout-mode async`` / ``partial`` one per GRPO group), ``metrics.jsonl``, ``checkpoints/step-N`` (HF folders + optimizer + ``trainer_state.json``),
 ``logs/driver.log``, ``wandb/`` (offline unless logged in), ``learning_curves.png``, ``viewer/index.html``.
 
 Placement through Ray resources:
@@ -24,7 +24,11 @@ Placement through Ray resources:
   - sandboxes: the driver's bubblewrap pool keeps ``sandbox.num_warm`` started (``--sandbox-backend e2b``: E2B's
     cloud); on a multi-node cluster use ``sandboxes.ray_pool`` whose capacity is the ``sandbox_slots`` resource;
   - trainer: ``trainer.workers`` Ray Train FSDP2 workers with ``trainer.cpus_per_worker`` CPUs (1 GPU each when
-    ``trainer.use_gpu``).
+    ``trainer.use_gpu``);
+  - rollout producer (harness runs, grading, the agents' sandboxes): in the driver, or with
+    ``--rollout-placement actor`` one Ray actor with ``rollout.actor_num_cpus`` CPUs and the custom resources
+    ``rollout.actor_resources`` (e.g. ``rollout=1`` that only sandbox nodes offer), its sandboxes started on its
+    node; it needs ``--proxy serve`` (``components/rollout/producer.py``).
 
 Resume rule (same ``--run-dir``): the trainer restarts from the newest complete checkpoint, whose
 ``consumed_shards`` lists the step shards already trained into it. Each step is then, in order: *done* when its
@@ -32,6 +36,14 @@ shard was consumed (skipped), *stored* when its shard exists but was not consume
 never rolled out again), *new* otherwise (rolled out, written as one shard, trained). A shard is written
 atomically, so a crash mid-rollout leaves no partial step: its rollouts are redone. No trajectory is lost or
 duplicated, and the engine restarts from the checkpoint's weights and version.
+
+Resume rule of ``--rollout-mode async`` and ``partial`` (``components/loop.py``): shards are per group, committed
+as each group completes, and which shard went into which step (and which were dropped for staleness) is the
+``trajectory_ledger`` in the checkpoint's trainer state, saved with the weights it describes. On restart the
+steps in the ledger are done; every committed group the ledger does not name goes back into the buffer and is
+trained exactly once; a group index handed out but never committed (in flight at the crash, or given up as too
+stale) is rolled out again; the engine restarts from the checkpoint's weights and version. A run directory
+keeps its mode's shard layout: resuming a sync run's untrained step shard in an overlapped mode is refused.
 """
 
 from __future__ import annotations
@@ -338,6 +350,11 @@ class RunConfig:
             not self.sglang.colocated or (self.engine.kind == "sglang" and self.rollout.mode == "sync"),
             "sglang.colocated",
             "needs engine=sglang and rollout mode sync (the servers give their GPU memory up while training)",
+        )
+        require(
+            self.rollout.placement == "driver" or self.proxy.kind == "serve",
+            "rollout.placement",
+            "actor needs proxy kind serve: the in-driver proxy (local) cannot be reached from the producer actor",
         )
         if self.model == "default":
             require(

@@ -205,11 +205,6 @@ async def run_recipe_loop(
         return
     from components.rollout.producer import ActorRolloutRunner
 
-    require(
-        config.proxy.kind == "serve",
-        "rollout.placement",
-        "actor needs proxy kind serve: the in-driver proxy (local) cannot be reached from the producer actor",
-    )
     remote = await ActorRolloutRunner.start(
         runner, num_cpus=config.rollout.actor_num_cpus, resources=config.rollout.actor_resource_amounts
     )
