@@ -412,6 +412,7 @@ def connect_ray(config: RunConfig) -> None:
             "PYTHONPATH": str(REPO_ROOT),
         }
         ray.init(
+            address="local",  # a new instance: never a cluster another process left on this machine
             num_cpus=config.ray_num_cpus,
             include_dashboard=False,
             log_to_driver=False,

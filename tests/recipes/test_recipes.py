@@ -5,6 +5,7 @@ resumes from its checkpoint without losing or duplicating a trajectory."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -73,10 +74,13 @@ def _wait_for(predicate, *, process: subprocess.Popen, timeout_s: float) -> None
 
 
 def test_tictactoe_killed_run_resumes_without_lost_or_duplicated_trajectories(tmp_path, tiny_model_dir):
+    """With LoRA (``--lora-rank``): the checkpoints are adapter folders, and the resumed run starts the engine on
+    the base weights with the checkpoint's adapter pushed (full-weight resume: ``test_async_loop``'s kill test)."""
     run_dir = tmp_path / "run"
     flags = (
         "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", "4", "--group-size", "2",
         "--games-per-step", "1", "--checkpoint-every-steps", "2", "--wandb-mode", "offline",
+        "--lora-rank", "8", "--lora-target", "q_proj,v_proj",
     )  # fmt: skip
     process = subprocess.Popen(
         recipe_command("tictactoe_grpo", *flags),
@@ -109,6 +113,10 @@ def test_tictactoe_killed_run_resumes_without_lost_or_duplicated_trajectories(tm
     assert "step 2: training again from stored shard" in log
     assert latest_trainer_state(run_dir)["step"] == 4
     assert "run directory" in completed.stdout
+    adapter = json.loads((run_dir / "checkpoints" / "step-00000004" / "adapter_config.json").read_text())
+    targets = {name.rsplit(".", 1)[-1] for name in adapter["target_modules"]}
+    assert adapter["r"] == 8 and targets == {"q_proj", "v_proj"}, adapter
+    assert not list((run_dir / "checkpoints").rglob("model*.safetensors"))  # adapters only, never full weights
 
 
 def test_claude_code_recipe_one_step(tmp_path, tiny_model_dir):
