@@ -194,6 +194,10 @@ def parse_config(
         help="YAML or JSON file of fields (nested by brick); flags override it",
     )
     leaves = _leaves(config_class)
+    hints = typing.get_type_hints(config_class)
+    brick_help = {
+        f.name: f.metadata.get("help", "") for f in dataclasses.fields(config_class) if _is_brick(hints[f.name])
+    }
     groups: dict[str, Any] = {}
     for leaf in leaves:
         convert, choices = _converter(leaf.annotation)
@@ -201,7 +205,7 @@ def parse_config(
         brick = leaf.path[0] if len(leaf.path) > 1 else ""
         if brick not in groups:
             groups[brick] = (
-                parser.add_argument_group(f"{brick} brick" if brick else "run") if brick else parser
+                parser.add_argument_group(f"{brick} brick", description=brick_help.get(brick)) if brick else parser
             )
         groups[brick].add_argument(
             f"--{leaf.flag}",

@@ -102,7 +102,7 @@ def test_help_lists_every_field_with_meaning_and_default(capsys):
         ("--config", "YAML or JSON", ""),
     ]:
         assert flag in text and f"{meaning}" in text and default in text, flag
-    assert "trainer brick" in text and "engine brick" in text
+    assert "trainer brick: the trainer brick" in text and "engine brick: the engine brick" in text  # + meaning
 
 
 def test_run_config_bricks_keep_their_flags_and_nest_in_files(tmp_path, capsys):
