@@ -18,8 +18,11 @@ from components.config import require, require_non_negative, require_positive
 if TYPE_CHECKING:  # torch is heavy; only the type checker needs it here
     import numpy as np
     import torch
+    from ray import ObjectRef
 
+    from components.lora import LoraAdapter
     from components.proxy.config import ProxyConfig
+    from components.training.trainer import Trainer
     from components.training.weight_sync import WeightSync
     from components.trajectory import Trajectory
 
@@ -416,7 +419,7 @@ class ObjectStoreWeightsEngine(Protocol):
     state dict never travels through the caller's process.
     """
 
-    async def update_weights_from_ref(self, state_dict_ref: Any, version: int) -> None: ...
+    async def update_weights_from_ref(self, state_dict_ref: ObjectRef, version: int) -> None: ...
 
 
 @runtime_checkable
@@ -439,7 +442,7 @@ class TrainerBroadcastEngine(Protocol):
     weights and their tokens carry ``version``; generation was paused on every server meanwhile.
     """
 
-    async def update_weights_from_trainer(self, trainer: Any, version: int) -> Any: ...
+    async def update_weights_from_trainer(self, trainer: Trainer, version: int) -> Any: ...
 
 
 @runtime_checkable
@@ -451,7 +454,7 @@ class AdapterEngine(Protocol):
     and KV computed under an earlier version is never reused for them.
     """
 
-    async def update_adapter(self, adapter: Any, version: int) -> None: ...
+    async def update_adapter(self, adapter: LoraAdapter, version: int) -> None: ...
 
 
 @runtime_checkable
