@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from components.config import require, require_one_of, require_positive
+from components.engine import attention
 from components.engine.lora_adapters import BASE_ADAPTER, DEFAULT_ADAPTER, EngineAdapters, PolicyEngine
 from components.engine.moe_routing import RouterCapture
 from components.engine.scheduler import BatchScheduler, Request
@@ -109,7 +110,7 @@ class EmbeddedEngine:
             raise ValueError(f"model_path: {path} is not an HF model folder (no config.json)")
         self.device = torch.device(config.device)
         self.model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-            path, dtype=_DTYPES[config.dtype], attn_implementation="sdpa"
+            path, dtype=_DTYPES[config.dtype], attn_implementation=attention.register()
         ).to(self.device)
         self.model.eval()
         self.model.requires_grad_(False)

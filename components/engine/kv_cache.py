@@ -14,13 +14,23 @@ def growable_layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
 
     class GrowableLayer(DynamicLayer):
-        """A DynamicLayer that writes into a preallocated buffer (amortised growth) instead of concatenating."""
+        """A DynamicLayer that writes into a preallocated buffer (amortised growth) instead of concatenating.
+
+        ``initial_capacity``: positions allocated on the first write (the request's known need, so a finished
+        single-row buffer can be handed to the prefix cache as it is, without spare room or a copy)."""
+
+        def __init__(self, initial_capacity: int = 0) -> None:
+            super().__init__()
+            self.initial_capacity = initial_capacity
 
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
             self.device = key_states.device
             self.length = 0
-            self.key_buffer = key_states.new_zeros((*key_states.shape[:2], 0, key_states.shape[3]))
-            self.value_buffer = value_states.new_zeros((*value_states.shape[:2], 0, value_states.shape[3]))
+            capacity = self.initial_capacity
+            self.key_buffer = key_states.new_zeros((*key_states.shape[:2], capacity, key_states.shape[3]))
+            self.value_buffer = value_states.new_zeros(
+                (*value_states.shape[:2], capacity, value_states.shape[3])
+            )
             self.is_initialized = True
 
         def update(self, key_states, value_states, *args, **kwargs):
@@ -65,10 +75,11 @@ def growable_layer_class() -> type:
 class BatchKVCache:
     """The KV cache of a set of rows plus their key-validity mask ``valid`` ([rows, length], True on real tokens)."""
 
-    def __init__(self, num_rows: int, device: torch.device) -> None:
+    def __init__(self, num_rows: int, device: torch.device, capacity: int = 0) -> None:
         from transformers.cache_utils import Cache
 
-        self.cache = Cache(layer_class_to_replicate=growable_layer_class())
+        # ``capacity``: positions each lazily created layer allocates up front (0: grow on demand)
+        self.cache = Cache(layer_class_to_replicate=functools.partial(growable_layer_class(), capacity))
         self.valid = torch.zeros((num_rows, 0), dtype=torch.bool, device=device)
 
     @property

@@ -4,11 +4,18 @@ starts with the same token ids.
 An agent turn re-sends the whole conversation, so without this every turn re-prefills the full history. Each
 entry holds one finished sequence's ids (prompt + output, less the last sampled token, whose KV was never
 computed) and its keys/values for every layer, stamped with the weight version that computed them. A lookup
-returns the entry sharing the longest common prefix with a new prompt; the scheduler copies that many positions
-into the new request's cache and prefills only the rest. Entries are evicted least-recently-used first when their
-total size exceeds the budget; an entry whose ids are a prefix of a newly stored one is dropped (the new one
-covers it: the next turn of a session replaces the previous turn). A weight update empties the cache: KV computed
-by old weights is never mixed into a sequence sampled by new ones.
+returns the entry sharing the longest common prefix with a new prompt; the scheduler reuses that many positions
+and prefills only the rest. Entries are evicted least-recently-used first when the memory they hold exceeds the
+budget; an entry whose ids are a prefix of a newly stored one is dropped (the new one covers it: the next turn
+of a session replaces the previous turn). A weight update empties the cache: KV computed by old weights is never
+mixed into a sequence sampled by new ones.
+
+No copy per turn (what made a turn's cost grow with the history): an entry keeps the KV buffers of the request
+that computed it (by reference, when that request ran alone in its batch), and the next request that reuses
+*all* of it, alone in its prefill group, writes its own positions into the spare room after them (the entry's
+positions are never written again). Each buffer lends its tail once (``CachedSequence.lent``); any other reuse
+(a partial match, a second borrower, a batch of several rows) copies the prefix. Several entries can so share
+one buffer; the budget counts each buffer once, at its allocated size.
 
 Design (measured in ``benchmarks/prefix_cache.py``): one entry per sequence rather than a radix tree of shared
 blocks. Sessions that share a system prompt still reuse it (the common-prefix match works across entries); what
@@ -26,17 +33,35 @@ import torch
 
 @dataclass(eq=False)
 class CachedSequence:
-    """One stored sequence: ids, keys/values ``[layers, kv_heads, length, head_dim]``, and who computed them."""
+    """One stored sequence: ids, per layer keys/values ``[kv_heads, capacity >= length, head_dim]`` (positions
+    ``[0, length)`` are this sequence's), and who computed them."""
 
     token_ids: np.ndarray  # int64 [length]
-    keys: torch.Tensor
-    values: torch.Tensor
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
     weight_version: int
     routed_experts: tuple[tuple[tuple[int, ...], ...], ...] | None = None  # per position (MoE), if recorded
+    # True once a request appends after this entry's positions in its buffers: from then on it is only copied.
+    lent: bool = False
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    def storages(self) -> dict[int, int]:
+        """The buffers this entry keeps alive: storage address -> allocated bytes."""
+        return {
+            tensor.untyped_storage().data_ptr(): tensor.untyped_storage().nbytes()
+            for tensor in (*self.keys, *self.values)
+        }
 
     @property
     def num_bytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        return sum(self.storages().values())
+
+    def spare_capacity(self) -> int:
+        """Positions after ``length`` that the buffers hold (room a borrower can append into)."""
+        return min(tensor.shape[1] for tensor in (*self.keys, *self.values)) - self.length
 
 
 @dataclass(frozen=True)
@@ -53,7 +78,8 @@ class PrefixCache:
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[int, CachedSequence] = OrderedDict()  # id(entry) -> entry, oldest first
-        self._num_bytes = 0
+        self._num_bytes = 0  # each buffer once, however many entries share it
+        self._storage_users: dict[int, int] = {}  # storage address -> entries holding it
         self.num_hits = 0
         self.num_misses = 0
         self.num_reused_tokens = 0
@@ -114,7 +140,11 @@ class PrefixCache:
         for key in covered:
             self._remove(key)
         self._entries[id(entry)] = entry
-        self._num_bytes += entry.num_bytes
+        for address, num_bytes in entry.storages().items():
+            users = self._storage_users.get(address, 0)
+            if users == 0:
+                self._num_bytes += num_bytes
+            self._storage_users[address] = users + 1
         while self._num_bytes > self.budget_bytes:
             self._remove(next(iter(self._entries)))
             self.num_evictions += 1
@@ -122,11 +152,17 @@ class PrefixCache:
     def clear(self) -> None:
         """Forget everything (the weights changed)."""
         self._entries.clear()
+        self._storage_users.clear()
         self._num_bytes = 0
 
     def _remove(self, key: int) -> None:
         entry = self._entries.pop(key)
-        self._num_bytes -= entry.num_bytes
+        for address, num_bytes in entry.storages().items():
+            users = self._storage_users.pop(address) - 1
+            if users:
+                self._storage_users[address] = users
+            else:
+                self._num_bytes -= num_bytes
 
     def stats(self) -> dict[str, int]:
         return {

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Decode positions reserved up front per prefill group (beyond it a buffer grows geometrically): a request with
+# a large max_tokens that stops early does not hold (nor hand to the prefix cache) room it never used.
+_DECODE_ROOM_CAP = 512
+
 
 @dataclass(eq=False)
 class Request:
@@ -318,11 +322,18 @@ class BatchScheduler:
             if hit is not None and request.routed_experts is not None:
                 assert hit.entry.routed_experts is not None
                 request.routed_experts[:] = hit.entry.routed_experts[: hit.length]
+        # Room for every position the group's rows can still forward (prefill, then decode up to max_new_tokens;
+        # the decode part capped, growth beyond it is amortised), so that a single-row buffer never moves.
+        decode_room = max(
+            len(r.prompt) + r.max_new_tokens - 1 - (skip + len(suffix))
+            for r, skip, suffix in zip(requests, prefix_lengths, suffixes, strict=True)
+        )
+        capacity = max(prefix_lengths) + length + min(max(decode_room, 0), _DECODE_ROOM_CAP)
         return _PrefillGroup(
             requests=requests,
             sequences=suffixes,
             prefix_lengths=prefix_lengths,
-            cache=self._cache_from_prefixes(hits, extra_capacity=length + 64),
+            cache=self._cache_from_prefixes(hits, capacity),
             cached_length=max(prefix_lengths),
             padded_ids=padded.to(self.device),
             row_valid=valid.to(self.device),
@@ -330,48 +341,70 @@ class BatchScheduler:
             chunk_length=max(16, self.config.prefill_chunk_tokens // rows),
         )
 
-    def _cache_from_prefixes(self, hits: list[PrefixHit | None], extra_capacity: int) -> BatchKVCache:
-        """A batch cache holding each hit's cached positions, left-padded to the longest (empty if no hits)."""
+    def _cache_from_prefixes(self, hits: list[PrefixHit | None], capacity: int) -> BatchKVCache:
+        """A batch cache of ``capacity`` columns holding each hit's cached positions, left-padded to the longest
+        (empty if no hits). A lone row that reuses a whole entry appends into that entry's buffers (no copy)."""
         rows = len(hits)
-        cache = BatchKVCache(rows, self.device)
         present = [hit for hit in hits if hit is not None]
         if not present:
-            return cache
+            return BatchKVCache(rows, self.device, capacity=capacity)
+        cache = BatchKVCache(rows, self.device)
         cached_length = max(hit.length for hit in present)
-        cache.valid = torch.zeros((rows, cached_length), dtype=torch.bool, device=self.device)
-        sample = present[0].entry
-        num_layers, num_heads, _, key_dim = sample.keys.shape
-        value_dim = sample.values.shape[3]
-        capacity = cached_length + extra_capacity
-        keys = sample.keys.new_zeros((num_layers, rows, num_heads, capacity, key_dim))
-        values = sample.values.new_zeros((num_layers, rows, num_heads, capacity, value_dim))
-        for row, hit in enumerate(hits):
-            if hit is None:
-                continue
-            first = cached_length - hit.length
-            cache.valid[row, first:] = True
-            keys[:, row, :, first:cached_length] = hit.entry.keys[:, :, : hit.length]
-            values[:, row, :, first:cached_length] = hit.entry.values[:, :, : hit.length]
+        cache.valid = torch.ones((rows, cached_length), dtype=torch.bool, device=self.device)
         layer_class = growable_layer_class()
-        for layer_index in range(num_layers):
+        hit = hits[0]
+        if rows == 1 and hit is not None and hit.length == hit.entry.length and not hit.entry.lent:
+            entry = hit.entry
+            entry.lent = True  # its positions stay as they are; the tail after them is this request's now
+            too_small = entry.spare_capacity() < capacity - entry.length
+            for keys, values in zip(entry.keys, entry.values, strict=True):
+                layer = layer_class()
+                layer.set_buffers(keys[None], values[None], entry.length)
+                if too_small:  # one copy into a larger buffer; a next turn will want more: grow geometrically
+                    layer.reserve(capacity + capacity // 2)
+                cache.cache.layers.append(layer)
+            return cache
+        sample = present[0].entry
+        for layer_index in range(len(sample.keys)):
+            sample_keys, sample_values = sample.keys[layer_index], sample.values[layer_index]
+            keys = sample_keys.new_zeros((rows, sample_keys.shape[0], capacity, sample_keys.shape[2]))
+            values = sample_values.new_zeros((rows, sample_values.shape[0], capacity, sample_values.shape[2]))
+            for row, row_hit in enumerate(hits):
+                if row_hit is None:
+                    continue
+                first = cached_length - row_hit.length
+                keys[row, :, first:cached_length] = row_hit.entry.keys[layer_index][:, : row_hit.length]
+                values[row, :, first:cached_length] = row_hit.entry.values[layer_index][:, : row_hit.length]
             layer = layer_class()
-            layer.set_buffers(keys[layer_index], values[layer_index], cached_length)
+            layer.set_buffers(keys, values, cached_length)
             cache.cache.layers.append(layer)
+        for row, row_hit in enumerate(hits):
+            cache.valid[row, : cached_length - (row_hit.length if row_hit else 0)] = False
         return cache
 
     def _remember(self, request: Request, cache: BatchKVCache, row: int) -> None:
-        """Store a finished request's KV in the prefix cache (only if one weight version computed all of it)."""
+        """Store a finished request's KV in the prefix cache (only if one weight version computed all of it):
+        by reference when it is the cache's only row and nothing else will write there, else a copy."""
         if not self.prefix_cache.enabled or request.kv_weight_version != self._kv_key(request):
             return
         columns = cache.valid[row].nonzero()[:, 0]
         assert len(columns) == request.num_forwarded, "a row's valid KV columns are its forwarded tokens"
         layers = cache.layers()
+        first = int(columns[0]) if len(columns) else 0
+        contiguous = len(columns) == cache.length - first
+        if cache.valid.shape[0] == 1 and contiguous:
+            # The batch is dropped after this (the request finished): its buffers become the entry's.
+            keys = tuple(layer.key_buffer[0, :, first:] for layer in layers)
+            values = tuple(layer.value_buffer[0, :, first:] for layer in layers)
+        else:
+            keys = tuple(layer.keys[row].index_select(1, columns) for layer in layers)
+            values = tuple(layer.values[row].index_select(1, columns) for layer in layers)
         routing = request.routed_experts
         self.prefix_cache.store(
             CachedSequence(
                 token_ids=np.asarray(request.prompt + request.output_ids[:-1], dtype=np.int64),
-                keys=torch.stack([layer.keys[row].index_select(1, columns) for layer in layers]),
-                values=torch.stack([layer.values[row].index_select(1, columns) for layer in layers]),
+                keys=keys,
+                values=values,
                 weight_version=self._kv_key(request),
                 routed_experts=tuple(routing[: request.num_forwarded]) if routing is not None else None,
             )

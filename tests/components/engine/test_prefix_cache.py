@@ -60,6 +60,50 @@ async def test_multi_turn_session_reuses_kv_with_cold_logprobs(tiny_model_dir):
         cold.close()
 
 
+def entry_storages(engine: EmbeddedEngine) -> list[set[int]]:
+    """Per cached entry (oldest first), the addresses of the buffers holding its KV."""
+    entries = engine._scheduler.prefix_cache._entries.values()
+    return [set(entry.storages()) for entry in entries]
+
+
+async def test_turns_append_into_the_cached_buffers_and_branches_do_not_corrupt_them(tiny_model_dir):
+    """A lone next turn writes after the cached positions in the same buffers (no copy per turn); a second
+    request reusing the same entry while the first still runs, or a partial match, copies it; every result
+    equals a cold run."""
+    cached, cold = engine_for(tiny_model_dir), engine_for(tiny_model_dir, kv_cache_gb=0)
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    try:
+        history = ids(30, offset=70)
+        shared_turns = 0
+        for turn in range(5):  # small turns: after one geometric growth, several fit in the spare room
+            before = entry_storages(cached)
+            reply = await cached.generate(history, params)
+            assert_same_generation(reply, await cold.generate(history, params))
+            after = entry_storages(cached)
+            assert len(after) == 1  # the new turn covers (replaces) the previous one
+            shared_turns += bool(before and before[0] == after[0])
+            history = history + list(reply.output_ids) + ids(4, offset=71 + turn)
+        assert shared_turns >= 2, "later turns must append into the previous turn's buffers, not copy them"
+        # Two branches of the session at once: the first appends after the entry in its buffers; the second,
+        # admitted while the first is still decoding, must copy the entry (one writer per buffer tail).
+        long = SamplingParams(max_tokens=16, temperature=0.0)  # the first branch fits in the spare room
+        first_branch, second_branch = history + ids(3, offset=80), history + ids(4, offset=81)
+        steps = cached.stats()["num_decode_steps"]
+        first = asyncio.create_task(cached.generate(first_branch, long))
+        while cached.stats()["num_decode_steps"] < steps + 2:
+            await asyncio.sleep(0.001)
+        second = await cached.generate(second_branch, long)
+        assert cached.stats()["peak_batch_size"] == 2, "the branches must have decoded together"
+        assert_same_generation(await first, await cold.generate(first_branch, long))
+        assert_same_generation(second, await cold.generate(second_branch, long))
+        partial = history[:-5] + ids(7, offset=90)  # a partial match of a cached entry is copied too
+        assert_same_generation(await cached.generate(partial, params), await cold.generate(partial, params))
+        assert cached.stats()["prefix_cache_hits"] == 4 + 3
+    finally:
+        cached.close()
+        cold.close()
+
+
 async def test_eviction_keeps_the_budget_and_drops_the_least_recently_used(tiny_model_dir):
     probe = engine_for(tiny_model_dir, kv_cache_gb=0)
     per_token = bytes_per_token(probe)
