@@ -122,10 +122,10 @@ class LoopConfig:
 
     @property
     def steps_ahead(self) -> int:
-        """How many steps' groups the producer may hold open (started, not yet taken by the trainer): a group
-        started while step k trains is trained at step k + steps_ahead at the latest, so in order its
-        staleness stays within ``steps_ahead`` versions."""
-        return max(1, self.max_staleness)
+        """How many steps' groups may be in line for the trainer, counting the step it is on (collecting or
+        training: the engine serves that step's version meanwhile): a group started now is then trained, in
+        order, at most ``max_staleness`` steps later, so its staleness stays within ``max_staleness``."""
+        return self.max_staleness + 1
 
 
 @runtime_checkable
@@ -191,6 +191,7 @@ class LoopInputs:
     tasks_for_step: TasksForStep
     loop_config: LoopConfig
     groups_per_step: int
+    warm_up: TrainerWarmUp  # the trainer's data pipeline, warming up while the first rollouts run
 
 
 async def run_recipe_loop(
@@ -230,11 +231,46 @@ async def _run_steps(
         tasks_for_step=tasks_for_step,
         loop_config=LoopConfig.of(config),
         groups_per_step=groups_per_step,
+        warm_up=TrainerWarmUp(stack.trainer),
     )
-    if inputs.loop_config.rollout_mode == "sync":
-        await _run_sync(inputs)
-    else:
-        await OverlappedLoop(inputs).run()
+    try:
+        if inputs.loop_config.rollout_mode == "sync":
+            await _run_sync(inputs)
+        else:
+            await OverlappedLoop(inputs).run()
+    finally:
+        await inputs.warm_up.close()
+
+
+@runtime_checkable
+class WarmsUp(Protocol):
+    """A trainer whose data pipeline can start its workers ahead of its first step (``Trainer``)."""
+
+    def warm_up_data_pipeline(self) -> float: ...
+
+
+class TrainerWarmUp:
+    """The trainer's data pipeline warms up (``Trainer.warm_up_data_pipeline``: Ray Data and its workers start)
+    while the first rollouts run, instead of inside the first step; ``ready`` waits for it before a step."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.task: asyncio.Task | None = None
+        if isinstance(trainer, WarmsUp):
+            self.task = asyncio.create_task(asyncio.to_thread(trainer.warm_up_data_pipeline))
+
+    async def ready(self) -> None:
+        if self.task is None:
+            return
+        task, self.task = self.task, None
+        try:
+            logger.info("trainer data pipeline warmed up in %.1f s", await task)
+        except Exception as error:  # a warm-up never takes the run down: the first step just pays for it
+            logger.warning("warming up the trainer's data pipeline failed: %s", error)
+
+    async def close(self) -> None:
+        """Wait for a warm-up still running (its thread cannot be cancelled)."""
+        with contextlib.suppress(Exception):
+            await self.ready()
 
 
 def _monitor(inputs: LoopInputs, *, rollouts_per_step: int, first_step: int) -> RunMonitor:
@@ -310,6 +346,7 @@ async def _sync_steps(
             monitor.rollout_finished(trajectory)
         rollout_s = time.monotonic() - started
         # 2. train, 3. sync weights to the engine
+        await inputs.warm_up.ready()
         train_metrics = await stack.train_and_sync(step, shard)
         wall_s = time.monotonic() - started
         pipeline = _timing_metrics(
@@ -378,11 +415,13 @@ class OverlappedLoop:
         self.tasks_for_step = inputs.tasks_for_step
         self.loop_config = inputs.loop_config
         self.groups_per_step = inputs.groups_per_step
+        self.warm_up = inputs.warm_up
         self.store: TrajectoryStore = self.stack.store
         self.buffer = GroupBuffer(self.loop_config.group_size)
         self.ledger = TrajectoryLedger.from_state(self.stack.trainer.state.extra)
         self.changed = asyncio.Condition()
         self.open_groups: set[int] = set()  # admitted, not yet trained or dropped
+        self.taken_for_step = 0  # groups the trainer took for the step it is collecting or training
         self.redo: list[int] = []  # groups in flight at a crash (never committed): rolled out again
         self.next_index = 0
         self.groups_wanted = 0  # more groups the producer must still start
@@ -434,8 +473,10 @@ class OverlappedLoop:
         return self.tasks_for_step(index // self.groups_per_step)[index % self.groups_per_step]
 
     def _admissible(self) -> bool:
-        limit = self.loop_config.steps_ahead * self.groups_per_step
-        return len(self.open_groups) < limit
+        """Another group may start: the groups before it in line (the current step's, taken or not, and every
+        open one) fill fewer than ``steps_ahead`` steps."""
+        in_line = self.taken_for_step + len(self.open_groups)
+        return in_line < self.loop_config.steps_ahead * self.groups_per_step
 
     async def _next_group(self) -> int:
         """The next group to roll out, once the producer is allowed to run that far ahead. With every needed
@@ -569,6 +610,7 @@ class OverlappedLoop:
                     )
                     staleness += split.staleness
                     fresh += split.fresh
+                    self.taken_for_step = len(fresh)
                     for group in groups:
                         self.open_groups.discard(group.index)
                     if split.stale:
@@ -595,6 +637,7 @@ class OverlappedLoop:
         )
         metrics: dict[str, float] = {"trained": 0.0}
         if shards:
+            await self.warm_up.ready()
             metrics = await asyncio.to_thread(trainer.step, shards, trainer.state.weight_version)
         if metrics.get("trained"):
             # The producer keeps rolling out meanwhile; in-flight requests continue on the new weights.
@@ -631,7 +674,8 @@ class OverlappedLoop:
                 buffer_depth = self.buffer.depth
                 train_started = time.monotonic()
                 train_metrics = await self._train(step, groups)
-                async with self.changed:  # a new version: groups in flight may now be doomed (``_doomed``)
+                async with self.changed:  # a new version: groups in flight may be doomed, the line moved on
+                    self.taken_for_step = 0
                     self.changed.notify_all()
                 logger.debug(
                     "step %d: waited %.2f s for %d groups (staleness %s), trained and pushed in %.2f s",

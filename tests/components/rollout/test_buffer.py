@@ -161,5 +161,6 @@ def test_loop_config_names_bad_fields():
         LoopConfig(rollout_mode="async", max_staleness=-1)
     with pytest.raises(ValueError, match="max_staleness"):
         LoopConfig(rollout_mode="partial", max_staleness=0)
-    assert LoopConfig(rollout_mode="async", max_staleness=3).steps_ahead == 3
-    assert LoopConfig(rollout_mode="async", max_staleness=0).steps_ahead == 1  # drops what goes stale
+    # the steps in line for the trainer, counting the one it is on
+    assert LoopConfig(rollout_mode="async", max_staleness=3).steps_ahead == 4
+    assert LoopConfig(rollout_mode="async", max_staleness=0).steps_ahead == 1  # nothing starts while it trains
