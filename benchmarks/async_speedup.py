@@ -9,8 +9,9 @@ FSDP2 trainer) with one tool call per rollout that runs in the rollout's bubblew
 heavy-tailed time (log-normal, median ``--tool-median-s``, shape ``--tool-sigma``: most calls are short, a few
 are 10-20× the median, like a test suite that sometimes hangs on I/O). The delay is real time inside the
 sandbox, not a sleep in the trainer. Each mode trains ``num_steps × groups_per_step`` groups (async replaces
-dropped stale groups, so both modes train the same number); the figure is the loop's wall time (stack start-up
-excluded, the same for both). Last line:
+dropped stale groups, so both modes train the same number); the figure is the loop's wall time: the sum of the
+steps' ``time/step_s`` (stack start-up and shut-down excluded, the same for both). The run is the recipe's own
+``train(config, harness=...)``. Last line:
 ``async_speedup: <ratio>x faster, mean staleness <s> (target >= 1.8x, staleness <= 1.5)``.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import dataclasses
 import json
 import math
@@ -35,7 +37,9 @@ TARGET_STALENESS = 1.5
 
 
 class ToolLatencyHarness:
-    """The toy agent, after one tool call in its sandbox whose duration is drawn log-normally (seeded)."""
+    """The toy agent, after one tool call in its sandbox whose duration is drawn log-normally. The draw is seeded
+    by (seed, task, how many times the task ran before): a group's members get the same tail in every mode, in
+    whatever order the modes start them (a replacement for a dropped group is a new task, so a new draw)."""
 
     def __init__(self, inner: Any, *, median_s: float, sigma: float, seed: int) -> None:
         self.inner = inner
@@ -43,10 +47,13 @@ class ToolLatencyHarness:
         self.reward = inner.reward
         self.median_s = median_s
         self.sigma = sigma
-        self._random = random.Random(seed)
+        self.seed = seed
+        self._runs_of: collections.Counter[str] = collections.Counter()
 
     async def run(self, *, task: Any, sandbox: Any, base_url: str, **credentials: Any) -> Any:
-        delay = self.median_s * math.exp(self.sigma * self._random.gauss(0.0, 1.0))
+        draw = random.Random(f"{self.seed}-{task.task_id}-{self._runs_of[task.task_id]}")
+        self._runs_of[task.task_id] += 1
+        delay = self.median_s * math.exp(self.sigma * draw.gauss(0.0, 1.0))
         started = time.monotonic()
         result = await sandbox.exec(["sleep", f"{delay:.3f}"], timeout_s=delay + 60)
         if result.exit_code != 0:
@@ -57,27 +64,17 @@ class ToolLatencyHarness:
 
 
 async def run_mode(args: argparse.Namespace, mode: str, run_dir: Path) -> dict[str, float]:
-    """One run of the toy recipe's bricks in ``mode``; returns the loop's wall time and its pipeline means."""
-    import functools
-
+    """One run of the toy recipe (its own ``train``) in ``mode`` with the tool-latency agent; returns the loop's
+    wall time (the sum of the steps' ``time/step_s``: stack start-up and shut-down excluded) and its
+    pipeline means."""
     from components.launch import (
         MonitoringBrickConfig,
         RolloutBrickConfig,
-        RunDirectory,
-        RunStack,
         SamplingBrickConfig,
         SandboxBrickConfig,
         TrainerBrickConfig,
     )
-    from components.loop import run_recipe_loop
-    from components.rollout import RolloutConfig, RolloutRunner
-    from harnesses.toy_agent import ToyAgentConfig, ToyAgentHarness
-    from recipes.tictactoe_grpo import (
-        TEXT_MOVE_SYSTEM_PROMPT,
-        TicTacToeGrpoConfig,
-        games_for_step,
-        text_move_example,
-    )
+    from recipes.tictactoe_grpo import TicTacToeGrpoConfig, toy_harness, train
 
     config = TicTacToeGrpoConfig(
         model="tiny",
@@ -96,36 +93,9 @@ async def run_mode(args: argparse.Namespace, mode: str, run_dir: Path) -> dict[s
         monitoring=MonitoringBrickConfig(wandb_mode="disabled"),
         seed=args.seed,
     )
-    run = RunDirectory.create(config, recipe=f"async_speedup_{mode}")
-    harness = ToolLatencyHarness(
-        ToyAgentHarness(
-            ToyAgentConfig(
-                max_turns=config.max_turns,
-                max_tokens=config.sampling.max_tokens,
-                temperature=config.sampling.temperature,
-                accept_text_moves=True,
-                offer_tools=False,
-                example_turns=(text_move_example(),),
-                system_prompt=TEXT_MOVE_SYSTEM_PROMPT,
-            )
-        ),
-        median_s=args.tool_median_s,
-        sigma=args.tool_sigma,
-        seed=args.seed,
-    )
-    async with RunStack.start(config, run) as stack:
-        runner = RolloutRunner(
-            RolloutConfig(group_size=config.group_size, max_concurrency=config.rollout.max_concurrency),
-            harness=harness,
-            sandboxes=stack.sandboxes,
-            sessions=stack.sessions,
-            proxy_url=stack.proxy_url,
-            session_keys=stack.session_keys,
-            grader=harness.reward,
-        )
-        started = time.monotonic()
-        await run_recipe_loop(config, run, stack, runner, functools.partial(games_for_step, config))
-        wall_s = time.monotonic() - started
+    toy = toy_harness(config)
+    harness = ToolLatencyHarness(toy, median_s=args.tool_median_s, sigma=args.tool_sigma, seed=args.seed)
+    run = await train(config, harness=harness, grader=toy.reward)
     rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines() if line]
 
     def mean(key: str) -> float:
@@ -133,7 +103,7 @@ async def run_mode(args: argparse.Namespace, mode: str, run_dir: Path) -> dict[s
         return statistics.fmean(values) if values else float("nan")
 
     return {
-        "wall_s": wall_s,
+        "wall_s": sum(row["time/step_s"] for row in rows),
         "steps": float(len(rows)),
         "staleness_mean": mean("staleness/mean"),
         "groups_dropped": sum(row.get("staleness/groups_dropped", 0.0) for row in rows),
