@@ -1,8 +1,8 @@
 """The overlapped rollout modes end to end on the toy recipe (tiny model, real Ray, engine, proxy, bubblewrap,
 FSDP2 trainer): ``async`` and ``partial`` runs complete their steps and train every committed group exactly
 once (the checkpoint's ledger against the store); in ``partial`` a rollout spans a weight push and the trainer
-gets its per-token behaviour logprobs and versions; a run SIGKILLed five times at random moments loses and
-duplicates nothing."""
+gets its per-token behaviour logprobs and versions; an ``async`` and a ``partial`` run SIGKILLed five times
+each at random moments lose and duplicate nothing."""
 
 from __future__ import annotations
 
@@ -250,13 +250,25 @@ def wait_for_more_shards(run_dir: Path, *, than: int, process: subprocess.Popen,
         time.sleep(0.2)
 
 
-@pytest.mark.timeout(1800)  # ~8 min on an idle 2-core machine; 15+ min when its cores are shared
-def test_async_run_killed_five_times_loses_and_duplicates_nothing(tmp_path, tiny_model_dir):
+@pytest.mark.timeout(1800)  # async ~8 min on an idle 2-core machine (15+ shared); partial 11 min at load 25-50
+@pytest.mark.parametrize(
+    ("mode", "num_steps", "max_concurrency"),
+    [
+        # 20 groups: enough that five kills, each after one more committed group and a short random wait,
+        # still leave work to do on an idle machine (with 12 groups an idle run finished before its fifth kill).
+        ("async", 10, 4),
+        # one rollout at a time: each restart commits few groups, so 14 groups outlast five kills; a kill
+        # lands while step n+1 rolls out during step n's training, push or checkpoint.
+        ("partial", 7, 1),
+    ],
+)
+def test_overlapped_run_killed_five_times_loses_and_duplicates_nothing(
+    tmp_path, tiny_model_dir, mode, num_steps, max_concurrency
+):
     run_dir = tmp_path / "run"
-    # 20 groups: enough that five kills, each after one more committed group and a short random wait, still
-    # leave work to do on an idle machine (with 12 groups an idle run finished before its fifth kill).
-    num_steps = 10
-    flags = toy_flags(run_dir, mode="async", num_steps=num_steps, model_dir=tiny_model_dir)
+    flags = toy_flags(
+        run_dir, mode=mode, num_steps=num_steps, model_dir=tiny_model_dir, max_concurrency=max_concurrency
+    )
     chance = random.Random(int(os.environ.get("REIN_KILL_SEED", "11")))
     seen: dict[str, dict] = {}
     for kill in range(5):
