@@ -4,6 +4,8 @@ running as its own HTTP server process with SGLang's API keys, and slow to becom
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -31,8 +33,9 @@ def test_swe_grpo_on_sglang_behind_the_default_serve_proxy(tmp_path, tiny_model_
         log = httpx.get(f"{server.url}/_fake/requests", headers=headers).json()
         info = httpx.get(f"{server.url}/model_info", headers=headers).json()
     assert_complete_run(run_dir, num_steps=2, rollouts_per_step=2)
-    config = (run_dir / "config.json").read_text()
-    assert '"proxy": "serve"' in config and '"engine": "sglang"' in config
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["proxy"]["kind"] == "serve" and config["engine"]["kind"] == "sglang"
+    assert config["sglang"]["api_key"] == "***" and config["sglang"]["admin_api_key"] == "***"
     paths = [entry["path"] for entry in log]
     assert paths.count("/generate") >= 4, "the rollouts did not generate on the SGLang server"
     # Both steps' weights reached the server, each inside pause … continue, with the admin key.
