@@ -93,6 +93,8 @@ async def test_after_weight_sync_engine_logprobs_equal_the_trainers(trainer, tin
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
     from components.protocols import SamplingParams
 
+    if trainer.state.step == 0:  # run alone: train once so that the engine's initial weights differ
+        trainer.step(random_batch(seed=11), current_version=0)
     engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1))
     try:
         sequence = [1, 504, 2231, 17, 9, 3000, 42, 77, 2, 11]
