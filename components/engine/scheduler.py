@@ -384,7 +384,8 @@ class BatchScheduler:
 
     def _remember(self, request: Request, cache: BatchKVCache, row: int) -> None:
         """Store a finished request's KV in the prefix cache (only if one weight version computed all of it):
-        by reference when it is the cache's only row and nothing else will write there, else a copy."""
+        by reference when it is the cache's only row (nothing else will write there) and fills at least half
+        of its buffers, else an exact-size copy."""
         if not self.prefix_cache.enabled or request.kv_weight_version != self._kv_key(request):
             return
         columns = cache.valid[row].nonzero()[:, 0]
@@ -392,7 +393,9 @@ class BatchScheduler:
         layers = cache.layers()
         first = int(columns[0]) if len(columns) else 0
         contiguous = len(columns) == cache.length - first
-        if cache.valid.shape[0] == 1 and contiguous:
+        # A buffer mostly empty (a request that stopped long before max_tokens) is not worth its memory.
+        compact = all(layer.key_buffer.shape[2] - first <= 2 * len(columns) for layer in layers)
+        if cache.valid.shape[0] == 1 and contiguous and compact:
             # The batch is dropped after this (the request finished): its buffers become the entry's.
             keys = tuple(layer.key_buffer[0, :, first:] for layer in layers)
             values = tuple(layer.value_buffer[0, :, first:] for layer in layers)

@@ -104,6 +104,22 @@ async def test_turns_append_into_the_cached_buffers_and_branches_do_not_corrupt_
         cold.close()
 
 
+async def test_a_request_that_stops_early_is_cached_without_its_unused_room(tiny_model_dir):
+    engine, cold = engine_for(tiny_model_dir), engine_for(tiny_model_dir, kv_cache_gb=0)
+    prompt = ids(40, offset=95)
+    try:
+        probe = await cold.generate(prompt, SamplingParams(max_tokens=1, temperature=0.0))
+        first_token = probe.output_ids[0]
+        stopping = SamplingParams(max_tokens=400, temperature=0.0, stop_token_ids=(first_token,))
+        result = await engine.generate(prompt, stopping)
+        assert result.output_ids == (first_token,)
+        # Room for 399 more tokens was reserved; the entry holds only the 40 forwarded positions.
+        assert engine.stats()["prefix_cache_bytes"] == bytes_per_token(engine) * len(prompt)
+    finally:
+        engine.close()
+        cold.close()
+
+
 async def test_eviction_keeps_the_budget_and_drops_the_least_recently_used(tiny_model_dir):
     probe = engine_for(tiny_model_dir, kv_cache_gb=0)
     per_token = bytes_per_token(probe)
