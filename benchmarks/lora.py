@@ -5,12 +5,16 @@ Each mode runs in its own fresh process (so peak RSS is that mode's alone), on t
 packed micro-batches (GRPO loss, ``run_train_step``: the trainer's own step, one process, fp32, AdamW):
 - ``full``: every weight trained; a sync gathers the whole state dict (CPU copy) and loads it into an embedded
   engine (``update_weights``).
-- ``lora``: peft LoRA (rank 16, all linear layers); a sync gathers only the adapter and applies it in place
-  (``update_adapter``): the base never moves.
+- ``lora``: peft LoRA (default rank 8 with alpha 16 on every linear layer of the blocks, attention + MLP: the
+  configuration ART trains with by default and what peft's ``all-linear`` gives); a sync gathers only the
+  adapter and applies it in place (``update_adapter``): the base never moves.
 Peak memory is the process's peak RSS right after the training steps (before the engine is built). Syncs
-alternate with nothing else running; each figure is the median of ``--syncs`` syncs after one warm-up.
+alternate with nothing else running; each figure is the median of ``--syncs`` syncs after one warm-up, and the
+sync is split into its parts: ``gather_s`` (copy the trained tensors out of the trainer's model and, for LoRA,
+peft's conversion to saved-adapter keys) and ``apply_s`` (the engine: wait for the scheduler's next step, copy
+the tensors in, empty the prefix cache).
 
-    python benchmarks/lora.py [--quick] [--model default|tiny|PATH] [--rank 16]
+    python benchmarks/lora.py [--quick] [--model default|tiny|PATH] [--rank 8]
 
 Last line: ``lora: sync bytes <a>% of full, sync time <b>x, peak memory <c>x, step time <d>x
 (target <= 2%, <= 0.1x, <= 0.6x)``.
@@ -73,7 +77,9 @@ async def measure(mode: str, model_dir: Path, args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if mode == "lora":
-        model = wrap_with_lora(model, LoraSettings(rank=args.rank, target_modules="all-linear"))
+        model = wrap_with_lora(
+            model, LoraSettings(rank=args.rank, alpha=2 * args.rank, target_modules="all-linear")
+        )
     optimizer_config = OptimizerConfig(learning_rate=1e-4)
     optimizer = build_optimizer(model, optimizer_config)
     batches = micro_batches(args.rows, args.tokens, args.tokens // 4, model.config.vocab_size, seed=0)
@@ -85,7 +91,7 @@ async def measure(mode: str, model_dir: Path, args: argparse.Namespace) -> dict:
     peak_mb = peak_rss_mb()
 
     engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir, num_threads=args.threads))
-    sync_s, sync_bytes = [], 0
+    sync_s, gather_s, apply_s, sync_bytes = [], [], [], 0
     try:
         for version in range(1, args.syncs + 2):
             started = time.perf_counter()
@@ -94,6 +100,7 @@ async def measure(mode: str, model_dir: Path, args: argparse.Namespace) -> dict:
                     n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad
                 }
                 adapter = adapter_from_peft_model(model, trainable)
+                gathered = time.perf_counter()
                 await engine.update_adapter(adapter, version)
                 sync_bytes = adapter.num_bytes
             else:
@@ -102,9 +109,12 @@ async def measure(mode: str, model_dir: Path, args: argparse.Namespace) -> dict:
                 for name, tensor in model.state_dict().items():
                     unique.setdefault(tensor.data_ptr(), (name, tensor))
                 state_dict = {name: tensor.detach().cpu().clone() for name, tensor in unique.values()}
+                gathered = time.perf_counter()
                 await engine.update_weights(state_dict, version)
                 sync_bytes = sum(t.numel() * t.element_size() for t in state_dict.values())
             sync_s.append(time.perf_counter() - started)
+            gather_s.append(gathered - started)
+            apply_s.append(time.perf_counter() - gathered)
     finally:
         await engine.aclose()
     return {
@@ -112,6 +122,8 @@ async def measure(mode: str, model_dir: Path, args: argparse.Namespace) -> dict:
         "step_s": statistics.median(step_s[1:]),
         "peak_mb": peak_mb,
         "sync_s": statistics.median(sync_s[1:]),
+        "gather_s": statistics.median(gather_s[1:]),
+        "apply_s": statistics.median(apply_s[1:]),
         "sync_bytes": sync_bytes,
         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
@@ -121,7 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter steps (under a minute)")
     parser.add_argument("--model", default="default", help="default | tiny | an HF folder")
-    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", choices=("full", "lora"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -158,6 +170,8 @@ def main() -> None:
         ("trainable", ""),
         ("sync_bytes", "B"),
         ("sync_s", "s"),
+        ("gather_s", "s"),
+        ("apply_s", "s"),
         ("peak_mb", "MB"),
         ("step_s", "s"),
     ):

@@ -113,11 +113,28 @@ def wrap_with_lora(
 
 def adapter_from_peft_model(model: Any, full_tensors: Mapping[str, torch.Tensor]) -> LoraAdapter:
     """The adapter of a ``PeftModel`` from its gathered trainable tensors (named as ``named_parameters``)."""
-    from peft import get_peft_model_state_dict
-
-    tensors = get_peft_model_state_dict(model, state_dict=dict(full_tensors), save_embedding_layers=False)
     config = model.peft_config["default"]
+    tensors = _plain_lora_tensors(config, full_tensors)
+    if tensors is None:
+        from peft import get_peft_model_state_dict
+
+        tensors = get_peft_model_state_dict(model, state_dict=dict(full_tensors), save_embedding_layers=False)
     return LoraAdapter(config=_config_dict(config), tensors=tensors)
+
+
+def _plain_lora_tensors(config: Any, full_tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """peft's saved-adapter keys for a plain LoRA adapter (``lora_A``/``lora_B`` only, bias "none", no DoRA,
+    no extra trained modules): the adapter name dropped, as ``get_peft_model_state_dict`` does, without its walk
+    over the whole model's state dict (the sync's hot path). None: anything else, left to peft."""
+    if config.bias != "none" or getattr(config, "use_dora", False) or getattr(config, "modules_to_save", None):
+        return None
+    marker = ".default."
+    tensors = {}
+    for key, tensor in full_tensors.items():
+        if marker not in key or not any(part in key for part in (".lora_A.default.", ".lora_B.default.")):
+            return None
+        tensors[key.replace(marker, ".")] = tensor
+    return tensors
 
 
 def _config_dict(config: Any) -> dict[str, Any]:

@@ -204,10 +204,8 @@ class EmbeddedEngine:
 
         def apply() -> None:
             self._adapters.apply(adapter, name=name, version=version)
-            if name == DEFAULT_ADAPTER:
-                self._scheduler.apply_weights({}, version)  # the engine-wide adapter: the engine's version
-            else:
-                self._scheduler.apply_adapter_update()  # one policy's adapter: only its version moves
+            # the engine-wide adapter moves the engine's version; a policy's adapter only its own
+            self._scheduler.apply_adapter_update(engine_version=version if name == DEFAULT_ADAPTER else None)
 
         await self._scheduler.run_between_steps(apply)
 

@@ -2,7 +2,8 @@
 
 ``peft.inject_adapter_in_model`` wraps the targeted linear layers of the engine's own transformers model (the
 object the scheduler already holds), and a new adapter version only overwrites the ``lora_A``/``lora_B``
-tensors (``peft.set_peft_model_state_dict``): the base is never reloaded or copied. Several named adapters can
+tensors (copied in place into the injected ``lora_A``/``lora_B`` parameters, found once per adapter name): the
+base is never reloaded or copied, and no state dict of the whole model is built per update. Several named adapters can
 live side by side; a batch row picks its adapter through peft's mixed-batch forward (``adapter_names``, one
 name per row; ``BASE_ADAPTER`` = the base model alone).
 """
@@ -26,6 +27,8 @@ class EngineAdapters:
         self.model = model
         self._configs: dict[str, dict[str, Any]] = {}
         self.versions: dict[str, int] = {}
+        # adapter name → its parameters keyed as the adapter's tensors are (injected form, name dropped)
+        self._parameters: dict[str, dict[str, Any]] = {}
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -33,7 +36,7 @@ class EngineAdapters:
 
     def apply(self, adapter: LoraAdapter, *, name: str, version: int) -> None:
         """Inject ``name`` on first use, then load ``adapter``'s tensors into it (base weights untouched)."""
-        from peft import inject_adapter_in_model, set_peft_model_state_dict
+        from peft import inject_adapter_in_model
 
         if not name or name == BASE_ADAPTER:
             raise LoraError(f"adapter name: {name!r} is reserved")
@@ -42,6 +45,11 @@ class EngineAdapters:
             inject_adapter_in_model(adapter.peft_config(), self.model, adapter_name=name)
             self.model.requires_grad_(False)
             self._configs[name] = settings
+            self._parameters[name] = {
+                key.replace(f".{name}.", "."): parameter
+                for key, parameter in self.model.named_parameters()
+                if f".{name}." in key and "lora_" in key
+            }
             self._activate_all()
         elif self._configs[name] != settings:
             raise LoraError(
@@ -49,19 +57,20 @@ class EngineAdapters:
                 "load it under a new name"
             )
         tensors = injected_state_dict(adapter)
-        expected = {k for k in self.model.state_dict() if f".{name}." in k and "lora_" in k}
-        result = set_peft_model_state_dict(self.model, tensors, adapter_name=name)
-        unexpected = [k for k in result.unexpected_keys if "lora_" in k]
+        parameters = self._parameters[name]
+        unexpected = sorted(set(tensors) - set(parameters))
         if unexpected:
             raise LoraError(
                 f"adapter {name!r}: tensors for modules the model does not have: {unexpected[:3]}"
             )
-        loaded = {
-            k.replace("lora_A.", f"lora_A.{name}.").replace("lora_B.", f"lora_B.{name}.") for k in tensors
-        }
-        missing = sorted(expected - loaded)
+        missing = sorted(set(parameters) - set(tensors))
         if missing:
             raise LoraError(f"adapter {name!r}: missing tensors {missing[:3]}")
+        shapes = [k for k, t in tensors.items() if tuple(t.shape) != tuple(parameters[k].shape)]
+        if shapes:
+            raise LoraError(f"adapter {name!r}: shape mismatch for {shapes[:3]}")
+        for key, tensor in tensors.items():  # checked above: no partial update
+            parameters[key].data.copy_(tensor.detach())
         self.versions[name] = int(version)
 
     def _activate_all(self) -> None:

@@ -608,8 +608,11 @@ class BatchScheduler:
             return contextlib.nullcontext()
         return self.adapters.routed([self.adapters.row_name(name) for name in adapters])
 
-    def apply_adapter_update(self) -> None:
-        """After a named adapter changed: forget cached KV and recompute in-flight KV (as for new weights)."""
+    def apply_adapter_update(self, *, engine_version: int | None = None) -> None:
+        """After an adapter changed: forget cached KV and recompute in-flight KV (as for new weights);
+        ``engine_version``: the engine-wide version too (its "default" adapter changed)."""
+        if engine_version is not None:
+            self.weight_version = int(engine_version)
         self.prefix_cache.clear()
         self._recompute_in_flight()
 
