@@ -191,7 +191,6 @@ class LoopInputs:
     tasks_for_step: TasksForStep
     loop_config: LoopConfig
     groups_per_step: int
-    warm_up: TrainerWarmUp  # the trainer's data pipeline, warming up while the first rollouts run
 
 
 async def run_recipe_loop(
@@ -231,46 +230,11 @@ async def _run_steps(
         tasks_for_step=tasks_for_step,
         loop_config=LoopConfig.of(config),
         groups_per_step=groups_per_step,
-        warm_up=TrainerWarmUp(stack.trainer),
     )
-    try:
-        if inputs.loop_config.rollout_mode == "sync":
-            await _run_sync(inputs)
-        else:
-            await OverlappedLoop(inputs).run()
-    finally:
-        await inputs.warm_up.close()
-
-
-@runtime_checkable
-class WarmsUp(Protocol):
-    """A trainer whose data pipeline can start its workers ahead of its first step (``Trainer``)."""
-
-    def warm_up_data_pipeline(self) -> float: ...
-
-
-class TrainerWarmUp:
-    """The trainer's data pipeline warms up (``Trainer.warm_up_data_pipeline``: Ray Data and its workers start)
-    while the first rollouts run, instead of inside the first step; ``ready`` waits for it before a step."""
-
-    def __init__(self, trainer: Any) -> None:
-        self.task: asyncio.Task | None = None
-        if isinstance(trainer, WarmsUp):
-            self.task = asyncio.create_task(asyncio.to_thread(trainer.warm_up_data_pipeline))
-
-    async def ready(self) -> None:
-        if self.task is None:
-            return
-        task, self.task = self.task, None
-        try:
-            logger.info("trainer data pipeline warmed up in %.1f s", await task)
-        except Exception as error:  # a warm-up never takes the run down: the first step just pays for it
-            logger.warning("warming up the trainer's data pipeline failed: %s", error)
-
-    async def close(self) -> None:
-        """Wait for a warm-up still running (its thread cannot be cancelled)."""
-        with contextlib.suppress(Exception):
-            await self.ready()
+    if inputs.loop_config.rollout_mode == "sync":
+        await _run_sync(inputs)
+    else:
+        await OverlappedLoop(inputs).run()
 
 
 def _monitor(inputs: LoopInputs, *, rollouts_per_step: int, first_step: int) -> RunMonitor:
@@ -346,7 +310,6 @@ async def _sync_steps(
             monitor.rollout_finished(trajectory)
         rollout_s = time.monotonic() - started
         # 2. train, 3. sync weights to the engine
-        await inputs.warm_up.ready()
         train_metrics = await stack.train_and_sync(step, shard)
         wall_s = time.monotonic() - started
         pipeline = _timing_metrics(
@@ -415,7 +378,6 @@ class OverlappedLoop:
         self.tasks_for_step = inputs.tasks_for_step
         self.loop_config = inputs.loop_config
         self.groups_per_step = inputs.groups_per_step
-        self.warm_up = inputs.warm_up
         self.store: TrajectoryStore = self.stack.store
         self.buffer = GroupBuffer(self.loop_config.group_size)
         self.ledger = TrajectoryLedger.from_state(self.stack.trainer.state.extra)
@@ -637,7 +599,6 @@ class OverlappedLoop:
         )
         metrics: dict[str, float] = {"trained": 0.0}
         if shards:
-            await self.warm_up.ready()
             metrics = await asyncio.to_thread(trainer.step, shards, trainer.state.weight_version)
         if metrics.get("trained"):
             # The producer keeps rolling out meanwhile; in-flight requests continue on the new weights.

@@ -550,8 +550,8 @@ class Trainer:
     def warm_up_data_pipeline(self, *, num_shards: int = 4) -> float:
         """Run the step's data pipeline once over ``num_shards`` one-token shards (in a temporary folder, not
         the run's store; no update): its first execution starts Ray Data and the worker processes that import
-        the pipeline, which the first step would otherwise wait for (10-20 s on two busy cores). A loop calls it
-        while its first rollouts run. Returns the seconds it took."""
+        the pipeline, which the first step would otherwise wait for (10-20 s on two busy cores). ``RunStack`` calls
+        it while the engine and the proxy start. Returns the seconds it took."""
         import tempfile
 
         from components.trajectory import Segment, TrajectoryStatus
