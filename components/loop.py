@@ -15,12 +15,18 @@ them to ``run_recipe_loop``, which runs the steps in the mode ``rollout_mode`` n
             |== g1 =========|== g3 ==|== g5 =====|...
     trainer |  wait  |== train 0 (g0,g1) ==|push|== train 1 (g2,g3) ==|push|...
 
-  A producer keeps ``max_concurrency`` rollouts in flight across steps; each GRPO group is committed (one
-  atomic shard) the moment its last member finishes; the trainer steps as soon as ``groups_per_step`` complete
-  groups are buffered, in the order they completed, and pushes the new weights while rollouts keep running.
-  The producer runs at most ``max_staleness`` steps ahead of the trainer; a group whose oldest sampled token
-  lags the trainer's version by more than ``max_staleness`` (a slow group overtaken by faster ones) is dropped,
-  counted (``staleness/groups_dropped``) and recorded in the ledger — never silently trained.
+  A producer keeps ``max_concurrency`` rollouts in flight across steps (slots are per rollout: a member that
+  finished frees its slot for another group's rollout at once); each GRPO group is committed (one atomic shard)
+  the moment its last member finishes; the trainer steps as soon as ``groups_per_step`` complete groups are
+  buffered, in the order they completed, and pushes the new weights while rollouts keep running. A group starts
+  only while, trained in order, it would stay within ``max_staleness`` versions (the producer runs at most
+  ``max_staleness`` steps ahead of the step the trainer is on); a group whose oldest sampled token lags the
+  trainer's version by more than ``max_staleness`` (a slow group overtaken by faster ones) is dropped, counted
+  (``staleness/groups_dropped``) and recorded in the ledger — never silently trained — and replaced; when its
+  finished members already lag that much it is given up without waiting for its slow members.
+
+The rollouts run in the driver, or (``rollout.placement actor``) in a Ray actor placed by its resources
+(``components/rollout/producer.py``); the slots, the gate and the store's single writer stay in the driver.
 
 ``partial``::
 
