@@ -258,8 +258,9 @@ def wait_for_more_shards(run_dir: Path, *, than: int, process: subprocess.Popen,
         # still leave work to do on an idle machine (with 12 groups an idle run finished before its fifth kill).
         ("async", 10, 4),
         # one rollout at a time: each restart commits few groups, so 14 groups outlast five kills; a kill
-        # lands while step n+1 rolls out during step n's training, push or checkpoint.
-        ("partial", 7, 1),
+        # lands while step n+1 rolls out during step n's training, push or checkpoint. Not in the default run
+        # (it adds ~5 min to a suite that must stay under ~25): REIN_PARTIAL_KILL_TEST=1 adds it.
+        *([("partial", 7, 1)] if os.environ.get("REIN_PARTIAL_KILL_TEST") == "1" else []),
     ],
 )
 def test_overlapped_run_killed_five_times_loses_and_duplicates_nothing(
