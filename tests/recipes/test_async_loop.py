@@ -254,9 +254,10 @@ def wait_for_more_shards(run_dir: Path, *, than: int, process: subprocess.Popen,
 @pytest.mark.parametrize(
     ("mode", "num_steps", "max_concurrency"),
     [
-        # 20 groups: enough that five kills, each after one more committed group and a short random wait,
-        # still leave work to do on an idle machine (with 12 groups an idle run finished before its fifth kill).
-        ("async", 10, 4),
+        # 32 groups: enough that five kills, each after one more committed group and a short random wait,
+        # still leave work to do on an idle machine (with 12, and later 20 once the producer got faster, an
+        # idle run finished before its fifth kill).
+        ("async", 16, 4),
         # one rollout at a time: each restart commits few groups, so 14 groups outlast five kills; a kill
         # lands while step n+1 rolls out during step n's training, push or checkpoint. Not in the default run
         # (it adds ~5 min to a suite that must stay under ~25): REIN_PARTIAL_KILL_TEST=1 adds it.
@@ -284,7 +285,7 @@ def test_overlapped_run_killed_five_times_loses_and_duplicates_nothing(
         try:
             # Progress first (one more committed group), then a random moment: rollout, step, push, checkpoint.
             wait_for_more_shards(run_dir, than=len(seen), process=process, timeout_s=300)
-            time.sleep(chance.uniform(0, 6))
+            time.sleep(chance.uniform(0, 4))
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
