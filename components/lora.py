@@ -126,7 +126,7 @@ def _plain_lora_tensors(config: Any, full_tensors: Mapping[str, torch.Tensor]) -
     """peft's saved-adapter keys for a plain LoRA adapter (``lora_A``/``lora_B`` only, bias "none", no DoRA,
     no extra trained modules): the adapter name dropped, as ``get_peft_model_state_dict`` does, without its walk
     over the whole model's state dict (the sync's hot path). None: anything else, left to peft."""
-    if config.bias != "none" or getattr(config, "use_dora", False) or getattr(config, "modules_to_save", None):
+    if config.bias != "none" or config.use_dora or config.modules_to_save:
         return None
     marker = ".default."
     tensors = {}
