@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import random
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ def load(name: str):
     """A benchmark script as a module (benchmarks/ is a folder of scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass resolves its module's annotations through sys.modules
     spec.loader.exec_module(module)
     return module
 
@@ -50,6 +52,34 @@ def test_learning_curve_uses_the_same_window_at_both_ends():
     assert start == pytest.approx(0.2) and end == pytest.approx(0.7) and delta == pytest.approx(0.5)
     with pytest.raises(ValueError, match="window"):
         learning_curve.window_delta(rows[:3], 2)
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_learning_curve_variants_share_the_budget_and_keep_their_own_flags(tmp_path, quick):
+    from dataclasses import replace
+
+    from components.recipe_config import parse_config
+    from recipes.tictactoe_grpo import TicTacToeGrpoConfig
+
+    learning_curve = load("learning_curve")
+    args = learning_curve.build_parser().parse_args(["--quick"] if quick else ["--model", "tiny"])
+    args.num_steps = 7
+    configs = {  # the recipe's own parser reads each variant's command line
+        name: parse_config(TicTacToeGrpoConfig, learning_curve.recipe_flags(args, variant, tmp_path, 3))
+        for name, variant in learning_curve.variants(args).items()
+    }
+    sync, asynchronous, lora = configs["sync"], configs["async"], configs["lora"]
+    assert (sync.rollout.mode, sync.trainer.lora_rank) == ("sync", 0)
+    assert (asynchronous.rollout.mode, asynchronous.rollout.max_staleness) == ("async", 2)
+    assert (lora.rollout.mode, lora.trainer.lora_rank, lora.trainer.lora_target) == ("sync", 16, "all-linear")
+    assert lora.trainer.learning_rate == pytest.approx(10 * sync.trainer.learning_rate)
+    # Beyond its own fields each variant is the sync run: same model, steps, games, group, tokens, seed, lr.
+    assert replace(asynchronous, rollout=sync.rollout) == sync
+    lora_trainer = replace(lora.trainer, lora_rank=0, learning_rate=sync.trainer.learning_rate)
+    assert replace(lora, trainer=lora_trainer) == sync
+    assert (sync.num_steps, sync.seed, sync.model) == (7, 3, "tiny")
+    if not quick:
+        assert (sync.games_per_step, sync.group_size, sync.sampling.max_tokens) == (3, 4, 24)
 
 
 def test_data_pipeline_warms_both_sides_before_timing(monkeypatch):
