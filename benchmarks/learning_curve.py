@@ -181,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=5e-4,
         help="lora variant: 10x the full rate (an adapter starts at zero and has few parameters)",
     )
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="runs at once (they then share the machine's load; each SmolLM2 run needs ~8 GB)",
+    )
     parser.add_argument("--order-seed", type=int, default=0, help="seeds the order of the variants per seed")
     parser.add_argument(
         "--window", type=int, default=None, help="steps averaged at each end (default 2; quick 1)"
@@ -201,30 +207,40 @@ def main() -> None:
         parser.error(f"--variants {args.variants!r}: choose from {', '.join(known)}")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     order_rng = random.Random(args.order_seed)
+    queue = []  # (seed, variant name): each seed's variants in their own random order
+    for seed in range(args.seeds):
+        order = order_rng.sample(names, len(names))
+        print(f"seed {seed}: variants in order {', '.join(order)}", flush=True)
+        queue += [(seed, name) for name in order]
     runs: dict[tuple[str, int], list] = {}
     deltas: dict[str, list[float]] = {name: [] for name in names}
     walls: dict[str, list[float]] = {name: [] for name in names}
     lines, commands = [], []
-    for seed in range(args.seeds):
-        order = order_rng.sample(names, len(names))
-        print(f"seed {seed}: variants in order {', '.join(order)}", flush=True)
-        for name in order:
-            variant = known[name]
+    running: dict[subprocess.Popen, tuple[int, str, Path, float]] = {}
+    while queue or running:
+        while queue and len(running) < args.parallel:
+            seed, name = queue.pop(0)
             run_dir = Path(tempfile.mkdtemp(prefix=f"rein-learning-curve-{name}-{seed}-")) / "run"
             command = [
                 sys.executable,
                 str(REPO_ROOT / "recipes" / "tictactoe_grpo.py"),
-                *recipe_flags(args, variant, run_dir, seed),
+                *recipe_flags(args, known[name], run_dir, seed),
             ]
             commands.append("python " + " ".join(command[1:]))
-            started = time.monotonic()
-            completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-            wall_s = time.monotonic() - started
-            if completed.returncode != 0:
-                sys.exit(
-                    f"recipe ({name}, seed {seed}) failed ({completed.returncode}):\n"
-                    f"{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}"
+            with (run_dir.parent / "recipe.log").open("w") as log:  # a file: a full pipe would block the run
+                process = subprocess.Popen(
+                    command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
                 )
+            running[process] = (seed, name, run_dir, time.monotonic())
+        time.sleep(1.0)
+        for process in [process for process in running if process.poll() is not None]:
+            seed, name, run_dir, started = running.pop(process)
+            wall_s = time.monotonic() - started
+            if process.returncode != 0:
+                for other in running:
+                    other.terminate()
+                log_tail = (run_dir.parent / "recipe.log").read_text()[-4000:]
+                sys.exit(f"recipe ({name}, seed {seed}) failed ({process.returncode}):\n{log_tail}")
             rows = runs[(name, seed)] = read_rewards(run_dir)
             start, end, delta = window_delta(rows, window)
             deltas[name].append(delta)
