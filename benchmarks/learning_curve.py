@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="runs at once (they then share the machine's load; each SmolLM2 run needs ~8 GB)",
     )
+    parser.add_argument(
+        "--stagger-s", type=float, default=90.0, help="with --parallel: seconds between two run starts"
+    )
     parser.add_argument("--order-seed", type=int, default=0, help="seeds the order of the variants per seed")
     parser.add_argument(
         "--window", type=int, default=None, help="steps averaged at each end (default 2; quick 1)"
@@ -232,6 +235,8 @@ def main() -> None:
                     command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
                 )
             running[process] = (seed, name, run_dir, time.monotonic())
+            if queue and len(running) < args.parallel:
+                time.sleep(args.stagger_s)  # two Ray nodes starting at once on a loaded machine time out
         time.sleep(1.0)
         for process in [process for process in running if process.poll() is not None]:
             seed, name, run_dir, started = running.pop(process)
