@@ -196,6 +196,18 @@ def validate_spec(spec: SandboxSpec) -> None:
         parse_loopback_proxy_url(spec.proxy_url)
 
 
+def mounts_serve(
+    spec: SandboxSpec, *, workspace_mb: int, read_only_paths: Sequence[str], config: BwrapSandboxConfig
+) -> bool:
+    """Whether a sandbox started with these mounts can serve ``spec`` (same workspace size, a superset of its
+    paths, an image root exactly when the spec names an image)."""
+    return (
+        spec.limits.workspace_mb == workspace_mb
+        and set(spec.read_only_paths) <= set(read_only_paths)
+        and (spec.root_image is None) == (not config.root_dir)
+    )
+
+
 def _remove_stale_host_dirs(temp_root: str) -> None:
     """Remove the host directories of sandboxes whose owning process died without closing them (its bwrap
     died with it: ``--die-with-parent``)."""
@@ -509,10 +521,8 @@ class BwrapSandbox:
 
     def compatible_with(self, spec: SandboxSpec) -> bool:
         """Whether this sandbox's mounts can serve ``spec`` (same workspace size, a superset of its paths)."""
-        return (
-            spec.limits.workspace_mb == self.workspace_mb
-            and set(spec.read_only_paths) <= set(self.read_only_paths)
-            and (spec.root_image is None) == (not self.config.root_dir)
+        return mounts_serve(
+            spec, workspace_mb=self.workspace_mb, read_only_paths=self.read_only_paths, config=self.config
         )
 
     async def prepare(self, spec: SandboxSpec) -> None:

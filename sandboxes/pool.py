@@ -6,6 +6,14 @@ spec's workspace in and opening its proxy path run in the background, and the sa
 them (``BwrapSandbox.prepare_in_background``). A spec the warm sandboxes cannot serve (another workspace size,
 a path the pool does not mount) gets a cold sandbox. A health loop pings idle sandboxes and replaces dead ones.
 
+Refill under continuous use: starts are CPU work (bwrap, then the supervisor's Python), so ``num_warm`` of them
+at once on a loaded machine share the cores and all finish together, late (8 at load ~15 on 2 cores: every one
+after ~3 s, where one alone takes ~0.3 s). The pool runs at most ``max_concurrent_starts`` at a time (one per
+core by default), so refills become ready one after another. An ``acquire`` that finds no warm sandbox for a spec
+the warm ones can serve waits for the next refill (it is already under way, so it is ready sooner than a cold
+start begun now, which would also slow every refill down); a cold start is for specs the warm sandboxes cannot
+serve, or when no refill is under way.
+
 ``release`` ends the handle's lease at once (every later call on it raises ``SandboxLeaseEndedError``), then
 destroys the sandbox in the background (its cgroup killed, everything in it gone) and starts a fresh one. A
 sandbox is never reused: the next tenant always gets one that nothing of the last tenant ever ran in, so no
@@ -25,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections import deque
 from dataclasses import dataclass, field
 
 from components.config import require, require_non_negative, require_positive
 from components.errors import SandboxError
 from components.protocols import Sandbox, SandboxSpec
-from sandboxes.bwrap import BwrapSandbox, BwrapSandboxConfig, cgroup_hierarchy, validate_spec
+from sandboxes.bwrap import BwrapSandbox, BwrapSandboxConfig, cgroup_hierarchy, mounts_serve, validate_spec
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +55,13 @@ class SandboxPoolConfig:
     read_only_paths: tuple[str, ...] = ()
     workspace_mb: int = 256
     health_check_interval_s: float = 10.0
+    # Sandbox starts run at most this many at a time (see the module docstring: concurrent starts all finish late).
+    max_concurrent_starts: int = field(default_factory=lambda: os.cpu_count() or 1)
     bwrap: BwrapSandboxConfig = field(default_factory=BwrapSandboxConfig)
 
     def __post_init__(self) -> None:
         require_non_negative(self.num_warm, "num_warm")
+        require_positive(self.max_concurrent_starts, "max_concurrent_starts")
         require_positive(self.workspace_mb, "workspace_mb")
         require_positive(self.health_check_interval_s, "health_check_interval_s")
         for path in self.read_only_paths:
@@ -64,11 +76,14 @@ class SandboxPool:
         self._warm: deque[BwrapSandbox] = deque()
         self._in_use: dict[str, BwrapSandbox] = {}
         self._num_starting = 0
+        self._start_slots = asyncio.Semaphore(self.config.max_concurrent_starts)
+        self._warm_changed = asyncio.Condition()  # notified when a refill is ready or failed, and on close
         self._background: set[asyncio.Task] = set()
         self._health_task: asyncio.Task | None = None
         self._started = False
         self._closed = False
         self.num_cold_starts = 0  # acquires no warm sandbox could serve
+        self.num_waited = 0  # acquires that found no warm sandbox and waited for a refill under way
         self.num_started = 0  # warm sandboxes started (initial fill and refills)
         self.num_replaced = 0  # idle sandboxes found dead by the health check
 
@@ -101,8 +116,27 @@ class SandboxPool:
         validate_spec(spec)
         if not self._started:
             await self.start(wait=False)
-        if self._closed:
-            raise SandboxError("sandbox pool is closed")
+        waited = False
+        while True:
+            if self._closed:
+                raise SandboxError("sandbox pool is closed")
+            sandbox = self._take_warm(spec)
+            if sandbox is not None:
+                self.num_waited += waited
+                return sandbox
+            if not (self._num_starting and self._warm_can_serve(spec)):
+                break
+            waited = True
+            async with self._warm_changed:
+                await self._warm_changed.wait()
+        self.num_cold_starts += 1
+        self._refill()
+        sandbox = await BwrapSandbox.create(spec, self.config.bwrap)
+        self._in_use[sandbox.sandbox_id] = sandbox
+        return sandbox
+
+    def _take_warm(self, spec: SandboxSpec) -> BwrapSandbox | None:
+        """A warm sandbox for ``spec``, adopted in the background, or None when none is idle or fits."""
         while self._warm:
             sandbox = self._warm.popleft()
             if not sandbox.alive:
@@ -110,16 +144,21 @@ class SandboxPool:
                 continue
             if not sandbox.compatible_with(spec):
                 self._warm.appendleft(sandbox)
-                break
+                return None
             sandbox.prepare_in_background(spec)
             self._in_use[sandbox.sandbox_id] = sandbox
             self._refill()
             return sandbox
-        self.num_cold_starts += 1
-        self._refill()
-        sandbox = await BwrapSandbox.create(spec, self.config.bwrap)
-        self._in_use[sandbox.sandbox_id] = sandbox
-        return sandbox
+        return None
+
+    def _warm_can_serve(self, spec: SandboxSpec) -> bool:
+        """Whether the warm sandboxes' mounts can serve ``spec`` (as ``BwrapSandbox.compatible_with`` says)."""
+        return mounts_serve(
+            spec,
+            workspace_mb=self.config.workspace_mb,
+            read_only_paths=self.config.read_only_paths,
+            config=self.config.bwrap,
+        )
 
     async def release(self, sandbox: Sandbox) -> None:
         """Give a sandbox back: its lease ends now; it is destroyed and replaced by a fresh one in the
@@ -142,22 +181,30 @@ class SandboxPool:
             self._spawn(self._start_one())
 
     async def _start_one(self) -> None:
+        sandbox: BwrapSandbox | None = None
         try:
-            sandbox = await BwrapSandbox.start_generic(
-                self.config.bwrap,
-                workspace_mb=self.config.workspace_mb,
-                read_only_paths=self.config.read_only_paths,
-            )
+            async with self._start_slots:
+                sandbox = await BwrapSandbox.start_generic(
+                    self.config.bwrap,
+                    workspace_mb=self.config.workspace_mb,
+                    read_only_paths=self.config.read_only_paths,
+                )
         except SandboxError as exc:
             logger.warning("could not start a warm sandbox: %s", exc)
-            return
         finally:
             self._num_starting -= 1
-        self.num_started += 1
-        if self._closed:
-            await sandbox.close()
-        else:
+        if sandbox is not None:
+            self.num_started += 1
+            if self._closed:
+                await sandbox.close()
+                return
             self._warm.append(sandbox)
+        # A waiting acquire takes it, or (after a failed start) re-checks whether a refill is still under way.
+        await self._notify_warm_changed()
+
+    async def _notify_warm_changed(self) -> None:
+        async with self._warm_changed:
+            self._warm_changed.notify_all()
 
     async def _health_loop(self) -> None:
         while not self._closed:
@@ -190,6 +237,7 @@ class SandboxPool:
         if self._closed:
             return
         self._closed = True
+        await self._notify_warm_changed()  # waiting acquires raise "closed"
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -64,6 +64,58 @@ async def test_warm_acquire_is_fast_and_release_recycles():
         assert pool.num_cold_starts == 0
 
 
+async def test_an_empty_pool_hands_out_the_refills_under_way_instead_of_cold_starts():
+    """Under continuous use (and at a run's first step, before the pool has started) the warm sandboxes run out
+    while refills are starting: an acquire then takes the next refill instead of starting a cold sandbox of its
+    own, which would be ready later and slow every refill down (the old pool cold-started each of these)."""
+    spec = SandboxSpec(limits=SandboxLimits(workspace_mb=32))
+    pool = SandboxPool(SandboxPoolConfig(num_warm=2, workspace_mb=32))
+    try:
+        # A first step: the pool starts on the first acquire, nothing is warm yet.
+        first_step = await asyncio.gather(*(pool.acquire(spec) for _ in range(3)))
+        assert pool.num_cold_starts == 0 and pool.num_waited == 3
+        await wait_until(lambda: pool.num_warm == 2)
+        burst = await asyncio.gather(*(pool.acquire(spec) for _ in range(4)))  # 2 warm, 2 refills under way
+        assert pool.num_cold_starts == 0 and pool.num_waited == 5
+        for sandbox in [*first_step, *burst]:
+            assert (await sandbox.exec("echo ok")).stdout == "ok\n"
+            await pool.release(sandbox)
+        assert len({sandbox.sandbox_id for sandbox in [*first_step, *burst]}) == 7
+    finally:
+        await pool.close()
+
+
+async def test_sandbox_starts_run_at_most_max_concurrent_starts_at_a_time(monkeypatch):
+    """Concurrent starts share the cores and all finish late; the pool runs them a few at a time, so refills are
+    ready one after another."""
+    running, most_running = 0, 0
+    real_start = BwrapSandbox.start_generic
+
+    async def counted_start(config, **kwargs):
+        nonlocal running, most_running
+        running += 1
+        most_running = max(most_running, running)
+        try:
+            return await real_start(config, **kwargs)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(BwrapSandbox, "start_generic", counted_start)
+    async with SandboxPool(SandboxPoolConfig(num_warm=6, workspace_mb=32, max_concurrent_starts=2)) as pool:
+        assert pool.num_warm == 6
+    assert most_running == 2
+
+
+async def test_a_waiting_acquire_raises_when_the_pool_closes():
+    pool = SandboxPool(SandboxPoolConfig(num_warm=1, workspace_mb=32))
+    spec = SandboxSpec(limits=SandboxLimits(workspace_mb=32))
+    waiting = [asyncio.create_task(pool.acquire(spec)) for _ in range(3)]
+    await asyncio.sleep(0)
+    await pool.close()
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert any(isinstance(result, SandboxError) and "closed" in str(result) for result in results), results
+
+
 async def test_release_destroys_the_sandbox_and_ends_the_lease():
     async with SandboxPool(SandboxPoolConfig(num_warm=1, workspace_mb=32)) as pool:
         spec = SandboxSpec(limits=SandboxLimits(workspace_mb=32))
