@@ -1,18 +1,34 @@
-"""``rollout_mode async`` against ``sync`` on a long-tailed agent workload: the same trained groups, side by side
-in one run, wall-clock ratio, staleness, trainer and engine idle fractions.
+"""``rollout_mode async`` against ``sync`` on a long-tailed agent workload: the same trained groups, in pairs
+(one ``sync`` and one ``async`` run of the same seeded workload, in an order drawn per pair), wall-clock ratio,
+staleness, trainer and engine idle fractions.
 
-    python benchmarks/async_speedup.py            # 6 steps × 4 groups × 2 samples per mode (several minutes)
-    python benchmarks/async_speedup.py --quick    # 2 steps × 2 groups per mode: checks the pipeline
+    python benchmarks/async_speedup.py                 # 3 pairs × 12 steps × 4 groups × 2 samples (~15 min)
+    python benchmarks/async_speedup.py --num-steps 6   # the short run: mostly pipeline fill and drain (~1.5x)
+    python benchmarks/async_speedup.py --quick         # 1 pair × 2 steps × 2 groups: checks the pipeline (< 1 min)
 
 The workload is the toy recipe's (tic-tac-toe through the proxy, tiny model, real Ray, engine, bubblewrap,
 FSDP2 trainer) with one tool call per rollout that runs in the rollout's bubblewrap sandbox and takes a
 heavy-tailed time (log-normal, median ``--tool-median-s``, shape ``--tool-sigma``: most calls are short, a few
 are 10-20× the median, like a test suite that sometimes hangs on I/O). The delay is real time inside the
 sandbox, not a sleep in the trainer. Each mode trains ``num_steps × groups_per_step`` groups (async replaces
-dropped stale groups, so both modes train the same number); the figure is the loop's wall time: the sum of the
-steps' ``time/step_s`` (stack start-up and shut-down excluded, the same for both). The run is the recipe's own
-``train(config, harness=...)``. Last line:
-``async_speedup: <ratio>x faster, mean staleness <s> (target >= 1.8x, staleness <= 1.5)``.
+dropped stale groups, so both modes train the same number); a run's figure is the loop's wall time: the sum of
+its steps' ``time/step_s`` (stack start-up and shut-down excluded, the same for both).
+
+Method: both modes are warmed first (one short run each, discarded: the driver's first stack pays one-off
+costs, e.g. Ray's first workers); then each pair runs ``sync`` and ``async`` on the same seed (the same tool
+times for the same groups), in an order drawn per pair; seeds differ between pairs (another draw of the tail).
+The headline is the median over pairs of sync wall / async wall, with the min-max spread; staleness is the mean
+over the async runs.
+
+Why 12 steps by default: a real RL run has hundreds of steps, and async's gain is its steady state (rollouts of
+the next steps in flight while the trainer trains). With ``max_staleness 2`` the first ~2 steps fill the
+pipeline and the last ~2 drain it, whatever the schedule; at 6 steps that is most of the run, and the last
+step's slowest rollout (which cannot start before ~10 of the 24 groups are trained) bounds the wall time
+(~1.5x). 12 steps is the shortest run where the steady state is most of it and that still fits a few pairs
+into ~15 minutes of this 2-core machine; ``--num-steps 6`` keeps the short figure measurable (RESULTS.md
+reports both). Last line:
+``async_speedup: <median>x faster (<min>-<max>x over <n> pairs, <steps> steps), mean staleness <s>
+(target >= 1.8x, staleness <= 1.5)``.
 """
 
 from __future__ import annotations
@@ -28,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +80,117 @@ class ToolLatencyHarness:
         return dataclasses.replace(outcome, metrics={**outcome.metrics, "tool_latency_s": tool_s})
 
 
-async def run_mode(args: argparse.Namespace, mode: str, run_dir: Path) -> dict[str, float]:
-    """One run of the toy recipe (its own ``train``) in ``mode`` with the tool-latency agent; returns the loop's
-    wall time (the sum of the steps' ``time/step_s``: stack start-up and shut-down excluded) and its
-    pipeline means."""
+MODES = ("sync", "async")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeRun:
+    """One run's figures: wall time (the sum of the steps' ``time/step_s``) and the pipeline's fractions, weighted
+    by step time (the fraction of the whole run, not a mean of per-step fractions)."""
+
+    wall_s: float
+    num_steps: int
+    staleness_mean: float
+    groups_dropped: float
+    trainer_idle: float
+    engine_idle: float
+    rollout_slot_idle: float
+    sandbox_wait_s: float  # mean per rollout: from its start to holding a sandbox
+
+    def describe(self) -> str:
+        """One line of this run's figures."""
+        return (
+            f"wall {self.wall_s:.1f} s, {self.num_steps} steps, staleness {self.staleness_mean:.2f}, "
+            f"dropped {self.groups_dropped:.0f}, trainer idle {self.trainer_idle:.2f}, "
+            f"engine idle {self.engine_idle:.2f}, slot idle {self.rollout_slot_idle:.2f}, "
+            f"sandbox wait {self.sandbox_wait_s * 1000:.0f} ms"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """``sync`` and ``async`` on one seed; ``order`` is the mode that ran first."""
+
+    seed: int
+    order: str
+    sync: ModeRun
+    overlapped: ModeRun
+
+    @property
+    def speedup(self) -> float:
+        """Sync wall time over async wall time for the same trained groups."""
+        return self.sync.wall_s / self.overlapped.wall_s
+
+
+RunMode = Callable[[str, int, bool], Awaitable[ModeRun]]  # (mode, seed, warm_up) -> the run's figures
+
+
+async def measure_pairs(run_mode: RunMode, *, seeds: Sequence[int], rng: random.Random) -> list[Pair]:
+    """Warm both modes (one short run each, discarded), then run ``sync`` and ``async`` on each seed in an
+    order drawn per pair."""
+    for mode in MODES:
+        await run_mode(mode, seeds[0], True)
+    pairs = []
+    for seed in seeds:
+        order = list(MODES)
+        rng.shuffle(order)
+        runs = {}
+        for mode in order:
+            runs[mode] = await run_mode(mode, seed, False)
+            print(f"  seed {seed} {mode}: {runs[mode].describe()}", flush=True)
+        pair = Pair(seed=seed, order=order[0], sync=runs["sync"], overlapped=runs["async"])
+        print(f"pair seed {seed} ({pair.order} first): {pair.speedup:.2f}x", flush=True)
+        pairs.append(pair)
+    return pairs
+
+
+def summarize(pairs: Sequence[Pair]) -> dict[str, float]:
+    """The headline: median speedup over pairs with its spread, async staleness averaged over the async runs,
+    and each mode's idle fractions averaged over its runs."""
+    speedups = [pair.speedup for pair in pairs]
+    summary = {
+        "speedup_median": statistics.median(speedups),
+        "speedup_min": min(speedups),
+        "speedup_max": max(speedups),
+        "staleness_mean": statistics.fmean(pair.overlapped.staleness_mean for pair in pairs),
+        "groups_dropped_mean": statistics.fmean(pair.overlapped.groups_dropped for pair in pairs),
+    }
+    for name, runs in (("sync", [p.sync for p in pairs]), ("async", [p.overlapped for p in pairs])):
+        for field in ("trainer_idle", "engine_idle", "rollout_slot_idle", "sandbox_wait_s"):
+            summary[f"{name}_{field}"] = statistics.fmean(getattr(run, field) for run in runs)
+    return summary
+
+
+def read_run(metrics_path: Path) -> ModeRun:
+    """A run's figures from its ``metrics.jsonl``."""
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    step_s = [row["time/step_s"] for row in rows]
+    wall_s = sum(step_s)
+
+    def weighted(key: str) -> float:
+        pairs = [(row[key], row["time/step_s"]) for row in rows if key in row]
+        total_s = sum(seconds for _, seconds in pairs)
+        return sum(value * seconds for value, seconds in pairs) / total_s if total_s > 0 else float("nan")
+
+    def mean(key: str) -> float:
+        values = [row[key] for row in rows if key in row]
+        return statistics.fmean(values) if values else float("nan")
+
+    return ModeRun(
+        wall_s=wall_s,
+        num_steps=len(rows),
+        staleness_mean=mean("staleness/mean") if any("staleness/mean" in row for row in rows) else 0.0,
+        groups_dropped=sum(row.get("staleness/groups_dropped", 0.0) for row in rows),
+        trainer_idle=weighted("pipeline/trainer_idle_fraction"),
+        engine_idle=weighted("pipeline/engine_idle_fraction"),
+        rollout_slot_idle=weighted("pipeline/rollout_slot_idle_fraction"),
+        sandbox_wait_s=mean("throughput/sandbox_wait_s_mean"),
+    )
+
+
+async def run_mode(args: argparse.Namespace, mode: str, seed: int, warm_up: bool, run_dir: Path) -> ModeRun:
+    """One run of the toy recipe (its own ``train``) in ``mode`` with the tool-latency agent; a warm-up run is
+    1 step × 1 group with short tool calls."""
     from components.launch import (
         MonitoringBrickConfig,
         RolloutBrickConfig,
@@ -79,8 +203,8 @@ async def run_mode(args: argparse.Namespace, mode: str, run_dir: Path) -> dict[s
     config = TicTacToeGrpoConfig(
         model="tiny",
         run_dir=str(run_dir),
-        num_steps=args.num_steps,
-        games_per_step=args.groups_per_step,
+        num_steps=1 if warm_up else args.num_steps,
+        games_per_step=1 if warm_up else args.groups_per_step,
         group_size=2,
         rollout=RolloutBrickConfig(
             mode=mode, max_staleness=args.max_staleness, max_concurrency=args.max_concurrency
@@ -88,67 +212,83 @@ async def run_mode(args: argparse.Namespace, mode: str, run_dir: Path) -> dict[s
         sampling=SamplingBrickConfig(max_tokens=24),
         max_turns=2,
         trainer=TrainerBrickConfig(workers=1, learning_rate=2e-5),
-        sandbox=SandboxBrickConfig(num_warm=args.max_concurrency),
+        sandbox=SandboxBrickConfig(num_warm=args.num_warm_sandboxes),
         checkpoint_every_steps=0,
         monitoring=MonitoringBrickConfig(wandb_mode="disabled"),
-        seed=args.seed,
+        seed=seed,
     )
     toy = toy_harness(config)
-    harness = ToolLatencyHarness(toy, median_s=args.tool_median_s, sigma=args.tool_sigma, seed=args.seed)
+    median_s = min(args.tool_median_s, 0.1) if warm_up else args.tool_median_s
+    harness = ToolLatencyHarness(toy, median_s=median_s, sigma=args.tool_sigma, seed=seed)
     run = await train(config, harness=harness, grader=toy.reward)
-    rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines() if line]
-
-    def mean(key: str) -> float:
-        values = [row[key] for row in rows if key in row]
-        return statistics.fmean(values) if values else float("nan")
-
-    return {
-        "wall_s": sum(row["time/step_s"] for row in rows),
-        "steps": float(len(rows)),
-        "staleness_mean": mean("staleness/mean"),
-        "groups_dropped": sum(row.get("staleness/groups_dropped", 0.0) for row in rows),
-        "trainer_idle": mean("pipeline/trainer_idle_fraction"),
-        "engine_idle": mean("pipeline/engine_idle_fraction"),
-        "rollout_slot_idle": mean("pipeline/rollout_slot_idle_fraction"),
-    }
+    return read_run(run.path / "metrics.jsonl")
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    results = {}
+async def main_async(args: argparse.Namespace) -> list[Pair]:
+    runs = collections.Counter[str]()
     with tempfile.TemporaryDirectory(prefix="async-speedup-") as scratch:
-        for mode in ("sync", "async"):
-            results[mode] = await run_mode(args, mode, Path(scratch) / mode)
-            print(f"{mode}: " + ", ".join(f"{k} {v:.3g}" for k, v in results[mode].items()), flush=True)
-    return results
+
+        async def one_run(mode: str, seed: int, warm_up: bool) -> ModeRun:
+            runs[mode] += 1
+            run_dir = Path(scratch) / f"{mode}-{runs[mode]}{'-warm-up' if warm_up else ''}"
+            started = time.monotonic()
+            result = await run_mode(args, mode, seed, warm_up, run_dir)
+            label = "warm-up" if warm_up else f"seed {seed}"
+            print(
+                f"  {mode} {label}: {time.monotonic() - started:.0f} s with start-up and shut-down",
+                flush=True,
+            )
+            return result
+
+        seeds = [args.seed + index for index in range(args.num_pairs)]
+        return await measure_pairs(one_run, seeds=seeds, rng=random.Random(args.seed))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="2 steps × 2 groups per mode")
-    parser.add_argument("--num-steps", type=int, default=None, help="training steps per mode (default 6)")
+    parser.add_argument("--quick", action="store_true", help="1 pair × 2 steps × 2 groups, short tool calls")
+    parser.add_argument(
+        "--num-pairs", type=int, default=None, help="sync/async pairs, one seed each (default 3)"
+    )
+    parser.add_argument("--num-steps", type=int, default=None, help="training steps per run (default 12)")
     parser.add_argument("--groups-per-step", type=int, default=None, help="GRPO groups per step (default 4)")
     parser.add_argument("--max-concurrency", type=int, default=8, help="rollouts in flight (both modes)")
+    parser.add_argument(
+        "--num-warm-sandboxes",
+        type=int,
+        default=12,
+        help="the sandbox pool's warm sandboxes (slots + a margin)",
+    )
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--tool-median-s", type=float, default=1.5, help="median tool time in the sandbox")
     parser.add_argument("--tool-sigma", type=float, default=1.2, help="log-normal shape: the tail's weight")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the first pair's seed (pair i: seed + i)")
     args = parser.parse_args()
-    args.num_steps = args.num_steps or (2 if args.quick else 6)
+    args.num_pairs = args.num_pairs or (1 if args.quick else 3)
+    args.num_steps = args.num_steps or (2 if args.quick else 12)
     args.groups_per_step = args.groups_per_step or (2 if args.quick else 4)
     if args.quick:
         args.tool_median_s = min(args.tool_median_s, 0.5)
-    results = asyncio.run(main_async(args))
-    sync, overlapped = results["sync"], results["async"]
-    speedup = sync["wall_s"] / overlapped["wall_s"]
+    pairs = asyncio.run(main_async(args))
+    summary = summarize(pairs)
     print(
-        f"trainer idle: sync {sync['trainer_idle']:.2f}, async {overlapped['trainer_idle']:.2f}; "
-        f"engine idle: sync {sync['engine_idle']:.2f}, async {overlapped['engine_idle']:.2f}; "
-        f"groups dropped (async): {overlapped['groups_dropped']:.0f}"
+        "speedups: "
+        + ", ".join(f"{pair.speedup:.2f}x (seed {pair.seed}, {pair.order} first)" for pair in pairs)
     )
+    for mode in MODES:
+        print(
+            f"{mode} (mean of {len(pairs)} runs): trainer idle {summary[f'{mode}_trainer_idle']:.2f}, "
+            f"engine idle {summary[f'{mode}_engine_idle']:.2f}, "
+            f"rollout slot idle {summary[f'{mode}_rollout_slot_idle']:.2f}, "
+            f"sandbox wait {summary[f'{mode}_sandbox_wait_s'] * 1000:.0f} ms"
+        )
+    print(f"groups dropped for staleness (async, mean per run): {summary['groups_dropped_mean']:.1f}")
     print(
-        f"async_speedup: {speedup:.2f}x faster, mean staleness {overlapped['staleness_mean']:.2f} "
+        f"async_speedup: {summary['speedup_median']:.2f}x faster ({summary['speedup_min']:.2f}-"
+        f"{summary['speedup_max']:.2f}x over {len(pairs)} pairs, {args.num_steps} steps), "
+        f"mean staleness {summary['staleness_mean']:.2f} "
         f"(target >= {TARGET_SPEEDUP}x, staleness <= {TARGET_STALENESS})"
     )
     sys.stdout.flush()
