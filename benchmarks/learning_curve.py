@@ -40,6 +40,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 TARGET_DELTA = 0.3
 TARGET_MINUTES = 20.0
+# Ray 2.60's raylet gives its dashboard agent a fixed 15 s to start; on a loaded machine it may not, and the
+# local node never comes up (ray-project/ray#65983). Such a run measured nothing and is started again.
+RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,7 @@ def main() -> None:
     walls: dict[str, list[float]] = {name: [] for name in names}
     lines, commands = [], []
     running: dict[subprocess.Popen, tuple[int, str, Path, float]] = {}
+    retries = {job: 0 for job in queue}
     while queue or running:
         while queue and len(running) < args.parallel:
             seed, name = queue.pop(0)
@@ -241,11 +245,16 @@ def main() -> None:
         for process in [process for process in running if process.poll() is not None]:
             seed, name, run_dir, started = running.pop(process)
             wall_s = time.monotonic() - started
+            log_text = (run_dir.parent / "recipe.log").read_text()
+            if process.returncode != 0 and RAY_START_TIMEOUT in log_text and retries[(seed, name)] < 2:
+                retries[(seed, name)] += 1  # the run never started: start it again, nothing was measured
+                print(f"{name} seed {seed}: Ray's node did not start (load); starting it again", flush=True)
+                queue.insert(0, (seed, name))
+                continue
             if process.returncode != 0:
                 for other in running:
                     other.terminate()
-                log_tail = (run_dir.parent / "recipe.log").read_text()[-4000:]
-                sys.exit(f"recipe ({name}, seed {seed}) failed ({process.returncode}):\n{log_tail}")
+                sys.exit(f"recipe ({name}, seed {seed}) failed ({process.returncode}):\n{log_text[-4000:]}")
             rows = runs[(name, seed)] = read_rewards(run_dir)
             start, end, delta = window_delta(rows, window)
             deltas[name].append(delta)
