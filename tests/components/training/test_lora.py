@@ -403,3 +403,31 @@ async def test_two_lora_policies_train_concurrently_on_one_engine(ray_session, t
         for trainer in trainers.values():
             trainer.shutdown()
         await engine.aclose()
+
+
+@pytest.mark.parametrize("target_modules", ["all-linear", ("q_proj", "lm_head")])
+def test_adapter_gatherer_equals_peft_saved_adapter_after_each_step(tiny_model_dir, target_modules):
+    """The sync's gather (parameters found once) gives exactly peft's saved-adapter tensors, keys and config,
+    after the adapter moved, and copies (a later step does not change a gathered version); the output head's
+    adapter too (the tied embedding is base, never sent: ``save_embedding_layers=False`` as in every sync)."""
+    from peft import get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from components.lora import AdapterGatherer, wrap_with_lora
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = wrap_with_lora(base, LoraSettings(rank=4, target_modules=target_modules))
+    gatherer = AdapterGatherer(model)
+    versions = []
+    for step in range(2):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.requires_grad:
+                    parameter.add_(0.1 * (step + 1))
+        versions.append(gatherer.gather())
+        expected = get_peft_model_state_dict(model, save_embedding_layers=False)
+        assert list(versions[-1].tensors) == list(expected)
+        for key, tensor in expected.items():
+            assert torch.equal(versions[-1].tensors[key], tensor), key
+        assert versions[-1].peft_config().to_dict() == model.peft_config["default"].to_dict()
+    assert not torch.equal(*(next(iter(v.tensors.values())) for v in versions))  # copies, not views
