@@ -22,18 +22,16 @@ import pytest
 
 from components.protocols import SamplingParams
 from components.rollout.buffer import GroupBuffer, TrajectoryLedger, group_id_for, split_stale
-from components.training.data import SampleBatchConfig
-from components.training.grpo import GRPO
-from components.training.step import OptimizerConfig
-from components.training.trainer import Trainer, TrainerConfig
 from components.training.weight_sync import WeightSync, WeightSyncConfig
-from components.trajectory import Segment, Trajectory, TrajectoryStatus
+from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 from tests.components.training.test_learning import (
     GROUP_SIZE,
     NUM_PROMPTS,
     NUM_SAMPLED,
     NUM_STEPS,
+    start_engine_and_trainer,
+    target_token_trajectory,
     target_tokens,
 )
 
@@ -42,44 +40,21 @@ LEARNING_RATE = 0.1  # as the sync learning test
 
 
 def member_of(group_index: int, sample: int, prompt: list[int], result, target: np.ndarray) -> Trajectory:
-    output = np.asarray(result.output_ids)
-    segment = Segment(
-        token_ids=np.array(prompt + list(result.output_ids)),
-        loss_mask=np.array([0] * len(prompt) + [1] * len(output), dtype=np.int8),
-        logprobs=np.array([0.0] * len(prompt) + list(result.logprobs)),
-        weight_versions=np.array([-1] * len(prompt) + list(result.weight_versions)),
-    )
-    return Trajectory(
+    return target_token_trajectory(
         trajectory_id=f"g{group_index}-{sample}",
         group_id=group_id_for(group_index, f"prompt{group_index % NUM_PROMPTS}"),
         task_id=f"prompt{group_index % NUM_PROMPTS}",
-        harness="target-tokens",
-        status=TrajectoryStatus.OK,
-        reward=float(target[output].mean()),
         step=group_index // NUM_PROMPTS,
-        segments=(segment,),
+        prompt=prompt,
+        result=result,
+        target=target,
     )
 
 
 @pytest.mark.slow
 async def test_mean_reward_rises_with_every_step_two_versions_stale(ray_session, tiny_model_dir, tmp_path):
-    from components.engine.embedded import EmbeddedEngineConfig
-    from components.engine.ray_actor import RayEngineClient, start_engine_actor
-
-    actor = start_engine_actor(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, max_batch_size=32, eos_token_ids=()),
-        num_cpus=1,
-    )
-    engine = await RayEngineClient.connect(actor)
-    trainer = Trainer(
-        TrainerConfig(
-            model_path=tiny_model_dir,
-            run_dir=tmp_path,
-            num_workers=1,
-            optimizer=OptimizerConfig(learning_rate=LEARNING_RATE),
-            batching=SampleBatchConfig(max_staleness=MAX_STALENESS),
-        ),
-        algorithm=GRPO(),
+    actor, engine, trainer = await start_engine_and_trainer(
+        tiny_model_dir, tmp_path, learning_rate=LEARNING_RATE, max_staleness=MAX_STALENESS
     )
     store = TrajectoryStore(tmp_path)
     sync = WeightSync(WeightSyncConfig(mode="memory"), engine)
@@ -92,7 +67,9 @@ async def test_mean_reward_rises_with_every_step_two_versions_stale(ray_session,
         prompt = prompts[group_index % NUM_PROMPTS]
         results = await asyncio.gather(
             *(
-                engine.generate(prompt, SamplingParams(max_tokens=NUM_SAMPLED, seed=group_index * 100 + sample))
+                engine.generate(
+                    prompt, SamplingParams(max_tokens=NUM_SAMPLED, seed=group_index * 100 + sample)
+                )
                 for sample in range(GROUP_SIZE)
             )
         )
@@ -124,7 +101,9 @@ async def test_mean_reward_rises_with_every_step_two_versions_stale(ray_session,
             staleness.append(max(split.staleness))
             mean_rewards.append(metrics["data/reward_mean"])
             logprob_gaps.append(metrics["train/logprob_abs_diff_mean"])
-            assert metrics["data/num_stale_trajectories"] == 0  # the trainer's own bound agrees with the buffer's
+            assert (
+                metrics["data/num_stale_trajectories"] == 0
+            )  # the trainer's own bound agrees with the buffer's
     finally:
         trainer.shutdown()
         await actor.close.remote()

@@ -52,25 +52,72 @@ def target_tokens(model_dir) -> np.ndarray:
     return target
 
 
-def trajectory_of(step: int, index: int, prompt: list[int], result, target: np.ndarray) -> Trajectory:
+def target_token_trajectory(
+    *,
+    trajectory_id: str,
+    group_id: str,
+    task_id: str,
+    step: int,
+    prompt: list[int],
+    result,
+    target: np.ndarray,
+) -> Trajectory:
+    """One sampled continuation of ``prompt`` as a trajectory; its reward is the share of target tokens."""
     output = np.asarray(result.output_ids)
-    mask = np.array([0] * len(prompt) + [1] * len(output), dtype=np.int8)
     segment = Segment(
         token_ids=np.array(prompt + list(result.output_ids)),
-        loss_mask=mask,
+        loss_mask=np.array([0] * len(prompt) + [1] * len(output), dtype=np.int8),
         logprobs=np.array([0.0] * len(prompt) + list(result.logprobs)),
         weight_versions=np.array([-1] * len(prompt) + list(result.weight_versions)),
     )
     return Trajectory(
-        trajectory_id=f"step{step}-{index}",
-        group_id=f"step{step}-prompt{index // GROUP_SIZE}",
-        task_id=f"prompt{index // GROUP_SIZE}",
+        trajectory_id=trajectory_id,
+        group_id=group_id,
+        task_id=task_id,
         harness="target-tokens",
         status=TrajectoryStatus.OK,
         reward=float(target[output].mean()),
         step=step,
         segments=(segment,),
     )
+
+
+def trajectory_of(step: int, index: int, prompt: list[int], result, target: np.ndarray) -> Trajectory:
+    return target_token_trajectory(
+        trajectory_id=f"step{step}-{index}",
+        group_id=f"step{step}-prompt{index // GROUP_SIZE}",
+        task_id=f"prompt{index // GROUP_SIZE}",
+        step=step,
+        prompt=prompt,
+        result=result,
+        target=target,
+    )
+
+
+async def start_engine_and_trainer(
+    tiny_model_dir, tmp_path, *, learning_rate: float, max_staleness: int, lora: LoraSettings | None = None
+):
+    """(engine actor, its client, a one-worker GRPO trainer): the learning tests' shared set-up."""
+    from components.engine.embedded import EmbeddedEngineConfig
+    from components.engine.ray_actor import RayEngineClient, start_engine_actor
+
+    actor = start_engine_actor(
+        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, max_batch_size=32, eos_token_ids=()),
+        num_cpus=1,
+    )
+    engine = await RayEngineClient.connect(actor)
+    trainer = Trainer(
+        TrainerConfig(
+            model_path=tiny_model_dir,
+            run_dir=tmp_path,
+            num_workers=1,
+            optimizer=OptimizerConfig(learning_rate=learning_rate),
+            batching=SampleBatchConfig(max_staleness=max_staleness),
+            lora=lora or LoraSettings(),
+        ),
+        algorithm=GRPO(),
+    )
+    return actor, engine, trainer
 
 
 @pytest.mark.slow
@@ -100,24 +147,8 @@ async def train_and_record(
     tiny_model_dir, tmp_path, *, learning_rate: float, lora: LoraSettings | None = None
 ) -> list[float]:
     """Run NUM_STEPS rollout → train → sync steps; returns the mean reward of each step's rollouts."""
-    from components.engine.embedded import EmbeddedEngineConfig
-    from components.engine.ray_actor import RayEngineClient, start_engine_actor
-
-    actor = start_engine_actor(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, max_batch_size=32, eos_token_ids=()),
-        num_cpus=1,
-    )
-    engine = await RayEngineClient.connect(actor)
-    trainer = Trainer(
-        TrainerConfig(
-            model_path=tiny_model_dir,
-            run_dir=tmp_path,
-            num_workers=1,
-            optimizer=OptimizerConfig(learning_rate=learning_rate),
-            batching=SampleBatchConfig(max_staleness=0),
-            lora=lora or LoraSettings(),
-        ),
-        algorithm=GRPO(),
+    actor, engine, trainer = await start_engine_and_trainer(
+        tiny_model_dir, tmp_path, learning_rate=learning_rate, max_staleness=0, lora=lora
     )
     store = TrajectoryStore(tmp_path)
     sync = WeightSync(WeightSyncConfig(mode="memory"), engine)
