@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from components.engine.policy_view import PolicyView
 from components.lora import LoraAdapter, LoraError, injected_state_dict
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
@@ -124,7 +125,7 @@ def _structure(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class PolicyEngine:
+class PolicyEngine(PolicyView):
     """One policy's view of a shared multi-LoRA engine: an ``InferenceEngine`` + ``AdapterEngine`` whose
     requests run with the adapter ``name`` (batched with other policies' requests) and whose versions are that
     adapter's own. A proxy (and so every session it records) built over this view is bound to this policy;
@@ -133,19 +134,7 @@ class PolicyEngine:
     def __init__(self, engine: Any, name: str) -> None:
         if not name or name in (BASE_ADAPTER, DEFAULT_ADAPTER):
             raise LoraError(f"policy name: {name!r} is reserved")
-        self.engine = engine
-        self.name = name
-
-    @property
-    def context_window(self) -> int:
-        return self.engine.context_window
-
-    @property
-    def weight_version(self) -> int:
-        return self.engine.adapter_version(self.name)
-
-    async def generate(self, input_ids: Sequence[int], params: Any) -> Any:
-        return await self.engine.generate(input_ids, params, adapter=self.name)
+        super().__init__(engine, name)
 
     async def update_adapter(self, adapter: LoraAdapter, version: int) -> None:
         await self.engine.update_adapter(adapter, version, name=self.name)

@@ -77,6 +77,7 @@ from tenacity import (
 )
 
 from components.config import require, require_non_negative, require_one_of, require_positive
+from components.engine.policy_view import PolicyView
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
 from components.protocols import FinishReason, GenerationResult, SamplingParams
 from components.sampling import SamplingDistribution
@@ -833,7 +834,7 @@ def serialize_named_tensors(named_tensors: Sequence[tuple[str, torch.Tensor]]) -
     return base64.b64encode(buffer.getvalue()).decode("utf-8")
 
 
-class SGLangPolicy:
+class SGLangPolicy(PolicyView):
     """One policy's view of a multi-LoRA SGLang server: an ``InferenceEngine`` + ``LoraServingEngine`` whose
     requests carry this policy's adapter name (``lora_path``) and whose versions are that adapter's own. A proxy
     session bound to this view samples only with this policy; a disk ``WeightSync`` over it loads only this
@@ -841,19 +842,7 @@ class SGLangPolicy:
 
     def __init__(self, engine: SGLangEngine, name: str) -> None:
         require(bool(name), "policy", "must be a non-empty name ('' is the engine-wide adapter)")
-        self.engine = engine
-        self.name = name
-
-    @property
-    def context_window(self) -> int:
-        return self.engine.context_window
-
-    @property
-    def weight_version(self) -> int:
-        return self.engine.adapter_version(self.name)
-
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
-        return await self.engine.generate(input_ids, params, adapter=self.name)
+        super().__init__(engine, name)
 
     async def load_lora_adapter(self, lora_path: str | Path, version: int) -> dict[str, Any]:
         return await self.engine.load_lora_adapter(lora_path, version, policy=self.name)

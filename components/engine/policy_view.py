@@ -1,0 +1,33 @@
+"""One policy's view of a shared multi-adapter engine (embedded ``PolicyEngine``, SGLang ``SGLangPolicy``).
+
+The view is an ``InferenceEngine`` whose requests run with the adapter ``name`` (batched with other policies'
+requests on the shared base) and whose ``weight_version`` is that adapter's own. A proxy session bound to a view
+samples only with its policy; a ``WeightSync`` over it moves only its adapter. Subclasses check the name and add
+their engine's way of receiving an adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from components.protocols import GenerationResult, SamplingParams
+
+
+class PolicyView:
+    """The shared part of a policy view: the adapter name on every request, the adapter's own version."""
+
+    def __init__(self, engine: Any, name: str) -> None:
+        self.engine = engine
+        self.name = name
+
+    @property
+    def context_window(self) -> int:
+        return self.engine.context_window
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.adapter_version(self.name)
+
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
+        return await self.engine.generate(input_ids, params, adapter=self.name)
