@@ -396,6 +396,7 @@ class SessionControl(Protocol):
         group_id: str = "",
         harness: str = "",
         step: int = 0,
+        policy: str = "",
     ) -> str: ...
 
     async def describe(self, session_id: str) -> dict[str, Any]: ...

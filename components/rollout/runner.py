@@ -35,6 +35,7 @@ from components.protocols import (
     TaskWithSetup,
 )
 from components.proxy.auth import SessionKeys
+from components.proxy.sessions import validate_policy_name
 from components.rewards.compose import RewardWeights, apply_group_reward
 from components.rollout.failures import classify_exception
 from components.rollout.log_text import clip_text
@@ -65,8 +66,13 @@ class RolloutConfig:
     probe_timeout_s: float = 15.0  # the liveness check of the sandbox after the harness ran
     release_timeout_s: float = 60.0
     max_log_chars: int = 200_000  # harness + grading log kept per trajectory
+    # Multi-LoRA: the named policy every session of this runner is bound to (the proxy's ``policies``, e.g.
+    # ``EmbeddedEngine.policy(name)``); "": the proxy's default engine (a run with a single policy)
+    policy: str = ""
 
     def __post_init__(self) -> None:
+        if self.policy:
+            validate_policy_name(self.policy)
         for name in (
             "group_size",
             "max_concurrency",
@@ -251,7 +257,11 @@ class RolloutRunner:
                     return self._local_trajectory(task, rollout, group_id=group_id, step=step)
             try:
                 session_id = await self.sessions.open_session(
-                    task_id=task.task_id, group_id=group_id, harness=self.harness.name, step=step
+                    task_id=task.task_id,
+                    group_id=group_id,
+                    harness=self.harness.name,
+                    step=step,
+                    policy=self.config.policy,
                 )
             except Exception as exc:
                 rollout.fail(TrajectoryStatus.ENGINE_ERROR, f"could not open a proxy session: {exc}")
