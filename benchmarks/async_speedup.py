@@ -2,9 +2,9 @@
 (one ``sync`` and one ``async`` run of the same seeded workload, in an order drawn per pair), wall-clock ratio,
 staleness, trainer and engine idle fractions.
 
-    python benchmarks/async_speedup.py                 # 3 pairs × 12 steps × 4 groups × 2 samples (~15 min)
+    python benchmarks/async_speedup.py                 # 3 pairs × 12 steps × 4 groups × 2 samples (~35 min)
     python benchmarks/async_speedup.py --num-steps 6   # the short run: mostly pipeline fill and drain (~1.5x)
-    python benchmarks/async_speedup.py --quick         # 1 pair × 2 steps × 2 groups: checks the pipeline (< 1 min)
+    python benchmarks/async_speedup.py --quick         # 1 pair × 2 steps × 2 groups: checks the pipeline
 
 The workload is the toy recipe's (tic-tac-toe through the proxy, tiny model, real Ray, engine, bubblewrap,
 FSDP2 trainer) with one tool call per rollout that runs in the rollout's bubblewrap sandbox and takes a
@@ -25,8 +25,8 @@ the next steps in flight while the trainer trains). With ``max_staleness 2`` the
 pipeline and the last ~2 drain it, whatever the schedule; at 6 steps that is most of the run, and the last
 step's slowest rollout (which cannot start before ~10 of the 24 groups are trained) bounds the wall time
 (~1.5x). 12 steps is the shortest run where the steady state is most of it and that still fits a few pairs
-into ~15 minutes of this 2-core machine; ``--num-steps 6`` keeps the short figure measurable (RESULTS.md
-reports both). Last line:
+into the time this shared 2-core machine gives (each run also pays a stack start: 2-7 min at load ~20);
+``--num-steps 6`` keeps the short figure measurable (RESULTS.md reports both). Last line:
 ``async_speedup: <median>x faster (<min>-<max>x over <n> pairs, <steps> steps), mean staleness <s>
 (target >= 1.8x, staleness <= 1.5)``.
 """
