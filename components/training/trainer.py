@@ -31,7 +31,7 @@ import numpy as np
 
 from components.config import require, require_positive
 from components.errors import ReinError
-from components.lora import LoraAdapter, LoraSettings
+from components.lora import AdapterGatherer, LoraAdapter, LoraSettings
 from components.protocols import Algorithm
 from components.training.checkpoint import (
     Checkpoint,
@@ -272,19 +272,6 @@ def _score_sequences(
     return out
 
 
-def _gather_adapter(model: Any) -> LoraAdapter:
-    """The LoRA adapter of a sharded ``PeftModel``: only the trainable tensors are all-gathered (a collective:
-    every rank calls it, in ``named_parameters`` order), never the frozen base."""
-    from components.lora import adapter_from_peft_model
-
-    full = {}
-    for name, parameter in model.named_parameters():
-        if parameter.requires_grad:
-            tensor = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
-            full[name] = tensor.detach().to("cpu").clone()
-    return adapter_from_peft_model(model, full)
-
-
 def _train_loop(loop_config: dict[str, Any]) -> None:
     """Ray Train worker: build the sharded model and optimizer once, then serve commands until 'stop'."""
     import ray
@@ -329,6 +316,9 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
         else None
     )
     optimizer = build_optimizer(model, config.optimizer)
+    # the adapter's trainable (sharded) parameters and saved-adapter keys, found once: each gather all-gathers
+    # only those tensors (a collective every rank calls, in the same order), never the frozen base
+    adapter_gatherer = AdapterGatherer(model) if lora is not None else None
     if resume_from is not None and (resume_from / "optimizer.pt").exists():
         full = torch.load(resume_from / "optimizer.pt", weights_only=False)
         set_optimizer_state_dict(
@@ -367,11 +357,11 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
         elif isinstance(command, GatherFullStateDict):
             state_dict = get_model_state_dict(model, options=full_options)
             result = [ray.put(state_dict)] if rank == 0 else None
-        elif isinstance(command, GatherAdapter):
-            adapter = _gather_adapter(model)
+        elif isinstance(command, GatherAdapter) and adapter_gatherer is not None:
+            adapter = adapter_gatherer.gather()
             result = [ray.put(adapter)] if rank == 0 else None
-        elif isinstance(command, WriteCheckpoint) and lora is not None:
-            adapter = _gather_adapter(model)
+        elif isinstance(command, WriteCheckpoint) and adapter_gatherer is not None:
+            adapter = adapter_gatherer.gather()
             optimizer_state = get_optimizer_state_dict(model, optimizer, options=full_options)
             if rank == 0:
                 from components.lora import write_adapter_folder
