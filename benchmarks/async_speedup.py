@@ -207,7 +207,10 @@ async def run_mode(args: argparse.Namespace, mode: str, seed: int, warm_up: bool
         games_per_step=1 if warm_up else args.groups_per_step,
         group_size=2,
         rollout=RolloutBrickConfig(
-            mode=mode, max_staleness=args.max_staleness, max_concurrency=args.max_concurrency
+            mode=mode,
+            max_staleness=args.max_staleness,
+            max_steps_ahead=args.max_steps_ahead,
+            max_concurrency=args.max_concurrency,
         ),
         sampling=SamplingBrickConfig(max_tokens=24),
         max_turns=2,
@@ -262,6 +265,9 @@ def main() -> None:
         help="the sandbox pool's warm sandboxes (slots + a margin)",
     )
     parser.add_argument("--max-staleness", type=int, default=2)
+    parser.add_argument(
+        "--max-steps-ahead", type=int, default=1, help="async: steps beyond the trainer's the producer may start"
+    )
     parser.add_argument("--tool-median-s", type=float, default=1.5, help="median tool time in the sandbox")
     parser.add_argument("--tool-sigma", type=float, default=1.2, help="log-normal shape: the tail's weight")
     parser.add_argument("--seed", type=int, default=0, help="the first pair's seed (pair i: seed + i)")

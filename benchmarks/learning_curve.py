@@ -17,7 +17,8 @@ same recipe seeds (so the same games). Runs the recipe as a user would (a subpro
 ``async`` those were sampled by weights up to ``max_staleness`` versions older, so the x-axis is the training
 step, not the version that played). Both ends use the same window: "start" is the mean reward over the first
 ``--window`` steps, "end" over the last ``--window`` steps. The headline per variant is the mean over seeds of
-(end - start) with its sample standard deviation. Writes ``benchmarks/results/learning_curve.md`` and ``.png``.
+(end - start) with its sample standard deviation. Writes ``benchmarks/results/learning_curve.md`` and ``.png``
+(``learning_curve_<variants>`` when not all three ran).
 Last line: ``learning_curve: sync +<delta>, async +<delta>, lora +<delta> mean reward over <n> seed(s) ...
 (target >= +0.3 each)``.
 """
@@ -52,6 +53,9 @@ class Variant:
     name: str
     flags: tuple[str, ...]
     learning_rate: float
+
+
+VARIANT_NAMES = ("sync", "async", "lora")
 
 
 def variants(args: argparse.Namespace) -> dict[str, Variant]:
@@ -104,8 +108,17 @@ def read_rewards(run_dir: Path) -> list[tuple[int, float, float]]:
     return rows
 
 
+def results_name(variant_names: list[str], *, quick: bool) -> str:
+    """The results' file name: ``learning_curve`` (all variants), else with the variants run, so that one
+    variant's run does not overwrite another's (``learning_curve_async``); ``_quick`` for ``--quick``."""
+    name = "learning_curve"
+    if sorted(variant_names) != sorted(VARIANT_NAMES):
+        name += "_" + "_".join(variant_names)
+    return name + ("_quick" if quick else "")
+
+
 def write_results(
-    runs: dict[tuple[str, int], list], *, commands: list[str], summary: str, quick: bool
+    runs: dict[tuple[str, int], list], *, commands: list[str], summary: str, name: str
 ) -> None:
     """The curves of every variant and seed (table + plot) and the summary, under ``benchmarks/results``."""
     import matplotlib
@@ -114,7 +127,6 @@ def write_results(
     import matplotlib.pyplot as plt
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "learning_curve_quick" if quick else "learning_curve"
     figure, axis = plt.subplots(figsize=(6, 3.5))
     for (variant, seed), rows in runs.items():
         axis.plot(
@@ -282,7 +294,7 @@ def main() -> None:
         f"(target >= +{TARGET_DELTA} each, <= {TARGET_MINUTES:.0f} min per run)"
     )
     summary = "\n".join(lines)
-    write_results(runs, commands=commands, summary=summary, quick=args.quick)
+    write_results(runs, commands=commands, summary=summary, name=results_name(names, quick=args.quick))
     for line in lines[-len(names) - 1 :]:
         print(line)  # the last line: learning_curve: ...
 

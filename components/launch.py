@@ -72,6 +72,7 @@ from components.protocols import (
     ProxyProvider,
     SandboxProvider,
     SessionControl,
+    StartsAhead,
     Task,
 )
 from components.recipe_config import config_to_json, option
@@ -229,6 +230,13 @@ class RolloutBrickConfig:
         "async/partial: drop (and count) a group whose oldest sampled token is more versions behind",
         flag="max-staleness",
     )
+    max_steps_ahead: int = option(
+        1,
+        "async/partial: while the trainer is the bottleneck (its last step found its groups complete), start "
+        "groups at most this many steps beyond its step (capped by max_staleness; each step more would be a "
+        "version of staleness on every group); while rollouts are (it waits for groups), up to max_staleness",
+        flag="max-steps-ahead",
+    )
     max_concurrency: int = option(4, "rollouts in flight at once", flag="max-concurrency")
     placement: Literal["driver", "actor"] = option(
         "driver",
@@ -247,6 +255,7 @@ class RolloutBrickConfig:
         require_non_negative(self.actor_num_cpus, "actor_num_cpus")
         self.actor_resource_amounts  # noqa: B018 -- validates actor_resources
         require_non_negative(self.max_staleness, "max_staleness")
+        require_non_negative(self.max_steps_ahead, "max_steps_ahead")
         require(
             self.mode != "partial" or self.max_staleness >= 1,
             "max_staleness",
@@ -621,6 +630,14 @@ class Bricks:
         )
 
 
+async def start_sandboxes_ahead(sandboxes: SandboxProvider, placement: str) -> None:
+    """Begin filling a provider that can start ahead (``StartsAhead``: the bubblewrap pool) while the rest of
+    the stack warms up, so the first step's rollouts do not wait for cold starts. Not with ``placement actor``:
+    the provider is then shipped to the producer actor and started on its node."""
+    if placement == "driver" and isinstance(sandboxes, StartsAhead):
+        await sandboxes.start(wait=False)
+
+
 class RunStack:
     """Engine + proxy + trainer + weight sync + sandboxes + trajectory store of one run."""
 
@@ -690,6 +707,7 @@ class RunStack:
             raise
         self.sandboxes = self.bricks.sandboxes
         self._cleanups.append(self.sandboxes.close)
+        await start_sandboxes_ahead(self.sandboxes, self.config.rollout.placement)
         self.ledger = StepLedger(self.store, self.trainer.state.consumed_shards)
         try:
             logger.info("trainer data pipeline warmed up in %.1f s", await warm_up)

@@ -19,9 +19,13 @@ them to ``run_recipe_loop``, which runs the steps in the mode ``rollout_mode`` n
   finished frees its slot for another group's rollout at once); each GRPO group is committed (one atomic shard)
   the moment its last member finishes; the trainer steps as soon as ``groups_per_step`` complete groups are
   buffered, in the order they completed, and pushes the new weights while rollouts keep running. A group starts
-  only while, trained in order, it would stay within ``max_staleness`` versions (the producer runs at most
-  ``max_staleness`` steps ahead of the step the trainer is on); a group whose oldest sampled token lags the
-  trainer's version by more than ``max_staleness`` (a slow group overtaken by faster ones) is dropped, counted
+  only while, trained in order, it would stay within ``max_staleness`` versions: while the trainer is the
+  bottleneck (its last step found its groups complete) the producer runs ``max_steps_ahead`` steps (default 1)
+  ahead of the step the trainer is on (further ahead would only fill the buffer with older groups), and while
+  rollouts are (the trainer waits for groups, or had to for its last step) up to ``max_staleness`` steps
+  ahead, so the slots go to later groups instead of idling behind a slow tail; a group whose
+  oldest sampled token lags the trainer's version by more than ``max_staleness`` (a slow group overtaken by
+  faster ones) is dropped, counted
   (``staleness/groups_dropped``) and recorded in the ledger — never silently trained — and replaced; when its
   finished members already lag that much it is given up without waiting for its slow members.
 
@@ -33,7 +37,7 @@ The rollouts run in the driver, or (``rollout.placement actor``) in a Ray actor 
     engine  |== step 0 groups ==|== step 1 groups ==...==|== step 2 groups ==|
     trainer |                   |== train 0 ==|push|     |== train 1 ==|push|
 
-  Rollouts of step n+1 start while step n trains (up to ``max_staleness`` steps ahead, as slots free up);
+  Rollouts of step n+1 start while step n trains (up to ``max_steps_ahead`` steps ahead, as slots free up);
   steps train their own groups in order (as ``sync``: never overtaken, so never too stale); a rollout still
   generating when new weights arrive continues with them (the engine re-prefills in-flight requests and
   stamps every token with its version), so no rollout is thrown away.
@@ -96,6 +100,7 @@ class LoopConfig:
 
     rollout_mode: RolloutMode = "sync"
     max_staleness: int = 1
+    max_steps_ahead: int = 1
     num_steps: int = 2
     group_size: int = 2
     max_concurrency: int = 4
@@ -108,6 +113,7 @@ class LoopConfig:
             f"must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}",
         )
         require_non_negative(self.max_staleness, "max_staleness")
+        require_non_negative(self.max_steps_ahead, "max_steps_ahead")
         require(
             self.rollout_mode != "partial" or self.max_staleness >= 1,
             "max_staleness",
@@ -120,6 +126,7 @@ class LoopConfig:
         return cls(
             rollout_mode=config.rollout.mode,
             max_staleness=config.rollout.max_staleness,
+            max_steps_ahead=config.rollout.max_steps_ahead,
             num_steps=config.num_steps,
             group_size=config.group_size,
             max_concurrency=config.rollout.max_concurrency,
@@ -129,9 +136,13 @@ class LoopConfig:
     @property
     def steps_ahead(self) -> int:
         """How many steps' groups may be in line for the trainer, counting the step it is on (collecting or
-        training: the engine serves that step's version meanwhile): a group started now is then trained, in
-        order, at most ``max_staleness`` steps later, so its staleness stays within ``max_staleness``."""
-        return self.max_staleness + 1
+        training: the engine serves that step's version meanwhile): ``max_steps_ahead`` more, never more than
+        ``max_staleness`` (a group started now is then trained, in order, at most that many steps later, so its
+        staleness stays within ``max_staleness``). Starting further ahead than the tail needs buys nothing when
+        the trainer is the bottleneck (the buffer just fills) and costs a version of staleness per step ahead;
+        ``max_staleness`` beyond ``max_steps_ahead`` is the slack that lets a slow group overtaken by faster
+        ones still be trained instead of dropped."""
+        return min(self.max_staleness, self.max_steps_ahead) + 1
 
 
 @runtime_checkable
@@ -391,6 +402,8 @@ class OverlappedLoop:
         self.open_groups: set[int] = set()  # admitted, not yet trained or dropped
         self.taken_for_step = 0  # groups the trainer took for the step it is collecting or training
         self.redo: list[int] = []  # groups in flight at a crash (never committed): rolled out again
+        self.trainer_waiting = False  # the trainer waits for groups still rolling out now (``_admissible``)
+        self.trainer_waited = False  # ... or had to, for the step it trains now
         self.next_index = 0
         self.groups_wanted = 0  # more groups the producer must still start
         self.slots = RolloutSlots(self.loop_config.max_concurrency, self.changed)
@@ -442,9 +455,16 @@ class OverlappedLoop:
 
     def _admissible(self) -> bool:
         """Another group may start: the groups before it in line (the current step's, taken or not, and every
-        open one) fill fewer than ``steps_ahead`` steps."""
+        open one) fill fewer than ``steps_ahead`` steps while the trainer is the bottleneck (its last step found
+        its groups complete), or fewer than ``max_staleness + 1`` steps while rollouts are (the trainer waits
+        for groups now, or had to for its last step). Running further ahead than the trainer's pace needs only
+        fills the buffer with older groups: a trainer that never waits trains every group one version after
+        the one it started under. When the trainer waits, the slots go to later groups instead of idling, within
+        the staleness bound."""
         in_line = self.taken_for_step + len(self.open_groups)
-        return in_line < self.loop_config.steps_ahead * self.groups_per_step
+        rollout_bound = self.trainer_waiting or self.trainer_waited
+        steps = self.loop_config.max_staleness + 1 if rollout_bound else self.loop_config.steps_ahead
+        return in_line < steps * self.groups_per_step
 
     async def _next_group(self) -> int:
         """The next group to roll out, once the producer is allowed to run that far ahead. With every needed
@@ -585,7 +605,11 @@ class OverlappedLoop:
                         self._drop(split.stale)
                     self.changed.notify_all()
                     if ordered or len(fresh) >= self.groups_per_step:
+                        self.trainer_waited, self.trainer_waiting = self.trainer_waiting, False
                         return fresh, staleness, time.monotonic() - started
+                if not self.trainer_waiting:  # rollouts are the bottleneck: the producer may run further ahead
+                    self.trainer_waiting = True
+                    self.changed.notify_all()
                 await self.changed.wait()
 
     def _drop(self, stale: Sequence[Group]) -> None:

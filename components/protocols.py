@@ -206,6 +206,18 @@ class SandboxProvider(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class StartsAhead(Protocol):
+    """A ``SandboxProvider`` that can start its sandboxes before the first ``acquire`` (``sandboxes.SandboxPool``).
+
+    Contract: ``start(wait=False)`` begins filling the provider in the background and returns at once; an
+    ``acquire`` meanwhile waits for a start already under way rather than starting one more. The stack calls it
+    while the trainer warms up, so the first step's rollouts find warm sandboxes.
+    """
+
+    async def start(self, *, wait: bool = True) -> None: ...
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Tasks, rewards, harnesses
 # ----------------------------------------------------------------------------------------------------------

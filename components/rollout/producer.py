@@ -18,8 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +32,7 @@ from components.protocols import (
 )
 from components.proxy.auth import SessionKeys
 from components.rewards.compose import RewardWeights
-from components.rollout.runner import RolloutConfig, RolloutRunner
+from components.rollout.runner import GroupRollouts, RolloutConfig, RolloutRunner
 from components.trajectory import Trajectory
 
 logger = logging.getLogger("rein.rollout.producer")
@@ -104,8 +103,9 @@ class RolloutWorker:
         await self.runner.sandboxes.close()
 
 
-class ActorRolloutRunner:
-    """``RolloutRunner``'s ``run`` / ``run_group`` over a ``RolloutWorker`` actor (start it with ``start``)."""
+class ActorRolloutRunner(GroupRollouts):
+    """``RolloutRunner``'s ``run`` / ``run_group`` over a ``RolloutWorker`` actor (start it with ``start``):
+    each rollout is one actor call."""
 
     def __init__(self, actor: Any, *, config: RolloutConfig, node_id: str) -> None:
         self.actor = actor
@@ -143,38 +143,12 @@ class ActorRolloutRunner:
         logger.info("rollout producer: actor on node %s (resources %s)", node_id, dict(resources))
         return cls(actor, config=runner.config, node_id=node_id)
 
-    async def run(self, tasks: Sequence[Task], step: int) -> list[Trajectory]:
-        """As ``RolloutRunner.run``: every task ``group_size`` times, ``max_concurrency`` at once."""
-        slots = asyncio.Semaphore(self.config.max_concurrency)
-        groups = [
-            self.run_group(
-                task, group_id=f"{self._run_tag}-s{step}-t{task_index}-{task.task_id}", step=step, slots=slots
-            )
-            for task_index, task in enumerate(tasks)
-        ]
-        return [trajectory for members in await asyncio.gather(*groups) for trajectory in members]
+    async def run_one(self, task: Task, *, group_id: str, step: int) -> Trajectory:
+        """One rollout in the actor; cancelling the waiter cancels it there."""
+        return await _await_ref(self.actor.run_one.remote(task, group_id, step))
 
-    async def run_group(
-        self,
-        task: Task,
-        *,
-        group_id: str,
-        step: int,
-        slots: AbstractAsyncContextManager[Any] | None = None,
-        on_member: Callable[[Trajectory], None] | None = None,
-    ) -> list[Trajectory]:
-        """As ``RolloutRunner.run_group``; each member is one actor call, cancelled in the actor with its group."""
-        slots = slots if slots is not None else asyncio.Semaphore(self.config.max_concurrency)
-
-        async def member() -> Trajectory:
-            async with slots:
-                trajectory = await _await_ref(self.actor.run_one.remote(task, group_id, step))
-                if on_member is not None:
-                    on_member(trajectory)
-            return trajectory
-
-        members = await asyncio.gather(*(member() for _ in range(self.config.group_size)))
-        return await _await_ref(self.actor.finish_group.remote(task, list(members)))
+    async def finish_group(self, task: Task, members: list[Trajectory]) -> list[Trajectory]:
+        return await _await_ref(self.actor.finish_group.remote(task, members))
 
     async def close(self) -> None:
         """Close the actor's sandboxes and end the actor."""

@@ -104,7 +104,60 @@ class _Rollout:
         self.failure_reason = reason or status.value
 
 
-class RolloutRunner:
+class GroupRollouts:
+    """Groups and steps of rollouts over two primitives a subclass provides: ``run_one`` (one rollout, never
+    raises) and ``finish_group`` (the group reward over a complete group). ``RolloutRunner`` runs them in this
+    process; ``ActorRolloutRunner`` (``components/rollout/producer.py``) in a Ray actor."""
+
+    config: RolloutConfig
+    _run_tag: str
+
+    async def run_one(self, task: Task, *, group_id: str, step: int) -> Trajectory:
+        raise NotImplementedError
+
+    async def finish_group(self, task: Task, members: list[Trajectory]) -> list[Trajectory]:
+        raise NotImplementedError
+
+    async def run(self, tasks: Sequence[Task], step: int) -> list[Trajectory]:
+        """Roll out every task ``group_size`` times (concurrently, bounded by ``max_concurrency``); one
+        trajectory per rollout, in task order then sample order. A single rollout's failure never raises."""
+        slots = asyncio.Semaphore(self.config.max_concurrency)
+        groups = [
+            self.run_group(
+                task, group_id=f"{self._run_tag}-s{step}-t{task_index}-{task.task_id}", step=step, slots=slots
+            )
+            for task_index, task in enumerate(tasks)
+        ]
+        return [trajectory for members in await asyncio.gather(*groups) for trajectory in members]
+
+    async def run_group(
+        self,
+        task: Task,
+        *,
+        group_id: str,
+        step: int,
+        slots: AbstractAsyncContextManager[Any] | None = None,
+        on_member: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """One GRPO group: ``task`` rolled out ``group_size`` times, each rollout inside ``async with slots``
+        (shared by the caller's groups, so a member that finished frees its slot for another group's rollout
+        at once; default: ``max_concurrency`` slots of its own), then the group reward over the whole group.
+        ``on_member`` sees each member as it finishes (the caller may cancel a group it can no longer use:
+        cancelling cancels its rollouts)."""
+        slots = slots if slots is not None else asyncio.Semaphore(self.config.max_concurrency)
+
+        async def member() -> Trajectory:
+            async with slots:  # told before the slot is freed (a slot's release wakes the caller)
+                trajectory = await self.run_one(task, group_id=group_id, step=step)
+                if on_member is not None:
+                    on_member(trajectory)
+            return trajectory
+
+        members = await asyncio.gather(*(member() for _ in range(self.config.group_size)))
+        return await self.finish_group(task, list(members))
+
+
+class RolloutRunner(GroupRollouts):
     """Runs one harness over tasks × ``group_size`` and returns finalized trajectories."""
 
     def __init__(
@@ -145,43 +198,6 @@ class RolloutRunner:
         if self.session_keys is None:
             return OPEN_PROXY_API_KEY
         return self.session_keys.session_token(session_id)
-
-    async def run(self, tasks: Sequence[Task], step: int) -> list[Trajectory]:
-        """Roll out every task ``group_size`` times (concurrently, bounded); one trajectory per rollout, in
-        task order then sample order. A single rollout's failure never raises."""
-        slots = asyncio.Semaphore(self.config.max_concurrency)
-        groups = [
-            self.run_group(
-                task, group_id=f"{self._run_tag}-s{step}-t{task_index}-{task.task_id}", step=step, slots=slots
-            )
-            for task_index, task in enumerate(tasks)
-        ]
-        return [trajectory for members in await asyncio.gather(*groups) for trajectory in members]
-
-    async def run_group(
-        self,
-        task: Task,
-        *,
-        group_id: str,
-        step: int,
-        slots: AbstractAsyncContextManager[Any] | None = None,
-        on_member: Callable[[Trajectory], None] | None = None,
-    ) -> list[Trajectory]:
-        """One GRPO group: ``task`` rolled out ``group_size`` times, each rollout inside ``async with slots``
-        (shared by the caller's groups, so a member that finished frees its slot for another group's rollout
-        at once; default: ``max_concurrency`` slots of its own), then the group reward over the whole group.
-        ``on_member`` sees each member as it finishes (the caller may cancel a group it can no longer use)."""
-        slots = slots if slots is not None else asyncio.Semaphore(self.config.max_concurrency)
-
-        async def member() -> Trajectory:
-            async with slots:  # told before the slot is freed (a slot's release wakes the caller)
-                trajectory = await self._rollout_never_raises(task, group_id=group_id, step=step)
-                if on_member is not None:
-                    on_member(trajectory)
-            return trajectory
-
-        members = await asyncio.gather(*(member() for _ in range(self.config.group_size)))
-        return await self.finish_group(task, list(members))
 
     async def run_one(self, task: Task, *, group_id: str, step: int) -> Trajectory:
         """One rollout of ``task`` (no slot of its own: the caller bounds concurrency); never raises."""

@@ -45,6 +45,14 @@ def test_proxy_overhead_pairs_are_warmed_randomised_and_compare_the_same_request
     assert statistics.median(ratios) == pytest.approx(1.05)  # proxy / direct, not proxy / its own engine call
 
 
+def test_learning_curve_names_its_results_by_the_variants_run():
+    """One variant's run never overwrites another's results."""
+    learning_curve = load("learning_curve")
+    assert learning_curve.results_name(["async", "sync", "lora"], quick=False) == "learning_curve"
+    assert learning_curve.results_name(["async"], quick=False) == "learning_curve_async"
+    assert learning_curve.results_name(["sync", "lora"], quick=True) == "learning_curve_sync_lora_quick"
+
+
 def test_learning_curve_uses_the_same_window_at_both_ends():
     learning_curve = load("learning_curve")
     rows = [(step, reward, 0.0) for step, reward in enumerate([0.1, 0.3, 0.2, 0.4, 0.6, 0.8])]
@@ -68,6 +76,7 @@ def test_learning_curve_variants_share_the_budget_and_keep_their_own_flags(tmp_p
         name: parse_config(TicTacToeGrpoConfig, learning_curve.recipe_flags(args, variant, tmp_path, 3))
         for name, variant in learning_curve.variants(args).items()
     }
+    assert tuple(configs) == learning_curve.VARIANT_NAMES
     sync, asynchronous, lora = configs["sync"], configs["async"], configs["lora"]
     assert (sync.rollout.mode, sync.trainer.lora_rank) == ("sync", 0)
     assert (asynchronous.rollout.mode, asynchronous.rollout.max_staleness) == ("async", 2)

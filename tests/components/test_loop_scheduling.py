@@ -43,12 +43,29 @@ class InstantTrainer:
         return {"trained": 1.0, "train/num_tokens": 8.0}
 
 
+class SlowTrainer(InstantTrainer):
+    """An instant trainer that takes ``step_s`` per step (the loop runs ``step`` in a thread)."""
+
+    def __init__(self, step_s: float) -> None:
+        super().__init__()
+        self.step_s = step_s
+
+    def step(self, shards, current_version: int) -> dict[str, float]:
+        time.sleep(self.step_s)
+        return super().step(shards, current_version)
+
+
+def slow_member_of_the_slow_group(index: int, number: int) -> float:
+    return SLOW_MEMBER_S if index == SLOW_GROUP and number == 1 else MEMBER_S
+
+
 class ScriptedRunner:
     """``RolloutRunner.run_group``'s contract: each member holds a slot while it runs, samples its tokens at its
     end with the trainer's current version, and is reported through ``on_member`` before its slot frees."""
 
-    def __init__(self, trainer: InstantTrainer) -> None:
+    def __init__(self, trainer: InstantTrainer, member_s=slow_member_of_the_slow_group) -> None:
         self.trainer = trainer
+        self.member_s = member_s
         self.most_running = 0
         self.running = 0
 
@@ -60,8 +77,7 @@ class ScriptedRunner:
                 self.running += 1
                 self.most_running = max(self.most_running, self.running)
                 try:
-                    slow = index == SLOW_GROUP and number == 1
-                    await asyncio.sleep(SLOW_MEMBER_S if slow else MEMBER_S)
+                    await asyncio.sleep(self.member_s(index, number))
                 finally:
                     self.running -= 1
                 version = self.trainer.state.weight_version
@@ -102,16 +118,17 @@ class NoTrackers:
         return []
 
 
-async def test_a_doomed_group_is_given_up_and_replaced_without_waiting_for_its_slow_member(tmp_path):
+def loop_parts(tmp_path, trainer, *, num_steps=NUM_STEPS, **rollout):
+    """The async run's config and a stack of the real store over ``trainer``, no model, engine or checkpoints."""
+    rollout = {"mode": "async", "max_staleness": MAX_STALENESS, "max_concurrency": 4, **rollout}
     config = RunConfig(
         model="tiny",
-        num_steps=NUM_STEPS,
+        num_steps=num_steps,
         group_size=GROUP_SIZE,
-        rollout=RolloutBrickConfig(mode="async", max_staleness=MAX_STALENESS, max_concurrency=4),
+        rollout=RolloutBrickConfig(**rollout),
         monitoring=MonitoringBrickConfig(wandb_mode="disabled"),
         checkpoint_every_steps=0,
     )
-    trainer = InstantTrainer()
     stack = SimpleNamespace(
         store=TrajectoryStore(tmp_path),
         trainer=trainer,
@@ -120,11 +137,21 @@ async def test_a_doomed_group_is_given_up_and_replaced_without_waiting_for_its_s
         checkpoint_if_due=no_checkpoint,
         bricks=SimpleNamespace(loggers=NoTrackers()),
     )
-    run = SimpleNamespace(path=tmp_path, model_path=tmp_path)
-    runner = ScriptedRunner(trainer)
+    return config, stack, SimpleNamespace(path=tmp_path, model_path=tmp_path)
 
-    def tasks_for_step(step: int):
-        return [SimpleNamespace(task_id=f"task-{step}-{i}") for i in range(GROUPS_PER_STEP)]
+
+def tasks_for_step(step: int):
+    return [SimpleNamespace(task_id=f"task-{step}-{i}") for i in range(GROUPS_PER_STEP)]
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+async def test_a_doomed_group_is_given_up_and_replaced_without_waiting_for_its_slow_member(tmp_path):
+    trainer = InstantTrainer()
+    config, stack, run = loop_parts(tmp_path, trainer)
+    runner = ScriptedRunner(trainer)
 
     started = time.monotonic()
     await asyncio.wait_for(run_recipe_loop(config, run, stack, runner, tasks_for_step), 30)
@@ -138,8 +165,43 @@ async def test_a_doomed_group_is_given_up_and_replaced_without_waiting_for_its_s
     trained_indices = {group_index(t.group_id) for name in trained for t in stack.store.read_shard(tmp_path / "trajectories" / name)}
     assert SLOW_GROUP not in trained_indices  # given up, never committed
     assert len(trained_indices) == NUM_STEPS * GROUPS_PER_STEP  # and replaced: every step got its groups
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(tmp_path)
     assert sum(row["staleness/groups_dropped"] for row in rows) == 1
     assert all(row["staleness/max"] <= MAX_STALENESS for row in rows)
     # a finished member's slot went to another group's rollout while the slow member kept its own
     assert runner.most_running == 4
+
+
+async def test_a_busy_trainer_gets_groups_one_version_old_not_max_staleness(tmp_path):
+    """When the trainer is the bottleneck, starting groups further ahead only fills the buffer with older groups:
+    with ``max_steps_ahead`` 1 (the default) a trainer that finds its groups complete trains each one version
+    after the one it started under, even with ``max_staleness`` 2 (the first step waits for the pipeline to
+    fill, so the groups started meanwhile reach 2 for a few steps); always running two steps ahead (the loop's old rule,
+    ``max_steps_ahead 2``) makes every later group 2 versions old at the same throughput."""
+    num_steps, staleness = 7, {}
+    for steps_ahead in (1, 2):
+        run_dir = tmp_path / f"ahead-{steps_ahead}"
+        trainer = SlowTrainer(step_s=0.3)
+        config, stack, run = loop_parts(run_dir, trainer, num_steps=num_steps, max_steps_ahead=steps_ahead)
+        runner = ScriptedRunner(trainer, member_s=lambda index, number: 0.02)
+        await asyncio.wait_for(run_recipe_loop(config, run, stack, runner, tasks_for_step), 60)
+        rows = metric_rows(run_dir)
+        assert len(rows) == num_steps and sum(row["staleness/groups_dropped"] for row in rows) == 0
+        assert all(row["pipeline/trainer_wait_s"] < 0.25 for row in rows[1:])  # the trainer is the bottleneck
+        staleness[steps_ahead] = [row["staleness/max"] for row in rows]
+    # once the fill has drained (a few steps), every step: one version
+    assert max(staleness[1]) <= MAX_STALENESS and staleness[1][-3:] == [1.0] * 3, staleness
+    assert staleness[2][-3:] == [2.0] * 3, staleness  # the weakened rule this guards against
+
+
+async def test_the_producer_runs_further_ahead_while_the_trainer_waits_for_rollouts(tmp_path):
+    """While the trainer waits for groups still rolling out, the slots go to later groups, up to
+    ``max_staleness`` steps ahead: here 12 slots, 2 groups of 2 per step, so one step ahead would leave a third
+    of the slots idle (at most 4 groups = 8 rollouts in line) while the trainer waits."""
+    trainer = InstantTrainer()
+    config, stack, run = loop_parts(tmp_path, trainer, max_concurrency=12, max_steps_ahead=1)
+    runner = ScriptedRunner(trainer, member_s=lambda index, number: 0.5)
+    await asyncio.wait_for(run_recipe_loop(config, run, stack, runner, tasks_for_step), 60)
+    assert runner.most_running == (MAX_STALENESS + 1) * GROUPS_PER_STEP * GROUP_SIZE == 12
+    rows = metric_rows(tmp_path)
+    assert all(row["staleness/max"] <= MAX_STALENESS for row in rows)

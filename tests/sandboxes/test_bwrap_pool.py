@@ -85,6 +85,33 @@ async def test_an_empty_pool_hands_out_the_refills_under_way_instead_of_cold_sta
         await pool.close()
 
 
+async def test_the_stack_starts_the_pool_ahead_of_the_first_acquire():
+    """``RunStack`` starts a pool that can start ahead (while the trainer warms up) when the rollouts run in the
+    driver: the first step's acquires then find warm sandboxes. Not with the producer in an actor, which gets
+    the provider shipped and starts it on its own node."""
+    from components.launch import start_sandboxes_ahead
+    from components.protocols import SandboxProvider, StartsAhead
+
+    spec = SandboxSpec(limits=SandboxLimits(workspace_mb=32))
+    shipped = SandboxPool(SandboxPoolConfig(num_warm=2, workspace_mb=32))
+    await start_sandboxes_ahead(shipped, "actor")
+    assert shipped.num_started == 0 and shipped.num_warm == 0
+    pool = SandboxPool(SandboxPoolConfig(num_warm=2, workspace_mb=32))
+    assert isinstance(pool, SandboxProvider) and isinstance(pool, StartsAhead)
+    try:
+        started = time.monotonic()
+        await start_sandboxes_ahead(pool, "driver")
+        assert time.monotonic() - started < 1.0  # returns at once: the stack goes on starting meanwhile
+        await wait_until(lambda: pool.num_warm == 2, timeout_s=60)
+        first_step = await asyncio.gather(*(pool.acquire(spec) for _ in range(2)))
+        assert pool.num_cold_starts == 0 and pool.num_waited == 0
+        for sandbox in first_step:
+            await pool.release(sandbox)
+    finally:
+        await pool.close()
+        await shipped.close()
+
+
 async def test_sandbox_starts_run_at_most_max_concurrent_starts_at_a_time(monkeypatch):
     """Concurrent starts share the cores and all finish late; the pool runs them a few at a time, so refills are
     ready one after another."""

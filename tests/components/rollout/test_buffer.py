@@ -161,6 +161,10 @@ def test_loop_config_names_bad_fields():
         LoopConfig(rollout_mode="async", max_staleness=-1)
     with pytest.raises(ValueError, match="max_staleness"):
         LoopConfig(rollout_mode="partial", max_staleness=0)
-    # the steps in line for the trainer, counting the one it is on
-    assert LoopConfig(rollout_mode="async", max_staleness=3).steps_ahead == 4
+    with pytest.raises(ValueError, match="max_steps_ahead"):
+        LoopConfig(rollout_mode="async", max_steps_ahead=-1)
+    # the steps in line for the trainer, counting the one it is on: max_steps_ahead more, capped by max_staleness
+    assert LoopConfig(rollout_mode="async", max_staleness=3).steps_ahead == 2  # default: one step ahead
+    assert LoopConfig(rollout_mode="async", max_staleness=3, max_steps_ahead=3).steps_ahead == 4
+    assert LoopConfig(rollout_mode="async", max_staleness=1, max_steps_ahead=5).steps_ahead == 2
     assert LoopConfig(rollout_mode="async", max_staleness=0).steps_ahead == 1  # nothing starts while it trains
