@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--parallel",
         type=int,
         default=1,
-        help="runs at once (they then share the machine's load; each SmolLM2 run needs ~8 GB)",
+        help="runs at once (they then share the machine's load; each SmolLM2 run needs ~8 GB, and two at once "
+        "were killed by Ray's memory monitor on a 24 GB machine)",
     )
     parser.add_argument(
         "--stagger-s", type=float, default=90.0, help="with --parallel: seconds between two run starts"
