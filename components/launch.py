@@ -695,8 +695,9 @@ class RunStack:
         self._cleanups.append(lambda: _to_thread(self.trainer.shutdown))
         if self.trainer.resumed_from:
             logger.info("resumed from %s (state %s)", self.trainer.resumed_from, self.trainer.state)
-        # Ray Data and its workers start now, while the engine and the proxy start, not inside the first step.
-        warm_up = asyncio.create_task(_to_thread(self.trainer.warm_up_data_pipeline))
+        # Ray Data, its workers and the trainer's first step start now, while the engine and the proxy start, not
+        # inside the first step.
+        warm_up = asyncio.create_task(_to_thread(self.trainer.warm_up))
         try:
             self.engine, self.weight_sync = await engine_start
             if lora_checkpoint:
@@ -710,9 +711,9 @@ class RunStack:
         await start_sandboxes_ahead(self.sandboxes, self.config.rollout.placement)
         self.ledger = StepLedger(self.store, self.trainer.state.consumed_shards)
         try:
-            logger.info("trainer data pipeline warmed up in %.1f s", await warm_up)
+            logger.info("trainer warmed up in %.1f s", await warm_up)
         except Exception as error:  # never stops a run: the first step just pays for it
-            logger.warning("warming up the trainer's data pipeline failed: %s", error)
+            logger.warning("warming up the trainer failed: %s", error)
 
     def _start_trainer(self) -> Trainer:
         from components.training import OptimizerConfig, SampleBatchConfig, Trainer, TrainerConfig

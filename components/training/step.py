@@ -135,8 +135,12 @@ def run_train_step(
     loss_scale: float = 1.0,
     reference_model: torch.nn.Module | None = None,
     num_updates: int = 1,
+    apply_update: bool = True,
 ) -> dict[str, float]:
     """Forward/backward every micro-batch, clip, step; return step metrics (reduced over ranks).
+
+    ``apply_update=False`` runs all of it but the optimizer's update (the gradients are dropped): a warm-up whose
+    first-call costs (autograd, FSDP's lazy init, the collectives) the first real step would otherwise pay.
 
     ``num_updates > 1`` (PPO-style): the micro-batches are split into that many contiguous mini-batches, each
     one optimizer update; the policy before the first update is the proximal policy of the clipped ratio
@@ -203,7 +207,8 @@ def run_train_step(
                     entropy=view.entropy,
                 )
         grad_norms.append(_global_grad_norm(model, optimizer_config.max_grad_norm))
-        optimizer.step()
+        if apply_update:
+            optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     _reduce(totals, maxima, minima)
     elapsed_s = time.perf_counter() - started

@@ -1,5 +1,6 @@
-"""The Ray Train FSDP2 trainer: a two-worker step equals a single-process step on the same batch; checkpoints
-are HF folders and resuming continues exactly; after a weight sync the engine's logprobs equal the trainer's."""
+"""The Ray Train FSDP2 trainer: a two-worker step (after the warm-up) equals a single-process step on the same
+batch; checkpoints are HF folders and resuming continues exactly; after a weight sync the engine's logprobs equal
+the trainer's."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ def test_two_worker_fsdp_step_equals_single_process_step(trainer, tiny_model_dir
 
     batch = random_batch(num_groups=3, group_size=4, seed=11)
     expected_metrics, expected = single_process_step(tiny_model_dir, batch)
+    # the warm-up runs the step's path on both ranks and changes nothing: the step below still equals a fresh
+    # single-process step (an update in the warm-up would move the weights and AdamW's state)
+    assert trainer.warm_up() > 0 and trainer.state.step == 0 and trainer.state.weight_version == 0
     metrics = trainer.step(batch, current_version=0)
     assert metrics["trained"] == 1 and trainer.state.step == 1 and trainer.state.weight_version == 1
     assert metrics["data/num_micro_batches"] > 2  # several micro-batches, spread over both ranks

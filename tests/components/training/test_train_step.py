@@ -1,5 +1,5 @@
 """The single-process train step: PPO-style multiple updates per step clip against the pre-step (proximal)
-policy, and the step is deterministic on CPU."""
+policy, the step is deterministic on CPU, and a step without update (the trainer's warm-up) moves nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from components.training.step import OptimizerConfig, build_optimizer, run_train
 from tests.components.training.training_synthetic import random_batch
 
 
-def step_metrics(model_dir, *, num_updates: int, learning_rate: float) -> tuple[dict, dict]:
+def step_metrics(model_dir, *, num_updates: int, learning_rate: float, update: bool = True) -> tuple[dict, dict]:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -32,6 +32,7 @@ def step_metrics(model_dir, *, num_updates: int, learning_rate: float) -> tuple[
         GRPO(),
         optimizer_config=config,
         num_updates=num_updates,
+        apply_update=update,
     )
     return metrics, model.state_dict()
 
@@ -53,6 +54,18 @@ def test_the_step_is_deterministic_on_cpu(tiny_model_dir):
     assert first_metrics["loss"] == second_metrics["loss"]
     for name, tensor in first.items():
         assert torch.equal(tensor, second[name]), name
+
+
+def test_a_step_without_update_computes_the_step_and_leaves_the_weights(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    dry_metrics, dry = step_metrics(tiny_model_dir, num_updates=1, learning_rate=5e-2, update=False)
+    metrics, updated = step_metrics(tiny_model_dir, num_updates=1, learning_rate=5e-2)
+    assert dry_metrics["loss"] == metrics["loss"] and dry_metrics["grad_norm"] == metrics["grad_norm"] > 0
+    assert all(torch.equal(tensor, initial[name]) for name, tensor in dry.items())
+    assert not all(torch.equal(tensor, initial[name]) for name, tensor in updated.items())  # an update moves them
 
 
 def test_kl_to_the_reference_policy_grows_once_the_policy_moves(tiny_model_dir):
