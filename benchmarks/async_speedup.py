@@ -125,10 +125,12 @@ class Pair:
 RunMode = Callable[[str, int, bool], Awaitable[ModeRun]]  # (mode, seed, warm_up) -> the run's figures
 
 
-async def measure_pairs(run_mode: RunMode, *, seeds: Sequence[int], rng: random.Random) -> list[Pair]:
-    """Warm both modes (one short run each, discarded), then run ``sync`` and ``async`` on each seed in an
-    order drawn per pair."""
-    for mode in MODES:
+async def measure_pairs(
+    run_mode: RunMode, *, seeds: Sequence[int], rng: random.Random, warm_up: bool = True
+) -> list[Pair]:
+    """Warm both modes (one short run each, discarded; ``--quick`` skips it), then run ``sync`` and ``async`` on
+    each seed in an order drawn per pair."""
+    for mode in MODES if warm_up else ():
         await run_mode(mode, seeds[0], True)
     pairs = []
     for seed in seeds:
@@ -244,14 +246,16 @@ async def main_async(args: argparse.Namespace) -> list[Pair]:
             return result
 
         seeds = [args.seed + index for index in range(args.num_pairs)]
-        return await measure_pairs(one_run, seeds=seeds, rng=random.Random(args.seed))
+        return await measure_pairs(one_run, seeds=seeds, rng=random.Random(args.seed), warm_up=not args.quick)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="1 pair × 2 steps × 2 groups, short tool calls")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 pair × 2 steps × 2 groups, short tool calls, no warm-up runs"
+    )
     parser.add_argument(
         "--num-pairs", type=int, default=None, help="sync/async pairs, one seed each (default 3)"
     )

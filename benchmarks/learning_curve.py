@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--variants", default="sync,async,lora", help="comma-separated: sync, async, lora")
     parser.add_argument("--model", default="default")
     parser.add_argument(
-        "--seeds", type=int, default=1, help="independent runs per variant (recipe --seed 0..N-1)"
+        "--seeds", type=int, default=1, help="independent runs per variant (recipe --seed 0..N-1, see --first-seed)"
     )
     parser.add_argument("--num-steps", type=int, default=None, help="GRPO steps per run (default 7; quick 2)")
     parser.add_argument("--games-per-step", type=int, default=3)
@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--stagger-s", type=float, default=90.0, help="with --parallel: seconds between two run starts"
     )
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="recipe seeds --first-seed .. --first-seed + --seeds - 1"
+    )
     parser.add_argument("--order-seed", type=int, default=0, help="seeds the order of the variants per seed")
     parser.add_argument(
         "--window", type=int, default=None, help="steps averaged at each end (default 2; quick 1)"
@@ -227,7 +230,7 @@ def main() -> None:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     order_rng = random.Random(args.order_seed)
     queue = []  # (seed, variant name): each seed's variants in their own random order
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         order = order_rng.sample(names, len(names))
         print(f"seed {seed}: variants in order {', '.join(order)}", flush=True)
         queue += [(seed, name) for name in order]

@@ -18,16 +18,19 @@ them to ``run_recipe_loop``, which runs the steps in the mode ``rollout_mode`` n
   A producer keeps ``max_concurrency`` rollouts in flight across steps (slots are per rollout: a member that
   finished frees its slot for another group's rollout at once); each GRPO group is committed (one atomic shard)
   the moment its last member finishes; the trainer steps as soon as ``groups_per_step`` complete groups are
-  buffered, in the order they completed, and pushes the new weights while rollouts keep running. A group starts
-  only while, trained in order, it would stay within ``max_staleness`` versions: while the trainer is the
-  bottleneck (its last step found its groups complete) the producer runs ``max_steps_ahead`` steps (default 1)
-  ahead of the step the trainer is on (further ahead would only fill the buffer with older groups), and while
-  rollouts are (the trainer waits for groups, or had to for its last step) up to ``max_staleness`` steps
-  ahead, so the slots go to later groups instead of idling behind a slow tail; a group whose
-  oldest sampled token lags the trainer's version by more than ``max_staleness`` (a slow group overtaken by
-  faster ones) is dropped, counted
-  (``staleness/groups_dropped``) and recorded in the ledger — never silently trained — and replaced; when its
-  finished members already lag that much it is given up without waiting for its slow members.
+  buffered, in the order they completed, and pushes the new weights while rollouts keep running.
+
+  How far ahead the producer runs: a group starts only while, trained in order, it would stay within
+  ``max_staleness`` versions. While the trainer is the bottleneck (its last step found its groups complete)
+  the producer runs ``max_steps_ahead`` steps (default 1) ahead of the step the trainer is on: further ahead
+  would only fill the buffer with older groups. While rollouts are the bottleneck (the trainer waits for
+  groups, or had to for its last step) it runs up to ``max_staleness`` steps ahead, so the slots go to later
+  groups instead of idling behind a slow tail.
+
+  A group whose oldest sampled token lags the trainer's version by more than ``max_staleness`` (a slow group
+  overtaken by faster ones) is dropped, counted (``staleness/groups_dropped``), recorded in the ledger (never
+  silently trained) and replaced; when its finished members already lag that much it is given up without
+  waiting for its slow members.
 
 The rollouts run in the driver, or (``rollout.placement actor``) in a Ray actor placed by its resources
 (``components/rollout/producer.py``); the slots, the gate and the store's single writer stay in the driver.
@@ -133,16 +136,17 @@ class LoopConfig:
             checkpoint_every_steps=config.checkpoint_every_steps,
         )
 
-    @property
-    def steps_ahead(self) -> int:
+    def steps_in_line(self, *, rollout_bound: bool) -> int:
         """How many steps' groups may be in line for the trainer, counting the step it is on (collecting or
-        training: the engine serves that step's version meanwhile): ``max_steps_ahead`` more, never more than
-        ``max_staleness`` (a group started now is then trained, in order, at most that many steps later, so its
-        staleness stays within ``max_staleness``). Starting further ahead than the tail needs buys nothing when
-        the trainer is the bottleneck (the buffer just fills) and costs a version of staleness per step ahead;
-        ``max_staleness`` beyond ``max_steps_ahead`` is the slack that lets a slow group overtaken by faster
-        ones still be trained instead of dropped."""
-        return min(self.max_staleness, self.max_steps_ahead) + 1
+        training: the engine serves that step's version meanwhile). While the trainer is the bottleneck
+        (``rollout_bound`` false): ``max_steps_ahead`` more, never more than ``max_staleness``. Starting further
+        ahead buys nothing then (the buffer just fills) and costs a version of staleness per step ahead. While
+        rollouts are the bottleneck: ``max_staleness`` more, the most that keeps a group started now within
+        ``max_staleness`` when it is trained, in order; the slots then serve later groups instead of idling
+        behind a slow tail. ``max_staleness`` beyond ``max_steps_ahead`` is also the slack that lets a slow group
+        overtaken by faster ones still be trained instead of dropped."""
+        ahead = self.max_staleness if rollout_bound else min(self.max_staleness, self.max_steps_ahead)
+        return ahead + 1
 
 
 @runtime_checkable
@@ -455,16 +459,11 @@ class OverlappedLoop:
 
     def _admissible(self) -> bool:
         """Another group may start: the groups before it in line (the current step's, taken or not, and every
-        open one) fill fewer than ``steps_ahead`` steps while the trainer is the bottleneck (its last step found
-        its groups complete), or fewer than ``max_staleness + 1`` steps while rollouts are (the trainer waits
-        for groups now, or had to for its last step). Running further ahead than the trainer's pace needs only
-        fills the buffer with older groups: a trainer that never waits trains every group one version after
-        the one it started under. When the trainer waits, the slots go to later groups instead of idling, within
-        the staleness bound."""
+        open one) fill fewer than ``LoopConfig.steps_in_line`` steps, rollouts being the bottleneck while the
+        trainer waits for groups now or had to for its last step."""
         in_line = self.taken_for_step + len(self.open_groups)
         rollout_bound = self.trainer_waiting or self.trainer_waited
-        steps = self.loop_config.max_staleness + 1 if rollout_bound else self.loop_config.steps_ahead
-        return in_line < steps * self.groups_per_step
+        return in_line < self.loop_config.steps_in_line(rollout_bound=rollout_bound) * self.groups_per_step
 
     async def _next_group(self) -> int:
         """The next group to roll out, once the producer is allowed to run that far ahead. With every needed

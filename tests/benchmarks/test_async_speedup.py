@@ -83,6 +83,10 @@ def test_pairs_are_warmed_run_one_seed_in_a_drawn_order_and_report_the_median_wi
         pytest.approx(0.6),
     )
 
+    calls.clear()  # --quick: no warm-up runs, the pair still runs both modes on one seed
+    asyncio.run(bench.measure_pairs(run_mode, seeds=[10], rng=random.Random(0), warm_up=False))
+    assert sorted(calls) == [("async", 10, False), ("sync", 10, False)]
+
 
 def test_a_run_reads_its_wall_time_and_step_weighted_fractions_from_metrics(tmp_path):
     bench = load_benchmark()

@@ -163,8 +163,12 @@ def test_loop_config_names_bad_fields():
         LoopConfig(rollout_mode="partial", max_staleness=0)
     with pytest.raises(ValueError, match="max_steps_ahead"):
         LoopConfig(rollout_mode="async", max_steps_ahead=-1)
-    # the steps in line for the trainer, counting the one it is on: max_steps_ahead more, capped by max_staleness
-    assert LoopConfig(rollout_mode="async", max_staleness=3).steps_ahead == 2  # default: one step ahead
-    assert LoopConfig(rollout_mode="async", max_staleness=3, max_steps_ahead=3).steps_ahead == 4
-    assert LoopConfig(rollout_mode="async", max_staleness=1, max_steps_ahead=5).steps_ahead == 2
-    assert LoopConfig(rollout_mode="async", max_staleness=0).steps_ahead == 1  # nothing starts while it trains
+    # the steps in line for the trainer, counting the one it is on: while the trainer is the bottleneck
+    # max_steps_ahead more, capped by max_staleness; while rollouts are, max_staleness more
+    def in_line(rollout_bound: bool, **fields) -> int:
+        return LoopConfig(rollout_mode="async", **fields).steps_in_line(rollout_bound=rollout_bound)
+
+    assert in_line(False, max_staleness=3) == 2 and in_line(True, max_staleness=3) == 4  # default: 1 ahead
+    assert in_line(False, max_staleness=3, max_steps_ahead=3) == 4
+    assert in_line(False, max_staleness=1, max_steps_ahead=5) == 2 and in_line(True, max_staleness=1) == 2
+    assert in_line(False, max_staleness=0) == in_line(True, max_staleness=0) == 1  # none starts while it trains
