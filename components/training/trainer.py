@@ -106,11 +106,11 @@ class TrainerConfig:
 @dataclass(frozen=True)
 class TrainOnShards:
     """One optimizer step: rank ``r`` trains on ``shards[r]`` padded to ``micro_batches_per_rank`` rows
-    (``update=False``: everything but the update, see ``run_train_step``)."""
+    (``apply_update=False``: everything but the update, see ``run_train_step``)."""
 
     shards: Sequence[Any]
     micro_batches_per_rank: int
-    update: bool = True
+    apply_update: bool = True
 
 
 @dataclass(frozen=True)
@@ -354,7 +354,7 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
                 loss_scale=float(world_size),
                 reference_model=reference,
                 num_updates=config.num_updates_per_step,
-                apply_update=command.update,
+                apply_update=command.apply_update,
             )
             result["num_micro_batches_rank0"] = float(len(batches))
         elif isinstance(command, GatherFullStateDict):
@@ -543,12 +543,12 @@ class Trainer:
     def warm_up(self, *, num_shards: int = 4) -> float:
         """Run one step's whole path once, without its update: the data pipeline over ``num_shards`` one-token
         shards (in a temporary folder, not the run's store), then every worker's forward and backward on the
-        result (``TrainOnShards(update=False)``: the weights, the optimizer and the state do not change). The
+        result (``TrainOnShards(apply_update=False)``: the weights, the optimizer and the state do not change). The
         first execution starts Ray Data and the worker processes that import the pipeline (10-20 s on two busy
         cores), and a worker's first training step pays autograd's, FSDP's and its command path's first-call
         costs (tiny model, 8 rollouts of ~360 tokens: the first step took 5.9 s without this warm-up, 3.5 s with
-        it; later steps 3.0-3.6 s): the first step would otherwise wait for all of it. ``RunStack`` calls it while the engine and the proxy start. Returns the
-        seconds it took."""
+        it; later steps 3.0-3.6 s): the first step would otherwise wait for all of it. ``RunStack`` calls it
+        while the engine and the proxy start. Returns the seconds it took."""
         import tempfile
 
         from components.trajectory import Segment, TrajectoryStatus
@@ -582,7 +582,9 @@ class Trainer:
             batches = build_micro_batches_with_ray(shards, self.algorithm, self.config.batching, current_version=0)
             rank_shards, per_rank = batches.split_for_ranks(self.config.num_workers)
             # at least one micro-batch per rank (padding when the pipeline kept none): the backward must run
-            self._call(TrainOnShards(shards=rank_shards, micro_batches_per_rank=max(per_rank, 1), update=False))
+            self._call(
+                TrainOnShards(shards=rank_shards, micro_batches_per_rank=max(per_rank, 1), apply_update=False)
+            )
         return time.perf_counter() - started
 
     def full_state_dict_ref(self) -> Any:
