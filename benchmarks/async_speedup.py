@@ -194,14 +194,10 @@ def read_run(metrics_path: Path) -> ModeRun:
 async def run_mode(args: argparse.Namespace, mode: str, seed: int, warm_up: bool, run_dir: Path) -> ModeRun:
     """One run of the toy recipe (its own ``train``) in ``mode`` with the tool-latency agent; a warm-up run is
     1 step × 1 group with short tool calls."""
-    from components.launch import (
-        MonitoringBrickConfig,
-        RolloutBrickConfig,
-        SamplingBrickConfig,
-        SandboxBrickConfig,
-        TrainerBrickConfig,
-    )
+    from components.launch import RolloutBrickConfig, SamplingBrickConfig, TrainerBrickConfig
+    from monitoring.logger import WandbLoggersConfig
     from recipes.tictactoe_grpo import TicTacToeGrpoConfig, toy_harness, train
+    from sandboxes.pool import SandboxPoolConfig
 
     config = TicTacToeGrpoConfig(
         model="tiny",
@@ -218,9 +214,9 @@ async def run_mode(args: argparse.Namespace, mode: str, seed: int, warm_up: bool
         sampling=SamplingBrickConfig(max_tokens=24),
         max_turns=2,
         trainer=TrainerBrickConfig(workers=1, learning_rate=2e-5),
-        sandbox=SandboxBrickConfig(num_warm=args.num_warm_sandboxes),
+        sandbox=SandboxPoolConfig(num_warm=args.num_warm_sandboxes),
         checkpoint_every_steps=0,
-        monitoring=MonitoringBrickConfig(wandb_mode="disabled"),
+        monitoring=WandbLoggersConfig(wandb_mode="disabled"),
         seed=seed,
     )
     toy = toy_harness(config)
@@ -271,7 +267,10 @@ def main() -> None:
     )
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument(
-        "--max-steps-ahead", type=int, default=1, help="async: steps beyond the trainer's the producer may start"
+        "--max-steps-ahead",
+        type=int,
+        default=1,
+        help="async: steps beyond the trainer's the producer may start",
     )
     parser.add_argument("--tool-median-s", type=float, default=1.5, help="median tool time in the sandbox")
     parser.add_argument("--tool-sigma", type=float, default=1.2, help="log-normal shape: the tail's weight")

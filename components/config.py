@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from components.registry import Registry
 
 
 def require(condition: bool, field: str, message: str) -> None:
@@ -26,3 +30,20 @@ def require_one_of(value: Any, field: str, allowed: Iterable[Any]) -> None:
     """``value`` must be one of ``allowed``."""
     allowed = tuple(allowed)
     require(value in allowed, field, f"must be one of {list(allowed)}, got {value!r}")
+
+
+def option(default: Any, help: str, *, flag: str | None = None, **kwargs: Any) -> Any:
+    """A config field with its documentation (``--help`` shows it). ``default`` may be a brick config (a
+    dataclass instance); ``flag`` is a second, historical flag besides the derived ``--prefix-name`` one."""
+    metadata = {"help": help, **({"flag": flag} if flag else {})}
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+        return dataclasses.field(default_factory=lambda: default, metadata=metadata, **kwargs)
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+def slot(registry: Registry, default: Any, help: str, *, flag: str | None = None) -> Any:
+    """A config field holding one brick of a seam: any kind ``registry`` has registered (``default`` is an
+    instance of one). On the command line ``--<name> KIND`` (or ``flag``) picks the kind and the kind's fields
+    follow as ``--<name>-<field>``; in a file it is ``<name>: {kind: KIND, <field>: ...}`` (or just ``KIND``)."""
+    metadata = {"help": help, "registry": registry, **({"flag": flag} if flag else {})}
+    return dataclasses.field(default_factory=lambda: default, metadata=metadata)

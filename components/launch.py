@@ -53,7 +53,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -75,14 +74,17 @@ from components.protocols import (
     StartsAhead,
     Task,
 )
-from components.recipe_config import config_to_json, option
+from components.proxy.providers import ProxyBrickConfig, ServeProxyConfig
+from components.recipe_config import config_to_json, option, slot
+from components.registry import ALGORITHMS, LOGGERS, PROXIES, SANDBOXES
 from components.sampling import SamplingDistribution
+from components.training.algorithms import AlgorithmConfig, GRPOConfig
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
-from monitoring.logger import WANDB_MODES, WandbLoggerProvider
+from monitoring.logger import MetricsLoggersConfig, WandbLoggersConfig
+from sandboxes.provider import SandboxConfig, SandboxPoolConfig
 
 if TYPE_CHECKING:
-    from components.proxy.config import ProxyConfig
     from components.rollout import RolloutRunner
     from components.training import Trainer
     from components.training.weight_sync import WeightSync
@@ -117,7 +119,9 @@ class TrainerBrickConfig:
     lora_alpha: float = option(0.0, "LoRA alpha; 0 means 2 x rank", flag="lora-alpha")
     lora_dropout: float = option(0.0, "LoRA dropout", flag="lora-dropout")
     lora_target: str = option(
-        "all-linear", "LoRA target modules: all-linear or comma-separated names (q_proj,v_proj)", flag="lora-target"
+        "all-linear",
+        "LoRA target modules: all-linear or comma-separated names (q_proj,v_proj)",
+        flag="lora-target",
     )
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
 
@@ -136,20 +140,7 @@ class TrainerBrickConfig:
         )
 
 
-@dataclass(kw_only=True, frozen=True)
-class SandboxBrickConfig:
-    """The agents' sandboxes (the grader makes its own)."""
-
-    backend: Literal["bwrap", "e2b"] = option("bwrap", "sandboxes: local bubblewrap pool or E2B")
-    num_warm: int = option(2, "bubblewrap sandboxes kept started", flag="num-warm-sandboxes")
-
-    def __post_init__(self) -> None:
-        require_one_of(self.backend, "backend", ("bwrap", "e2b"))
-        require_non_negative(self.num_warm, "num_warm")
-
-
 ENGINE_KINDS = ("embedded", "sglang")
-PROXY_KINDS = ("serve", "local")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -189,9 +180,12 @@ class SGLangBrickConfig:
     request_timeout_s: float = option(600.0, "bound of one /generate call")
     context_window: int = option(0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)")
     weight_sync: Literal["disk", "nccl"] = option(
-        "disk", "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0"
+        "disk",
+        "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0",
     )
-    nccl_address: str = option("", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP")
+    nccl_address: str = option(
+        "", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP"
+    )
     colocated: bool = option(False, "trainer and servers share GPUs: servers release memory while training")
 
     def __post_init__(self) -> None:
@@ -199,20 +193,6 @@ class SGLangBrickConfig:
             require_positive(getattr(self, name), name)
         require_non_negative(self.context_window, "context_window")
         require_one_of(self.weight_sync, "weight_sync", ("disk", "nccl"))
-
-
-@dataclass(kw_only=True, frozen=True)
-class ProxyBrickConfig:
-    """The inference proxy the agents talk to (OpenAI / Anthropic APIs over the engine)."""
-
-    kind: Literal["serve", "local"] = option(
-        "serve", "inference proxy: Ray Serve deployment or in the driver", flag="proxy"
-    )
-    replicas: int = option(2, "Ray Serve replicas of the proxy (proxy=serve)")
-
-    def __post_init__(self) -> None:
-        require_one_of(self.kind, "kind", PROXY_KINDS)
-        require_positive(self.replicas, "replicas")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -276,7 +256,9 @@ class SamplingBrickConfig:
     logprobs under it)."""
 
     temperature: float = option(1.0, "sampling temperature of the policy", flag="temperature")
-    top_p: float = option(1.0, "nucleus (top-p) mass of the policy's sampling; 1: no truncation", flag="top-p")
+    top_p: float = option(
+        1.0, "nucleus (top-p) mass of the policy's sampling; 1: no truncation", flag="top-p"
+    )
     top_k: int = option(0, "top-k of the policy's sampling; 0: no truncation", flag="top-k")
     agent_sampling: bool = option(
         False,
@@ -301,18 +283,6 @@ class SamplingBrickConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
-class MonitoringBrickConfig:
-    """Where the run's metrics go besides ``metrics.jsonl`` (always written)."""
-
-    wandb_mode: Literal["auto", "offline", "online", "disabled"] = option(
-        "auto", "wandb: offline unless logged in", flag="wandb-mode"
-    )
-
-    def __post_init__(self) -> None:
-        require_one_of(self.wandb_mode, "wandb_mode", WANDB_MODES)
-
-
-@dataclass(kw_only=True, frozen=True)
 class RunConfig:
     """Fields every recipe has: the run's own (model, run directory, steps, seed, Ray) and one config per brick
     (engine, sglang, proxy, rollout, sampling, sandbox, trainer, monitoring)."""
@@ -323,21 +293,33 @@ class RunConfig:
     run_dir: str = option("", "run directory; '' makes runs/<recipe>-<time>; an existing one is resumed")
     num_steps: int = option(2, "training steps (rollout → train → weight sync → log/checkpoint)")
     group_size: int = option(2, "rollouts per task per step (one GRPO group)")
-    algorithm: Literal["grpo", "dr_grpo", "gspo", "rloo"] = option(
-        "grpo",
+    algorithm: AlgorithmConfig = slot(
+        ALGORITHMS,
+        GRPOConfig(),
         "policy-gradient algorithm (components/training/algorithms/): GRPO, Dr.GRPO, GSPO (sequence-level ratio "
-        "and clipping) or RLOO (leave-one-out baseline)",
+        "and clipping), RLOO (leave-one-out baseline) or a registered one",
     )
     checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
     seed: int = option(0, "seed of the trainer and of task selection")
     engine: EngineBrickConfig = option(EngineBrickConfig(), "the inference engine")
     sglang: SGLangBrickConfig = option(SGLangBrickConfig(), "the SGLang servers (engine=sglang)")
-    proxy: ProxyBrickConfig = option(ProxyBrickConfig(), "the inference proxy")
+    proxy: ProxyBrickConfig = slot(
+        PROXIES,
+        ServeProxyConfig(),
+        "the inference proxy: Ray Serve deployment (serve) or in the driver (local)",
+    )
     rollout: RolloutBrickConfig = option(RolloutBrickConfig(), "rollout scheduling")
     sampling: SamplingBrickConfig = option(SamplingBrickConfig(), "the policy's sampling")
-    sandbox: SandboxBrickConfig = option(SandboxBrickConfig(), "the agents' sandboxes")
+    sandbox: SandboxConfig = slot(
+        SANDBOXES,
+        SandboxPoolConfig(num_warm=2),
+        "the agents' sandboxes: local bubblewrap pool (bwrap) or E2B",
+        flag="sandbox-backend",
+    )
     trainer: TrainerBrickConfig = option(TrainerBrickConfig(), "the trainer")
-    monitoring: MonitoringBrickConfig = option(MonitoringBrickConfig(), "metrics loggers")
+    monitoring: MetricsLoggersConfig = slot(
+        LOGGERS, WandbLoggersConfig(), "metrics loggers besides metrics.jsonl"
+    )
     ray_address: str = option(
         "", "Ray cluster to join; '' joins $RAY_ADDRESS when set, else starts a local one"
     )
@@ -361,7 +343,7 @@ class RunConfig:
             "needs engine=sglang and rollout mode sync (the servers give their GPU memory up while training)",
         )
         require(
-            self.rollout.placement == "driver" or self.proxy.kind == "serve",
+            self.rollout.placement == "driver" or self.proxy.reachable_from_other_processes,
             "rollout.placement",
             "actor needs proxy kind serve: the in-driver proxy (local) cannot be reached from the producer actor",
         )
@@ -428,12 +410,6 @@ def connect_ray(config: RunConfig) -> None:
             runtime_env={"env_vars": env_vars},
             object_store_memory=1024 * 1024 * 1024,
         )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class StepLedger:
@@ -527,66 +503,6 @@ class SGLangEngineProvider:
             self._engine = None
 
 
-class LocalProxyProvider:
-    """``ProxyProvider``: the proxy in the driver process (one fewer moving part, no Serve start-up)."""
-
-    def __init__(self) -> None:
-        self._server: Any = None
-
-    async def start(
-        self, engine: InferenceEngine, *, model_path: Path, config: ProxyConfig, run_name: str
-    ) -> tuple[str, SessionControl]:
-        from transformers import AutoTokenizer
-
-        from components.proxy.server import ProxyServer
-        from components.proxy.sessions import LocalSessionRegistry
-
-        registry = LocalSessionRegistry(engine, AutoTokenizer.from_pretrained(model_path), config)
-        self._server = ProxyServer(registry, config)
-        return await self._server.start(), registry
-
-    async def close(self) -> None:
-        if self._server is not None:
-            await self._server.stop()
-            self._server = None
-
-
-class ServeProxyProvider:
-    """``ProxyProvider``: Ray Serve replicas (``num_replicas``) over session-shard actors, 0 CPUs each."""
-
-    def __init__(self, *, num_replicas: int, num_session_shards: int = 2) -> None:
-        self.num_replicas, self.num_session_shards = num_replicas, num_session_shards
-        self._app_name = ""
-
-    async def start(
-        self, engine: InferenceEngine, *, model_path: Path, config: ProxyConfig, run_name: str
-    ) -> tuple[str, SessionControl]:
-        from ray import serve
-
-        from components.proxy.ray_sessions import start_session_shards
-        from components.proxy.serve import run_proxy_on_serve
-
-        serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
-        registry = start_session_shards(engine, model_path, config, num_shards=self.num_session_shards)
-        self._app_name = f"rein-{run_name}"
-        url = await _to_thread(
-            run_proxy_on_serve,
-            registry,
-            config,
-            app_name=self._app_name,
-            route_prefix=f"/{run_name}",
-            num_replicas=self.num_replicas,
-        )
-        return url, registry
-
-    async def close(self) -> None:
-        if self._app_name:  # Serve apps outlive a driver
-            from ray import serve
-
-            await _to_thread(serve.delete, self._app_name)
-            self._app_name = ""
-
-
 @dataclass(kw_only=True)
 class Bricks:
     """The objects the stack snaps together, each satisfying a Protocol of ``components.protocols``. A recipe
@@ -602,31 +518,17 @@ class Bricks:
     @classmethod
     def from_config(cls, config: RunConfig, *, sandbox_paths: Sequence[str] = ()) -> Bricks:
         """The bricks ``config`` names; ``sandbox_paths``: host paths the sandboxes bind read-only."""
-        from components.training.algorithms import make_algorithm
-        from sandboxes import SandboxBackendConfig, SandboxPoolConfig, make_sandbox_provider
-
-        sandboxes = make_sandbox_provider(
-            SandboxBackendConfig(
-                backend=config.sandbox.backend,
-                pool=SandboxPoolConfig(
-                    num_warm=config.sandbox.num_warm, read_only_paths=tuple(dict.fromkeys(sandbox_paths))
-                ),
-            )
-        )
         engine = (
-            EmbeddedEngineProvider(config.engine) if config.engine.kind == "embedded" else SGLangEngineProvider(config)
-        )
-        proxy = (
-            LocalProxyProvider()
-            if config.proxy.kind == "local"
-            else ServeProxyProvider(num_replicas=config.proxy.replicas)
+            EmbeddedEngineProvider(config.engine)
+            if config.engine.kind == "embedded"
+            else SGLangEngineProvider(config)
         )
         return cls(
             engine=engine,
-            proxy=proxy,
-            algorithm=make_algorithm(config.algorithm),
-            sandboxes=sandboxes,
-            loggers=WandbLoggerProvider(mode=config.monitoring.wandb_mode),
+            proxy=config.proxy.build(),
+            algorithm=config.algorithm.build(),
+            sandboxes=config.sandbox.build(read_only_paths=sandbox_paths),
+            loggers=config.monitoring.build(),
         )
 
 
@@ -727,7 +629,9 @@ class RunStack:
                 use_gpu=config.trainer.use_gpu,
                 cpus_per_worker=config.trainer.cpus_per_worker,
                 optimizer=OptimizerConfig(learning_rate=config.trainer.learning_rate),
-                batching=SampleBatchConfig(max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch),
+                batching=SampleBatchConfig(
+                    max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch
+                ),
                 lora=config.trainer.lora_settings(),
                 gradient_checkpointing=config.trainer.gradient_checkpointing,
                 temperature=config.sampling.temperature,

@@ -21,16 +21,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from components.config import option, slot
+
+__all__ = ["REDACTED", "config_flags", "config_to_json", "option", "parse_config", "read_config_file", "slot"]
+
 ConfigT = TypeVar("ConfigT")
-
-
-def option(default: Any, help: str, *, flag: str | None = None, **kwargs: Any) -> Any:
-    """A config field with its documentation (shown by ``--help``). ``default`` may be a brick config (a
-    dataclass instance); ``flag`` replaces the derived ``--prefix-name`` flag (for short historical flags)."""
-    metadata = {"help": help, **({"flag": flag} if flag else {})}
-    if dataclasses.is_dataclass(default) and not isinstance(default, type):
-        return dataclasses.field(default_factory=lambda: default, metadata=metadata, **kwargs)
-    return dataclasses.field(default=default, metadata=metadata, **kwargs)
 
 
 def _parse_bool(text: str) -> bool:
@@ -61,46 +56,117 @@ def _converter(annotation: Any) -> tuple[Any, tuple[Any, ...] | None]:
     return str, None
 
 
+def _representable(annotation: Any) -> bool:
+    """Whether a value of this type can be typed on a command line (a callable or ``Any`` field cannot: it is
+    set from Python only)."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal or annotation in (bool, int, float, str, Path):
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return all(_representable(arg) for arg in typing.get_args(annotation) if arg is not type(None))
+    if origin is tuple:
+        return all(arg in (int, float, str) or arg is Ellipsis for arg in typing.get_args(annotation))
+    return False
+
+
 def _is_brick(annotation: Any) -> bool:
     return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
 
 
+def _registry(field: dataclasses.Field, annotation: Any = None) -> Any:
+    """The seam's registry of a slot: a ``slot(...)`` field, or a field typed by a seam's Protocol whose default
+    is a registered kind (a recipe overriding a slot's default with ``option(LocalProxyConfig(), ...)``)."""
+    if "registry" in field.metadata:
+        return field.metadata["registry"]
+    if annotation is None or _is_brick(annotation) or field.default_factory is dataclasses.MISSING:
+        return None
+    from components.registry import registry_of
+
+    return registry_of(field.default_factory())
+
+
 @dataclasses.dataclass(frozen=True)
 class _Leaf:
-    path: tuple[str, ...]  # ("trainer", "workers")
-    flag: str  # "trainer-workers"
+    path: tuple[str, ...]  # ("trainer", "workers"); a slot's kind: ("engine", "kind")
+    flags: tuple[str, ...]  # ("trainer-workers",): the derived flag first, then a historical one
     annotation: Any
     default: Any
     help: str
+    choices: tuple[str, ...] | None = None  # a slot's registered kinds
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(self.path)
 
 
 def _field_default(field: dataclasses.Field) -> Any:
     return field.default if field.default is not dataclasses.MISSING else field.default_factory()
 
 
-def _leaves(config_class: type, path: tuple[str, ...] = (), brick_default: Any = None) -> list[_Leaf]:
-    """Every plain field of ``config_class`` and of its brick configs, depth first, with its flag and default
-    (a brick's defaults are those of the instance the recipe config gives it)."""
+def _flags(path: tuple[str, ...], field: dataclasses.Field) -> tuple[str, ...]:
+    derived = "-".join(path).replace("_", "-")
+    historical = field.metadata.get("flag")
+    return (derived,) if not historical or historical == derived else (derived, historical)
+
+
+def _leaves(
+    config_class: type,
+    path: tuple[str, ...] = (),
+    brick_default: Any = None,
+    kinds: Mapping[tuple[str, ...], str] | None = None,
+) -> list[_Leaf]:
+    """Every plain field of ``config_class`` and of its brick configs, depth first, with its flags and default
+    (a brick's defaults are those of the instance the recipe config gives it). A slot contributes its kind
+    (``kinds[path]`` when given, else its default's) and the fields of that kind's config class."""
+    kinds = kinds or {}
     hints = typing.get_type_hints(config_class)
     leaves = []
     for field in dataclasses.fields(config_class):
         if not field.init:
             continue
         value = getattr(brick_default, field.name) if brick_default is not None else _field_default(field)
-        if _is_brick(hints[field.name]):
-            leaves += _leaves(hints[field.name], (*path, field.name), value)
+        field_path = (*path, field.name)
+        registry = _registry(field, hints[field.name])
+        if registry is not None:
+            default_kind = registry.name_of(value)
+            kind = kinds.get(field_path, default_kind)
+            kind_class = registry.get(kind)
+            help = field.metadata.get("help", "")
+            leaves.append(
+                _Leaf(
+                    (*field_path, "kind"),
+                    _flags(field_path, field),
+                    str,
+                    default_kind,
+                    help,
+                    registry.kinds(),
+                )
+            )
+            leaves += _leaves(kind_class, field_path, value if type(value) is kind_class else None, kinds)
             continue
-        flag = field.metadata.get("flag") or "-".join((*path, field.name)).replace("_", "-")
+        if _is_brick(hints[field.name]):
+            leaves += _leaves(hints[field.name], field_path, value, kinds)
+            continue
+        if not _representable(hints[field.name]):
+            continue
         leaves.append(
-            _Leaf((*path, field.name), flag, hints[field.name], value, field.metadata.get("help", ""))
+            _Leaf(
+                field_path,
+                _flags(field_path, field),
+                hints[field.name],
+                value,
+                field.metadata.get("help", ""),
+            )
         )
     return leaves
 
 
-def config_flags(config_class: type) -> dict[str, str]:
-    """Every plain field of ``config_class`` and its bricks (dotted: ``trainer.workers``) → its command-line flag
-    (``--trainer-workers``)."""
-    return {".".join(leaf.path): f"--{leaf.flag}" for leaf in _leaves(config_class)}
+def config_flags(config_class: type, kinds: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every plain field of ``config_class`` and its bricks (dotted: ``trainer.workers``; a slot's kind:
+    ``engine.kind``) → its command-line flag (``--trainer-workers``; a field with a historical flag: that one).
+    ``kinds`` (slot path → kind, e.g. ``{"engine": "sglang"}``) lists another kind's fields than the default's."""
+    by_path = {tuple(path.split(".")): kind for path, kind in (kinds or {}).items()}
+    return {leaf.dotted: f"--{leaf.flags[-1]}" for leaf in _leaves(config_class, kinds=by_path)}
 
 
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
@@ -131,6 +197,16 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
+def _kind_and_fields(value: Any, where: str) -> tuple[str | None, dict[str, Any]]:
+    """A slot's overrides: ``KIND`` or ``{kind: KIND, field: ...}`` (kind optional)."""
+    if isinstance(value, str):
+        return value, {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: expected a kind or a mapping of its fields, got {value!r}")
+    fields = dict(value)
+    return fields.pop("kind", None), fields
+
+
 def _build(
     config_class: type, overrides: Mapping[str, Any], path: tuple[str, ...] = (), base: Any = None
 ) -> Any:
@@ -143,10 +219,18 @@ def _build(
         where = ".".join((*path, name))
         if name not in fields:
             raise ValueError(f"{where}: no such field (known: {sorted(fields)})")
-        if _is_brick(hints[name]):
+        brick_default = getattr(base, name) if base is not None else _field_default(fields[name])
+        registry = _registry(fields[name], hints[name])
+        if registry is not None:
+            kind, kind_fields = _kind_and_fields(value, where)
+            if kind is not None and kind not in registry.kinds():
+                raise ValueError(f"{where}: must be one of {list(registry.kinds())}, got {kind!r}")
+            kind_class = type(brick_default) if kind is None else registry.get(kind)
+            kind_base = brick_default if type(brick_default) is kind_class else None
+            changes[name] = _build(kind_class, kind_fields, (*path, name), kind_base)
+        elif _is_brick(hints[name]):
             if not isinstance(value, Mapping):
                 raise ValueError(f"{where}: expected a mapping of its fields, got {value!r}")
-            brick_default = getattr(base, name) if base is not None else _field_default(fields[name])
             changes[name] = _build(hints[name], value, (*path, name), brick_default)
         else:
             changes[name] = _coerce(value, hints[name], where)
@@ -176,8 +260,45 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 def _merge(base: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     for key in path[:-1]:
+        if isinstance(base.get(key), str):  # a slot given as its kind alone (``algorithm: gspo``)
+            base[key] = {"kind": base[key]}
         base = base.setdefault(key, {})
     base[path[-1]] = value
+
+
+def _chosen_kinds(
+    config_class: type, argv: Sequence[str] | None, file_fields: Mapping[str, Any]
+) -> dict[tuple[str, ...], str]:
+    """The kind of every slot, from its flag, else from the config file (else its default): the fields a
+    slot's kind brings depend on it, so the full parser is built after this first pass."""
+    kinds: dict[tuple[str, ...], str] = {}
+    for _ in range(4):  # a chosen kind may bring slots of its own
+        parser = argparse.ArgumentParser(add_help=False)
+        kind_leaves = [leaf for leaf in _leaves(config_class, kinds=kinds) if leaf.choices is not None]
+        for leaf in kind_leaves:
+            parser.add_argument(*(f"--{flag}" for flag in leaf.flags), dest="/".join(leaf.path), default=None)
+        namespace = vars(parser.parse_known_args(argv)[0])
+        chosen = dict(kinds)
+        for leaf in kind_leaves:
+            slot_path = leaf.path[:-1]
+            kind = namespace["/".join(leaf.path)] or _file_kind(file_fields, slot_path)
+            if kind is not None and kind in leaf.choices:  # a bad one fails in the full parser, listing them
+                chosen[slot_path] = kind
+        if chosen == kinds:
+            return kinds
+        kinds = chosen
+    return kinds
+
+
+def _file_kind(file_fields: Mapping[str, Any], slot_path: tuple[str, ...]) -> str | None:
+    value: Any = file_fields
+    for key in slot_path:
+        if not isinstance(value, Mapping) or key not in value:
+            return None
+        value = value[key]
+    if isinstance(value, str):
+        return value
+    return value.get("kind") if isinstance(value, Mapping) else None
 
 
 def parse_config(
@@ -193,35 +314,46 @@ def parse_config(
         default=None,
         help="YAML or JSON file of fields (nested by brick); flags override it",
     )
-    leaves = _leaves(config_class)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    config_file = vars(pre.parse_known_args(argv)[0])["config"]
+    try:
+        file_fields: dict[str, Any] = read_config_file(config_file) if config_file else {}
+    except (ValueError, OSError) as error:
+        parser.error(str(error))
+    leaves = _leaves(config_class, kinds=_chosen_kinds(config_class, argv, file_fields))
     hints = typing.get_type_hints(config_class)
+    fields = dataclasses.fields(config_class)
     brick_help = {
-        f.name: f.metadata.get("help", "") for f in dataclasses.fields(config_class) if _is_brick(hints[f.name])
+        f.name: f.metadata.get("help", "")
+        for f in fields
+        if _registry(f, hints[f.name]) is not None or _is_brick(hints[f.name])
     }
     groups: dict[str, Any] = {}
     for leaf in leaves:
-        convert, choices = _converter(leaf.annotation)
+        convert, choices = _converter(leaf.annotation) if leaf.choices is None else (str, leaf.choices)
         shown = ",".join(map(str, leaf.default)) if isinstance(leaf.default, tuple) else leaf.default
         brick = leaf.path[0] if len(leaf.path) > 1 else ""
         if brick not in groups:
             groups[brick] = (
-                parser.add_argument_group(f"{brick} brick", description=brick_help.get(brick)) if brick else parser
+                parser.add_argument_group(f"{brick} brick", description=brick_help.get(brick))
+                if brick
+                else parser
             )
+        help = leaf.help if leaf.choices is None else f"{leaf.help}: one of the registered kinds"
         groups[brick].add_argument(
-            f"--{leaf.flag}",
+            *(f"--{flag}" for flag in leaf.flags),
             dest="/".join(leaf.path),
-            metavar=leaf.flag.upper().replace("-", "_") if choices is None else None,
+            metavar=leaf.flags[0].upper().replace("-", "_") if choices is None else None,
             type=convert,
             choices=choices,
             default=dataclasses.MISSING,
-            help=f"{leaf.help} (default: {shown})",
+            help=f"{help} (default: {shown})",
         )
     namespace = vars(parser.parse_args(argv))
+    namespace.pop("config", None)
     try:
-        overrides: dict[str, Any] = (
-            read_config_file(namespace.pop("config")) if namespace.get("config") else {}
-        )
-        namespace.pop("config", None)
+        overrides = file_fields
         for dest, value in namespace.items():
             if value is not dataclasses.MISSING:
                 _merge(overrides, tuple(dest.split("/")), value)
@@ -234,7 +366,9 @@ def parse_config(
 REDACTED = "***"
 # Names of fields that hold credentials (api_key, sglang_admin_api_key, judge_api_key, admin_key, hf_token, ...):
 # written as REDACTED, so RUN_DIR/config.json and the tracker's run config never carry a secret.
-_SECRET_NAME = re.compile(r"(^|_)(key|token|secret|password|credentials?)$|api_key|secret|password", re.IGNORECASE)
+_SECRET_NAME = re.compile(
+    r"(^|_)(key|token|secret|password|credentials?)$|api_key|secret|password", re.IGNORECASE
+)
 
 
 def config_to_json(config: Any) -> str:
@@ -245,9 +379,26 @@ def config_to_json(config: Any) -> str:
             return REDACTED
         return plain(value)
 
+    def brick(registry: Any, value: Any) -> Any:  # a slot's brick names its kind
+        return {"kind": registry.name_of(value), **plain(value)}
+
+    def registries(value: Any) -> dict[str, Any]:
+        try:
+            hints = typing.get_type_hints(type(value))
+        except (NameError, TypeError):  # annotations only importable for type checkers: no slot among them
+            hints = {}
+        found = {f.name: _registry(f, hints.get(f.name)) for f in dataclasses.fields(value)}
+        return {name: registry for name, registry in found.items() if registry is not None}
+
     def plain(value: Any) -> Any:
         if dataclasses.is_dataclass(value):
-            return {f.name: field(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)}
+            slots = registries(value)
+            return {
+                f.name: brick(slots[f.name], getattr(value, f.name))
+                if f.name in slots
+                else field(f.name, getattr(value, f.name))
+                for f in dataclasses.fields(value)
+            }
         if isinstance(value, Mapping):
             return {str(key): field(str(key), item) for key, item in value.items()}
         if isinstance(value, tuple | list):

@@ -16,11 +16,12 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from components.config import require, require_one_of
+from components.config import option, require, require_one_of
 from components.protocols import MetricsLogger, MetricsLoggerProvider
+from components.registry import LOGGERS
 
 logger = logging.getLogger(__name__)
 
@@ -327,6 +328,30 @@ class MultiLogger:
                 logger.warning("%s.close failed: %s", type(item).__name__, error)
 
 
+class MetricsLoggersConfig(Protocol):
+    """A registered kind of the ``logger`` seam: builds the provider of a run's trackers."""
+
+    def build(self) -> MetricsLoggerProvider: ...
+
+
+@LOGGERS.register("wandb")
+@dataclass(kw_only=True, frozen=True)
+class WandbLoggersConfig:
+    """The ``logger`` seam's built-in kind: Weights & Biases besides ``metrics.jsonl`` (always written)."""
+
+    wandb_mode: str = option(
+        "auto", f"wandb: one of {list(WANDB_MODES)}; auto is offline unless logged in", flag="wandb-mode"
+    )
+    wandb_project: str = option("rein", "wandb project of the run")
+
+    def __post_init__(self) -> None:
+        require_one_of(self.wandb_mode, "wandb_mode", WANDB_MODES)
+
+    def build(self) -> MetricsLoggerProvider:
+        """The provider of this config."""
+        return WandbLoggerProvider(mode=self.wandb_mode, project=self.wandb_project)
+
+
 @dataclass(frozen=True, kw_only=True)
 class WandbLoggerProvider:
     """``MetricsLoggerProvider``: a Weights & Biases run under ``RUN_DIR/wandb`` in ``mode`` (see
@@ -352,7 +377,9 @@ class WandbLoggerProvider:
         try:
             return [WandbLogger(wandb_config)]
         except Exception as error:
-            logger.warning("wandb could not start (%s); logging to %s only", error, run_dir / METRICS_FILE_NAME)
+            logger.warning(
+                "wandb could not start (%s); logging to %s only", error, run_dir / METRICS_FILE_NAME
+            )
             return []
 
 
@@ -369,4 +396,6 @@ def run_loggers(
     ``wandb_mode``)."""
     run_dir = Path(run_dir)
     trackers = trackers or WandbLoggerProvider(mode=wandb_mode, project=project)
-    return MultiLogger([JsonlLogger(run_dir), *trackers.open(run_dir, run_name=name, run_config=config or {})])
+    return MultiLogger(
+        [JsonlLogger(run_dir), *trackers.open(run_dir, run_name=name, run_config=config or {})]
+    )

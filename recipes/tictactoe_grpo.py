@@ -21,7 +21,6 @@ from typing import Literal
 
 from components.config import require_positive
 from components.launch import (
-    ProxyBrickConfig,
     RolloutBrickConfig,
     RunConfig,
     RunDirectory,
@@ -32,7 +31,9 @@ from components.launch import (
 )
 from components.loop import run_recipe_loop
 from components.protocols import Harness, Reward
-from components.recipe_config import option
+from components.proxy.providers import LocalProxyConfig, ProxyBrickConfig
+from components.recipe_config import option, slot
+from components.registry import PROXIES
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks.toys import TicTacToeConfig, TicTacToeEnv
 from components.tasks.toys.tictactoe import cell_name
@@ -54,7 +55,9 @@ class TicTacToeGrpoConfig(RunConfig):
     rollout: RolloutBrickConfig = option(RolloutBrickConfig(max_concurrency=8), "rollout scheduling")
     sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=48), "the policy's sampling")
     trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5), "the trainer")
-    proxy: ProxyBrickConfig = option(ProxyBrickConfig(kind="local"), "the inference proxy")
+    proxy: ProxyBrickConfig = slot(
+        PROXIES, LocalProxyConfig(), "the inference proxy (in the driver: no Serve start-up)"
+    )
     games_per_step: int = option(2, "seeded games (GRPO groups) per step")
     opponent: Literal["random", "perfect"] = option("random", "the opponent: random legal moves or minimax")
     max_turns: int = option(6, "model calls per game (a game needs at most 5 moves)")

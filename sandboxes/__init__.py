@@ -5,7 +5,7 @@ from sandboxes.cgroups import CgroupUnavailableError
 from sandboxes.e2b import E2BSandbox, E2BSandboxConfig, E2BSandboxProvider
 from sandboxes.errors import SandboxFileRefusedError, SandboxLeaseEndedError
 from sandboxes.pool import SandboxPool, SandboxPoolConfig
-from sandboxes.provider import SandboxBackendConfig, SandboxProvider, make_sandbox_provider
+from sandboxes.provider import SandboxConfig, SandboxProvider
 
 __all__ = [
     "BwrapSandbox",
@@ -14,11 +14,10 @@ __all__ = [
     "E2BSandbox",
     "E2BSandboxConfig",
     "E2BSandboxProvider",
-    "SandboxBackendConfig",
+    "SandboxConfig",
     "SandboxFileRefusedError",
     "SandboxLeaseEndedError",
     "SandboxPool",
     "SandboxPoolConfig",
     "SandboxProvider",
-    "make_sandbox_provider",
 ]

@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from components.config import require, require_positive
 from components.errors import SandboxError
 from components.protocols import ExecResult, Sandbox, SandboxSpec
+from components.registry import SANDBOXES
 from sandboxes.archive import directory_archive, extract_single_entry
 from sandboxes.errors import SandboxFileRefusedError
 
@@ -42,6 +43,7 @@ _READ_SCRIPT = (
 )
 
 
+@SANDBOXES.register("e2b")
 @dataclass(kw_only=True, frozen=True)
 class E2BSandboxConfig:
     """Where and how E2B sandboxes are made."""
@@ -67,6 +69,10 @@ class E2BSandboxConfig:
             "workspace_dir",
             f"must be absolute, got {self.workspace_dir!r}",
         )
+
+    def build(self, *, read_only_paths: Sequence[str] = ()) -> E2BSandboxProvider:
+        """The provider of this config (``sandbox`` kind ``e2b``; host paths do not reach E2B's cloud)."""
+        return E2BSandboxProvider(self)
 
 
 def _sdk() -> Any:

@@ -32,24 +32,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from components.config import require, require_non_negative, require_positive
+from components.config import option, require, require_non_negative, require_positive
 from components.errors import SandboxError
 from components.protocols import Sandbox, SandboxSpec
+from components.registry import SANDBOXES
 from sandboxes.bwrap import BwrapSandbox, BwrapSandboxConfig, cgroup_hierarchy, mounts_serve, validate_spec
 
 logger = logging.getLogger(__name__)
 
 
+@SANDBOXES.register("bwrap")
 @dataclass(kw_only=True, frozen=True)
 class SandboxPoolConfig:
     """A local pool of warm bubblewrap sandboxes."""
 
-    num_warm: int = 4  # idle, started sandboxes kept ready
+    num_warm: int = option(4, "idle, started bubblewrap sandboxes kept ready", flag="num-warm-sandboxes")
     # Mounts of the warm sandboxes; a spec asking for a subset of these paths (and this workspace size) is served
     # warm. Typically the venv and the npm agents: ("/work/main/.venv", "/work/main/.agents").
     read_only_paths: tuple[str, ...] = ()
@@ -66,6 +70,11 @@ class SandboxPoolConfig:
         require_positive(self.health_check_interval_s, "health_check_interval_s")
         for path in self.read_only_paths:
             require(path.startswith("/"), "read_only_paths", f"must be absolute paths, got {path!r}")
+
+    def build(self, *, read_only_paths: Sequence[str] = ()) -> SandboxPool:
+        """The pool of this config (``sandbox`` kind ``bwrap``); ``read_only_paths`` join its own mounts."""
+        paths = tuple(dict.fromkeys((*self.read_only_paths, *read_only_paths)))
+        return SandboxPool(dataclasses.replace(self, read_only_paths=paths))
 
 
 class SandboxPool:

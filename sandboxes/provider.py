@@ -1,34 +1,19 @@
-"""Choosing a sandbox backend by config: ``make_sandbox_provider(SandboxBackendConfig(backend=...))``."""
+"""The ``sandbox`` seam: a kind is a registered config class (``components.registry.SANDBOXES``) that builds its
+provider: ``bwrap`` (``SandboxPoolConfig``: the local bubblewrap pool) or ``e2b`` (``E2BSandboxConfig``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import Protocol
 
-from components.config import require_one_of
 from components.protocols import SandboxProvider
-from sandboxes.e2b import E2BSandboxConfig, E2BSandboxProvider
-from sandboxes.pool import SandboxPool, SandboxPoolConfig
+from sandboxes.e2b import E2BSandboxConfig
+from sandboxes.pool import SandboxPoolConfig
 
-BACKENDS = ("bwrap", "e2b")
-
-
-__all__ = ["BACKENDS", "SandboxBackendConfig", "SandboxProvider", "make_sandbox_provider"]
+__all__ = ["E2BSandboxConfig", "SandboxConfig", "SandboxPoolConfig", "SandboxProvider"]
 
 
-@dataclass(kw_only=True, frozen=True)
-class SandboxBackendConfig:
-    """Which sandboxes a run uses: the local bubblewrap pool or E2B."""
+class SandboxConfig(Protocol):
+    """A registered kind of the ``sandbox`` seam: builds the provider of the agents' sandboxes."""
 
-    backend: str = "bwrap"  # "bwrap" | "e2b"
-    pool: SandboxPoolConfig = field(default_factory=SandboxPoolConfig)  # used when backend == "bwrap"
-    e2b: E2BSandboxConfig = field(default_factory=E2BSandboxConfig)  # used when backend == "e2b"
-
-    def __post_init__(self) -> None:
-        require_one_of(self.backend, "backend", BACKENDS)
-
-
-def make_sandbox_provider(config: SandboxBackendConfig) -> SandboxProvider:
-    """The provider ``config`` names (a ``SandboxPool`` starts its warm sandboxes on first use)."""
-    if config.backend == "bwrap":
-        return SandboxPool(config.pool)
-    return E2BSandboxProvider(config.e2b)
+    def build(self, *, read_only_paths: Sequence[str] = ()) -> SandboxProvider: ...

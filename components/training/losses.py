@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from components.config import require, require_non_negative, require_one_of, require_positive
+from components.config import option, require, require_non_negative, require_one_of, require_positive
 
 ImportanceSamplingLevel = Literal["token", "sequence", "none"]
 RatioLevel = Literal["token", "sequence"]
@@ -31,12 +31,18 @@ RatioLevel = Literal["token", "sequence"]
 class PolicyLossConfig:
     """The clipped, importance-corrected policy-gradient loss."""
 
-    clip_low: float = 0.2  # ratio floor 1 - clip_low
-    clip_high: float = 0.28  # ratio ceiling 1 + clip_high ("clip-higher": > clip_low keeps exploration)
-    importance_sampling: ImportanceSamplingLevel = "token"  # truncated IS against rollout logprobs
-    importance_sampling_cap: float = 2.0  # IS weights are truncated at this value
-    kl_coef: float = 0.0  # weight of the k3 KL estimate to the reference policy (0: no reference model)
-    ratio_level: RatioLevel = "token"  # the clipped ratio: per token, or per sequence (GSPO)
+    clip_low: float = option(0.2, "ratio floor 1 - clip_low")
+    clip_high: float = option(
+        0.28, "ratio ceiling 1 + clip_high ('clip-higher': > clip_low keeps exploration)"
+    )
+    importance_sampling: ImportanceSamplingLevel = option(
+        "token", "truncated importance sampling against the rollout logprobs: per token, sequence or none"
+    )
+    importance_sampling_cap: float = option(2.0, "importance weights are truncated at this value")
+    kl_coef: float = option(
+        0.0, "weight of the k3 KL estimate to the reference policy (0: no reference model)"
+    )
+    ratio_level: RatioLevel = option("token", "the clipped ratio: per token, or per sequence (GSPO)")
 
     def __post_init__(self) -> None:
         require(0 <= self.clip_low < 1, "clip_low", f"must be in [0, 1), got {self.clip_low!r}")

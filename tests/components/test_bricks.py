@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from components.launch import (
-    Bricks,
-    EmbeddedEngineProvider,
-    LocalProxyProvider,
-    RunConfig,
-    ServeProxyProvider,
-    SGLangEngineProvider,
-)
+from components.launch import Bricks, EmbeddedEngineProvider, RunConfig, SGLangEngineProvider
 from components.protocols import Algorithm, EngineProvider, ProxyProvider, SandboxProvider
+from components.proxy.providers import LocalProxyProvider, ServeProxyProvider
 from components.recipe_config import parse_config
 from components.training.algorithms import RLOO
 from sandboxes import SandboxPool
@@ -32,13 +26,13 @@ def test_config_names_pick_the_bricks():
     config = parse_config(
         RunConfig,
         ["--model", "tiny", "--engine", "sglang", "--sglang-url", "http://127.0.0.1:1", "--proxy", "local"]
-        + ["--algorithm", "rloo", "--sandbox-backend", "e2b", "--num-warm-sandboxes", "0"],
+        + ["--algorithm", "rloo", "--sandbox-backend", "e2b", "--sandbox-template", "py"],
     )
     bricks = Bricks.from_config(config)
     assert isinstance(bricks.engine, SGLangEngineProvider)
     assert isinstance(bricks.proxy, LocalProxyProvider)
     assert isinstance(bricks.algorithm, RLOO)
-    assert isinstance(bricks.sandboxes, E2BSandboxProvider)
+    assert isinstance(bricks.sandboxes, E2BSandboxProvider) and bricks.sandboxes.config.template == "py"
 
 
 async def test_providers_close_safely_when_never_started():
@@ -49,9 +43,9 @@ async def test_providers_close_safely_when_never_started():
 
 
 def test_brick_config_errors_name_the_field():
-    from components.launch import SandboxBrickConfig, TrainerBrickConfig
+    from components.launch import TrainerBrickConfig
 
     with pytest.raises(ValueError, match="workers: must be > 0"):
         TrainerBrickConfig(workers=0)
-    with pytest.raises(ValueError, match="backend: must be one of"):
-        SandboxBrickConfig(backend="docker")
+    with pytest.raises(SystemExit):  # the registered kinds are the flag's choices
+        parse_config(RunConfig, ["--model", "tiny", "--sandbox-backend", "docker"])

@@ -18,12 +18,13 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from components.launch import MonitoringBrickConfig, RolloutBrickConfig, RunConfig
+from components.launch import RolloutBrickConfig, RunConfig
 from components.loop import run_recipe_loop
 from components.rollout.buffer import TrajectoryLedger, group_index
 from components.training.checkpoint import TrainerState
 from components.trajectory import Segment, Trajectory, TrajectoryStatus
 from components.trajectory_store import TrajectoryStore
+from monitoring.logger import WandbLoggersConfig
 
 GROUP_SIZE, GROUPS_PER_STEP, NUM_STEPS, MAX_STALENESS = 2, 2, 4, 2
 SLOW_GROUP, SLOW_MEMBER_S, MEMBER_S = 0, 60.0, 0.05
@@ -126,7 +127,7 @@ def loop_parts(tmp_path, trainer, *, num_steps=NUM_STEPS, **rollout):
         num_steps=num_steps,
         group_size=GROUP_SIZE,
         rollout=RolloutBrickConfig(**rollout),
-        monitoring=MonitoringBrickConfig(wandb_mode="disabled"),
+        monitoring=WandbLoggersConfig(wandb_mode="disabled"),
         checkpoint_every_steps=0,
     )
     stack = SimpleNamespace(
@@ -162,7 +163,11 @@ async def test_a_doomed_group_is_given_up_and_replaced_without_waiting_for_its_s
     trained = [name for names in ledger.step_shards.values() for name in names]
     committed = sorted(path.name for path in stack.store.shard_paths())
     assert sorted(trained) == committed and len(set(trained)) == len(trained)  # each exactly once
-    trained_indices = {group_index(t.group_id) for name in trained for t in stack.store.read_shard(tmp_path / "trajectories" / name)}
+    trained_indices = {
+        group_index(t.group_id)
+        for name in trained
+        for t in stack.store.read_shard(tmp_path / "trajectories" / name)
+    }
     assert SLOW_GROUP not in trained_indices  # given up, never committed
     assert len(trained_indices) == NUM_STEPS * GROUPS_PER_STEP  # and replaced: every step got its groups
     rows = metric_rows(tmp_path)

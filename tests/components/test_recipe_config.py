@@ -102,11 +102,14 @@ def test_help_lists_every_field_with_meaning_and_default(capsys):
         ("--config", "YAML or JSON", ""),
     ]:
         assert flag in text and f"{meaning}" in text and default in text, flag
-    assert "trainer brick: the trainer brick" in text and "engine brick: the engine brick" in text  # + meaning
+    assert (
+        "trainer brick: the trainer brick" in text and "engine brick: the engine brick" in text
+    )  # + meaning
 
 
 def test_run_config_bricks_keep_their_flags_and_nest_in_files(tmp_path, capsys):
     from components.launch import RunConfig
+    from components.proxy.providers import LocalProxyConfig, ServeProxyConfig
 
     flags = [
         "--model",
@@ -117,19 +120,20 @@ def test_run_config_bricks_keep_their_flags_and_nest_in_files(tmp_path, capsys):
         "http://127.0.0.1:9",
         "--sglang-colocated",
     ]
-    flags += ["true", "--engine-threads", "3", "--proxy", "local", "--proxy-replicas", "1"]
+    flags += ["true", "--engine-threads", "3", "--proxy", "serve", "--proxy-replicas", "1"]
     flags += ["--max-concurrency", "6", "--max-staleness", "2", "--temperature", "0.7", "--max-tokens", "32"]
     flags += ["--wandb-mode", "disabled", "--trainer-workers", "1"]
     from_flags = parse_config(RunConfig, flags)
     assert (from_flags.engine.kind, from_flags.engine.threads) == ("sglang", 3)
     assert from_flags.sglang.url == "http://127.0.0.1:9" and from_flags.sglang.colocated
-    assert (from_flags.proxy.kind, from_flags.proxy.replicas) == ("local", 1)
+    assert (type(from_flags.proxy), from_flags.proxy.replicas) == (ServeProxyConfig, 1)
+    assert type(parse_config(RunConfig, ["--model", "tiny", "--proxy", "local"]).proxy) is LocalProxyConfig
     assert (from_flags.rollout.max_concurrency, from_flags.rollout.max_staleness) == (6, 2)
     assert (from_flags.sampling.temperature, from_flags.sampling.max_tokens) == (0.7, 32)
     assert from_flags.monitoring.wandb_mode == "disabled" and from_flags.trainer.workers == 1
     (tmp_path / "run.yaml").write_text(
         "model: tiny\nengine: {kind: sglang, threads: 3}\nsglang: {url: 'http://127.0.0.1:9', colocated: true}\n"
-        "proxy: {kind: local, replicas: 1}\nrollout: {max_concurrency: 6, max_staleness: 2}\n"
+        "proxy: {kind: serve, replicas: 1}\nrollout: {max_concurrency: 6, max_staleness: 2}\n"
         "sampling: {temperature: 0.7, max_tokens: 32}\nmonitoring: {wandb_mode: disabled}\ntrainer: {workers: 1}\n"
     )
     assert parse_config(RunConfig, ["--config", str(tmp_path / "run.yaml")]) == from_flags

@@ -150,13 +150,9 @@ def test_partial_run_continues_rollouts_across_weight_pushes(tmp_path, tiny_mode
     """``partial`` in process (the recipe's own ``train`` with a wrapped agent): every committed group trained
     exactly once in the order it was started, and rollouts that were going when new weights arrived continued
     on them (never thrown away), with per-token behaviour logprobs and versions in the trainer's batches."""
-    from components.launch import (
-        MonitoringBrickConfig,
-        ProxyBrickConfig,
-        RolloutBrickConfig,
-        SamplingBrickConfig,
-        TrainerBrickConfig,
-    )
+    from components.launch import RolloutBrickConfig, SamplingBrickConfig, TrainerBrickConfig
+    from components.proxy.providers import LocalProxyConfig
+    from monitoring.logger import WandbLoggersConfig
     from recipes.tictactoe_grpo import TicTacToeGrpoConfig, games_for_step, toy_harness, train
 
     run_dir, num_steps = tmp_path / "run", 3
@@ -169,8 +165,8 @@ def test_partial_run_continues_rollouts_across_weight_pushes(tmp_path, tiny_mode
         rollout=RolloutBrickConfig(mode="partial", max_staleness=2, max_concurrency=4),
         sampling=SamplingBrickConfig(max_tokens=48),
         trainer=TrainerBrickConfig(workers=1, learning_rate=2e-5),
-        proxy=ProxyBrickConfig(kind="local"),
-        monitoring=MonitoringBrickConfig(wandb_mode="disabled"),
+        proxy=LocalProxyConfig(),
+        monitoring=WandbLoggersConfig(wandb_mode="disabled"),
     )
     toy = toy_harness(config)
     first_step_tasks = {task.task_id for task in games_for_step(config, 0)}
@@ -179,7 +175,9 @@ def test_partial_run_continues_rollouts_across_weight_pushes(tmp_path, tiny_mode
 
     ledger = assert_every_committed_group_trained_once(run_dir, num_steps=num_steps)
     assert_overlapped_metrics(run_dir, ledger)
-    groups = committed_groups(run_dir)  # ordered like sync: step k trains the groups the producer started k-th
+    groups = committed_groups(
+        run_dir
+    )  # ordered like sync: step k trains the groups the producer started k-th
     for step, names in ledger["step_shards"].items():
         assert sorted(groups[name]["index"] for name in names) == [
             int(step) * GAMES_PER_STEP + i for i in range(GAMES_PER_STEP)
@@ -250,7 +248,9 @@ def wait_for_more_shards(run_dir: Path, *, than: int, process: subprocess.Popen,
         time.sleep(0.2)
 
 
-@pytest.mark.timeout(1800)  # async ~8 min on an idle 2-core machine (15+ shared); partial 11 min at load 25-50
+@pytest.mark.timeout(
+    1800
+)  # async ~8 min on an idle 2-core machine (15+ shared); partial 11 min at load 25-50
 @pytest.mark.parametrize(
     ("mode", "num_steps", "max_concurrency"),
     [

@@ -70,17 +70,21 @@ def test_producer_actor_runs_on_the_node_that_offers_its_resource(tmp_path, tiny
 
 def test_placement_actor_needs_the_serve_proxy(tmp_path, tiny_model_dir):
     """The in-driver proxy cannot serve a producer on another node: a clear error before anything starts."""
-    from components.launch import ProxyBrickConfig, RolloutBrickConfig, RunConfig
+    from components.launch import RolloutBrickConfig, RunConfig
+    from components.proxy.providers import LocalProxyConfig
 
     with pytest.raises(ValueError, match="actor_resources"):
         RolloutBrickConfig(placement="actor", actor_resources="rollout")
     with pytest.raises(ValueError, match="rollout.placement.*proxy kind serve"):
-        RunConfig(model="tiny", rollout=RolloutBrickConfig(placement="actor"), proxy=ProxyBrickConfig(kind="local"))
+        RunConfig(model="tiny", rollout=RolloutBrickConfig(placement="actor"), proxy=LocalProxyConfig())
     completed = subprocess.run(
         recipe_command(
             "tictactoe_grpo",
             *toy_flags(tmp_path / "run", mode="async", num_steps=1, model_dir=tiny_model_dir),
-            "--rollout-placement", "actor", "--proxy", "local",
+            "--rollout-placement",
+            "actor",
+            "--proxy",
+            "local",
         ),  # fmt: skip
         cwd=REPO_ROOT,
         env=recipe_env(),
@@ -89,4 +93,6 @@ def test_placement_actor_needs_the_serve_proxy(tmp_path, tiny_model_dir):
         timeout=300,
     )
     assert completed.returncode != 0
-    assert "rollout.placement" in completed.stderr and "proxy kind serve" in completed.stderr, completed.stderr[-3000:]
+    assert "rollout.placement" in completed.stderr and "proxy kind serve" in completed.stderr, (
+        completed.stderr[-3000:]
+    )

@@ -43,7 +43,11 @@ def test_recipe_help_lists_every_field_and_bad_values_fail_fast():
     )
     assert completed.returncode == 0
     flags = config_flags(TicTacToeGrpoConfig)
-    assert {"engine.num_cpus", "sglang.url", "proxy.replicas", "rollout.mode", "monitoring.wandb_mode"} <= set(flags)
+    assert {"engine.num_cpus", "sglang.url", "proxy.kind", "rollout.mode", "monitoring.wandb_mode"} <= set(
+        flags
+    )
+    assert {"algorithm.loss.clip_low", "algorithm.loss.kl_coef", "sandbox.num_warm"} <= set(flags)
+    assert "--proxy {local,serve}" in completed.stdout  # a slot's flag lists the registered kinds
     for flag in flags.values():  # every field of every brick
         assert f"{flag} " in completed.stdout, flag
     assert "(default: 2e-05)" in completed.stdout  # learning_rate, with its meaning
@@ -116,7 +120,9 @@ def test_tictactoe_killed_run_resumes_without_lost_or_duplicated_trajectories(tm
     adapter = json.loads((run_dir / "checkpoints" / "step-00000004" / "adapter_config.json").read_text())
     targets = {name.rsplit(".", 1)[-1] for name in adapter["target_modules"]}
     assert adapter["r"] == 8 and targets == {"q_proj", "v_proj"}, adapter
-    assert not list((run_dir / "checkpoints").rglob("model*.safetensors"))  # adapters only, never full weights
+    assert not list(
+        (run_dir / "checkpoints").rglob("model*.safetensors")
+    )  # adapters only, never full weights
 
 
 def test_claude_code_recipe_one_step(tmp_path, tiny_model_dir):

@@ -13,11 +13,11 @@ import pytest
 
 from components.errors import SandboxError
 from components.protocols import SandboxLimits, SandboxSpec
+from components.registry import SANDBOXES
 from sandboxes.bwrap import BwrapSandbox, BwrapSandboxConfig
 from sandboxes.e2b import E2BSandboxProvider
 from sandboxes.errors import SandboxLeaseEndedError
 from sandboxes.pool import SandboxPool, SandboxPoolConfig
-from sandboxes.provider import SandboxBackendConfig, make_sandbox_provider
 from tests.sandboxes.sandbox_test_support import (
     SMALL_LIMITS,
     kill_from_outside,
@@ -234,11 +234,13 @@ async def test_pool_close_closes_everything():
         await pool.acquire()
 
 
-def test_make_sandbox_provider_selects_the_backend():
-    assert isinstance(make_sandbox_provider(SandboxBackendConfig(backend="bwrap")), SandboxPool)
-    assert isinstance(make_sandbox_provider(SandboxBackendConfig(backend="e2b")), E2BSandboxProvider)
-    with pytest.raises(ValueError, match="backend"):
-        SandboxBackendConfig(backend="docker")
+def test_sandbox_kinds_build_their_providers():
+    assert isinstance(SANDBOXES.get("bwrap")().build(), SandboxPool)
+    assert isinstance(SANDBOXES.get("e2b")().build(), E2BSandboxProvider)
+    pool = SANDBOXES.get("bwrap")(read_only_paths=("/opt",)).build(read_only_paths=("/usr", "/opt"))
+    assert pool.config.read_only_paths == ("/opt", "/usr")
+    with pytest.raises(ValueError, match=r"sandbox: must be one of \['bwrap', 'e2b'"):
+        SANDBOXES.get("docker")
     with pytest.raises(ValueError, match="read_only_paths"):
         asyncio.run(BwrapSandbox.create(SandboxSpec(read_only_paths=("/no/such/dir",))))
     with pytest.raises(ValueError, match="proxy_url"):

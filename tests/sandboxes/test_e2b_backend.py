@@ -10,7 +10,6 @@ from components.errors import SandboxError
 from components.protocols import SandboxSpec
 from sandboxes.e2b import E2BSandbox, E2BSandboxConfig
 from sandboxes.errors import SandboxFileRefusedError
-from sandboxes.provider import SandboxBackendConfig, make_sandbox_provider
 from tests.sandboxes.fake_e2b_sdk import FakeAsyncSandbox
 from tests.sandboxes.sandbox_test_support import FAKE_E2B_CONFIG
 
@@ -70,7 +69,7 @@ async def test_sandbox_gone_on_e2b_side_raises_sandbox_error():
 
 
 async def test_provider_acquire_release_kills():
-    provider = make_sandbox_provider(SandboxBackendConfig(backend="e2b", e2b=FAKE_E2B_CONFIG))
+    provider = FAKE_E2B_CONFIG.build()
     sandbox = await provider.acquire(SandboxSpec())
     created = FakeAsyncSandbox.created[-1]
     await sandbox.write_file("f.txt", "x")

@@ -1,29 +1,34 @@
 """Policy-gradient algorithms, one file each, every one an ``Algorithm`` brick (``components.protocols``).
 
-Add one: a file here with a class implementing ``Algorithm`` (advantages, sample_weights, loss), an entry in
-``ALGORITHMS`` if the ``--algorithm`` option should name it, and ``tests/contracts/test_algorithm_contract.py``
-run against it (``pytest tests/contracts --brick yourmodule:YourAlgorithm``).
+Add one: a file here with a class implementing ``Algorithm`` (advantages, sample_weights, loss) and its config
+class registered as a kind of the ``algorithm`` seam (``@ALGORITHMS.register("name")`` on a frozen dataclass
+with ``build()``; a package outside Rein registers through the ``rein.bricks`` entry point group, see
+``components/registry.py``), then ``tests/contracts/test_algorithm_contract.py`` run against it
+(``pytest tests/contracts --brick yourmodule:YourAlgorithm``). ``--algorithm NAME`` then picks it and every
+field of its config is a flag (``--algorithm-<field>``) and a config-file key (``algorithm: {kind: NAME, ...}``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 from components.protocols import Algorithm
-from components.training.algorithms.dr_grpo import DrGRPO
+from components.registry import ALGORITHMS
+from components.training.algorithms.dr_grpo import DrGRPO, DrGRPOConfig
 from components.training.algorithms.grpo import GRPO, GRPOConfig
 from components.training.algorithms.gspo import GSPO, GSPOConfig
 from components.training.algorithms.rloo import RLOO, RLOOConfig
 
-# What ``--algorithm NAME`` builds (the one place a name maps to a brick; the stack only sees the object).
-ALGORITHMS: dict[str, Callable[[], Algorithm]] = {"grpo": GRPO, "dr_grpo": DrGRPO, "gspo": GSPO, "rloo": RLOO}
+
+class AlgorithmConfig(Protocol):
+    """A registered kind of the ``algorithm`` seam: a frozen config that builds its ``Algorithm``."""
+
+    def build(self) -> Algorithm: ...
 
 
 def make_algorithm(name: str) -> Algorithm:
-    """The algorithm ``name`` names, with its default config; ``ValueError`` naming the field otherwise."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"algorithm: must be one of {sorted(ALGORITHMS)}, got {name!r}")
-    return ALGORITHMS[name]()
+    """The algorithm ``name`` names, with its default config; ``ValueError`` listing the registered kinds."""
+    return ALGORITHMS.get(name)().build()
 
 
 __all__ = [
@@ -31,7 +36,9 @@ __all__ = [
     "GRPO",
     "GSPO",
     "RLOO",
+    "AlgorithmConfig",
     "DrGRPO",
+    "DrGRPOConfig",
     "GRPOConfig",
     "GSPOConfig",
     "RLOOConfig",

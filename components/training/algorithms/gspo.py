@@ -16,27 +16,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from components.config import require_non_negative
+from components.config import option, require_non_negative
+from components.registry import ALGORITHMS
 from components.training.algorithms.grpo import GroupRelativeAdvantages
 from components.training.algorithms.weighting import trajectory_mean_weights
 from components.training.losses import ClippedPolicyGradient, ImportanceSamplingLevel, PolicyLossConfig
 
 
+@ALGORITHMS.register("gspo")
 @dataclass(kw_only=True, frozen=True)
 class GSPOConfig:
     """GSPO: sequence-level ratio and clipping (the paper's clip range is ~1e-4 wide, not PPO's 0.2)."""
 
-    clip_low: float = 3e-4  # sequence ratio floor 1 - clip_low
-    clip_high: float = 4e-4  # sequence ratio ceiling 1 + clip_high
-    normalize_advantages_by_std: bool = True
-    std_epsilon: float = 1e-6
-    importance_sampling: ImportanceSamplingLevel = "sequence"  # truncated IS against rollout logprobs
-    importance_sampling_cap: float = 2.0
-    kl_coef: float = 0.0  # k3 KL to a frozen reference policy, per token (0: no reference model)
+    clip_low: float = option(3e-4, "sequence ratio floor 1 - clip_low")
+    clip_high: float = option(4e-4, "sequence ratio ceiling 1 + clip_high")
+    normalize_advantages_by_std: bool = option(True, "divide (reward - group mean) by the group's sample std")
+    std_epsilon: float = option(1e-6, "added to the group std before dividing")
+    importance_sampling: ImportanceSamplingLevel = option(
+        "sequence", "truncated importance sampling against the rollout logprobs: per token, sequence or none"
+    )
+    importance_sampling_cap: float = option(2.0, "importance weights are truncated at this value")
+    kl_coef: float = option(0.0, "k3 KL to a frozen reference policy, per token (0: no reference model)")
 
     def __post_init__(self) -> None:
         require_non_negative(self.std_epsilon, "std_epsilon")
         self.policy_loss()  # checks the loss fields, naming the bad one
+
+    def build(self) -> GSPO:
+        """The GSPO brick of this config."""
+        return GSPO(self)
 
     def policy_loss(self) -> PolicyLossConfig:
         """The shared policy-gradient loss with GSPO's sequence-level ratio and clip range."""
