@@ -18,7 +18,7 @@ shard per step; in ``--rollout-mode async`` / ``partial`` one per GRPO group), `
 
 Placement through Ray resources:
   - engine: one ``EngineActor`` with ``engine.num_cpus`` CPUs and ``engine.num_gpus`` GPUs (``--engine embedded``);
-    with ``--engine sglang`` the SGLang servers run outside Ray and the recipe only talks HTTP to ``sglang.url``;
+    with ``--engine sglang`` the SGLang servers run outside Ray and the recipe only talks HTTP to ``--sglang-url``;
   - proxy: session-shard actors and ``proxy.replicas`` Ray Serve replicas, 0 CPUs each (they wait on I/O);
     ``--proxy local`` serves it from the driver process instead (one fewer moving part, no Serve start-up);
   - sandboxes: the driver's bubblewrap pool keeps ``sandbox.num_warm`` started (``--sandbox-backend e2b``: E2B's
@@ -61,12 +61,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from components.config import require, require_non_negative, require_one_of, require_positive
+from components.engine.providers import EmbeddedEngineBrickConfig, EngineBrickConfig
 from components.lora import LoraSettings
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
 from components.protocols import (
     Algorithm,
     EngineProvider,
-    InferenceEngine,
     MetricsLoggerProvider,
     ProxyProvider,
     SandboxProvider,
@@ -76,9 +76,11 @@ from components.protocols import (
 )
 from components.proxy.providers import ProxyBrickConfig, ServeProxyConfig
 from components.recipe_config import config_to_json, option, slot
-from components.registry import ALGORITHMS, LOGGERS, PROXIES, SANDBOXES
+from components.registry import ALGORITHMS, ENGINES, LOGGERS, PROXIES, SANDBOXES
 from components.sampling import SamplingDistribution
 from components.training.algorithms import AlgorithmConfig, GRPOConfig
+from components.training.data import SampleBatchConfig
+from components.training.step import OptimizerConfig
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 from monitoring.logger import MetricsLoggersConfig, WandbLoggersConfig
@@ -87,7 +89,6 @@ from sandboxes.provider import SandboxConfig, SandboxPoolConfig
 if TYPE_CHECKING:
     from components.rollout import RolloutRunner
     from components.training import Trainer
-    from components.training.weight_sync import WeightSync
 
 logger = logging.getLogger("rein.recipe")
 
@@ -98,7 +99,9 @@ WORKING_DIR_EXCLUDES = [".venv", ".models", ".agents", "runs", ".git", "**/__pyc
 # Where a field goes: a field that configures one brick goes into that brick's config below (its flag is
 # ``--<brick>-<field>``, or a historical flag kept with ``option(..., flag=...)``); a field the whole run shares
 # (model, steps, seed, sampling) stays on ``RunConfig``. A recipe changes a brick's defaults by giving the brick
-# field a new default instance: ``trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5))``.
+# field a new default instance: ``sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=48))``.
+# A seam with several kinds (engine, proxy, sandbox, algorithm, monitoring) is a ``slot``: ``--proxy local``
+# picks a registered config class (``components/registry.py``) and that class's fields follow as flags.
 # ``--config FILE`` takes the same fields nested by brick (``trainer: {workers: 2}``).
 
 
@@ -109,12 +112,14 @@ class TrainerBrickConfig:
     workers: int = option(2, "Ray Train FSDP2 workers")
     cpus_per_worker: float = option(1.0, "Ray CPUs per trainer worker")
     use_gpu: bool = option(False, "train on GPUs (one per worker, NCCL)")
-    learning_rate: float = option(1e-5, "AdamW learning rate", flag="learning-rate")
-    max_tokens_per_micro_batch: int = option(
-        1024,
-        "token budget of one packed training row (bounds trainer memory)",
-        flag="max-tokens-per-micro-batch",
+    optimizer: OptimizerConfig = option(OptimizerConfig(), "AdamW with gradient clipping")
+    batching: SampleBatchConfig = option(SampleBatchConfig(), "how trajectories become packed micro-batches")
+    num_updates_per_step: int = option(
+        1,
+        "optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)",
+        flag="num-updates-per-step",
     )
+    keep_checkpoints: int = option(2, "newest complete checkpoints kept (0: all)")
     lora_rank: int = option(0, "LoRA rank (peft adapter); 0 trains every weight", flag="lora-rank")
     lora_alpha: float = option(0.0, "LoRA alpha; 0 means 2 x rank", flag="lora-alpha")
     lora_dropout: float = option(0.0, "LoRA dropout", flag="lora-dropout")
@@ -126,9 +131,35 @@ class TrainerBrickConfig:
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
 
     def __post_init__(self) -> None:
-        for name in ("workers", "cpus_per_worker", "learning_rate", "max_tokens_per_micro_batch"):
+        for name in ("workers", "cpus_per_worker", "num_updates_per_step"):
             require_positive(getattr(self, name), name)
+        require_non_negative(self.keep_checkpoints, "keep_checkpoints")
         self.lora_settings()  # validates the lora_* fields
+
+    def build(
+        self, *, model_path: Path, run_dir: Path, temperature: float, seed: int, algorithm: Algorithm
+    ) -> Trainer:
+        """The trainer of this config for the run's model, directory, sampling temperature and seed (resumes
+        from the newest checkpoint in ``run_dir``)."""
+        from components.training import Trainer, TrainerConfig
+
+        config = TrainerConfig(
+            model_path=model_path,
+            run_dir=run_dir,
+            num_workers=self.workers,
+            use_gpu=self.use_gpu,
+            cpus_per_worker=self.cpus_per_worker,
+            optimizer=self.optimizer,
+            batching=self.batching,
+            lora=self.lora_settings(),
+            gradient_checkpointing=self.gradient_checkpointing,
+            temperature=temperature,
+            num_updates_per_step=self.num_updates_per_step,
+            seed=seed,
+            keep_checkpoints=self.keep_checkpoints,
+            resume=True,
+        )
+        return Trainer(config, algorithm=algorithm)
 
     def lora_settings(self) -> LoraSettings:
         targets = self.lora_target if self.lora_target == "all-linear" else tuple(self.lora_target.split(","))
@@ -138,61 +169,6 @@ class TrainerBrickConfig:
             dropout=self.lora_dropout,
             target_modules=targets,
         )
-
-
-ENGINE_KINDS = ("embedded", "sglang")
-
-
-@dataclass(kw_only=True, frozen=True)
-class EngineBrickConfig:
-    """The inference engine: the embedded torch engine in one Ray actor (the fields below), or SGLang servers
-    outside Ray (configured by the ``sglang`` brick)."""
-
-    kind: Literal["embedded", "sglang"] = option(
-        "embedded", "inference engine: embedded torch actor or SGLang", flag="engine"
-    )
-    num_cpus: float = option(1.0, "Ray CPUs reserved for the embedded engine actor")
-    num_gpus: float = option(0.0, "Ray GPUs for the embedded engine actor (device cuda when > 0)")
-    threads: int = option(1, "torch threads of the embedded engine")
-    max_batch_size: int = option(8, "requests the embedded engine decodes together")
-    kv_cache_gb: float = option(1.0, "GiB of the embedded engine's prefix cache (KV of past turns); 0 = off")
-
-    def __post_init__(self) -> None:
-        require_one_of(self.kind, "kind", ENGINE_KINDS)
-        for name in ("threads", "max_batch_size"):
-            require_positive(getattr(self, name), name)
-        for name in ("num_cpus", "num_gpus", "kv_cache_gb"):
-            require_non_negative(getattr(self, name), name)
-
-
-@dataclass(kw_only=True, frozen=True)
-class SGLangBrickConfig:
-    """SGLang servers outside Ray (``--engine sglang``), reached over HTTP."""
-
-    url: str = option(
-        "",
-        "SGLang server URL(s) (engine=sglang), comma-separated (a router URL stands for its workers), "
-        "e.g. http://10.0.0.5:30000,http://10.0.0.6:30000",
-    )
-    api_key: str = option("", "the servers' --api-key ('' = none)")
-    admin_api_key: str = option("", "the servers' --admin-api-key for weight/pause/memory calls ('' = none)")
-    startup_timeout_s: float = option(600.0, "how long to wait for every server's /health at start")
-    request_timeout_s: float = option(600.0, "bound of one /generate call")
-    context_window: int = option(0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)")
-    weight_sync: Literal["disk", "nccl"] = option(
-        "disk",
-        "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0",
-    )
-    nccl_address: str = option(
-        "", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP"
-    )
-    colocated: bool = option(False, "trainer and servers share GPUs: servers release memory while training")
-
-    def __post_init__(self) -> None:
-        for name in ("startup_timeout_s", "request_timeout_s"):
-            require_positive(getattr(self, name), name)
-        require_non_negative(self.context_window, "context_window")
-        require_one_of(self.weight_sync, "weight_sync", ("disk", "nccl"))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -285,7 +261,7 @@ class SamplingBrickConfig:
 @dataclass(kw_only=True, frozen=True)
 class RunConfig:
     """Fields every recipe has: the run's own (model, run directory, steps, seed, Ray) and one config per brick
-    (engine, sglang, proxy, rollout, sampling, sandbox, trainer, monitoring)."""
+    (engine, proxy, rollout, sampling, sandbox, trainer, algorithm, monitoring)."""
 
     model: str = option(
         "default", "policy: 'default' (SmolLM2-135M-Instruct), 'tiny' (test model) or an HF folder"
@@ -301,8 +277,11 @@ class RunConfig:
     )
     checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
     seed: int = option(0, "seed of the trainer and of task selection")
-    engine: EngineBrickConfig = option(EngineBrickConfig(), "the inference engine")
-    sglang: SGLangBrickConfig = option(SGLangBrickConfig(), "the SGLang servers (engine=sglang)")
+    engine: EngineBrickConfig = slot(
+        ENGINES,
+        EmbeddedEngineBrickConfig(),
+        "the inference engine: the embedded torch engine in one Ray actor, or SGLang servers outside Ray",
+    )
     proxy: ProxyBrickConfig = slot(
         PROXIES,
         ServeProxyConfig(),
@@ -330,17 +309,11 @@ class RunConfig:
             require_positive(getattr(self, name), name)
         require_non_negative(self.checkpoint_every_steps, "checkpoint_every_steps")
         # Checks across bricks (each brick checks its own fields).
-        if self.engine.kind == "sglang":
-            from components.engine.sglang import require_untruncated_sampling
-            from components.engine.sglang_fleet import parse_server_urls
-
-            parse_server_urls(self.sglang.url, field="sglang.url")
-            # SGLang's logprobs ignore top-p / top-k truncation
-            require_untruncated_sampling(self.sampling.distribution)
+        self.engine.check_sampling(self.sampling.distribution)  # e.g. SGLang's logprobs ignore top-p / top-k
         require(
-            not self.sglang.colocated or (self.engine.kind == "sglang" and self.rollout.mode == "sync"),
-            "sglang.colocated",
-            "needs engine=sglang and rollout mode sync (the servers give their GPU memory up while training)",
+            not self.engine.colocated or self.rollout.mode == "sync",
+            "engine.colocated",
+            "needs rollout mode sync (the servers give their GPU memory up while training)",
         )
         require(
             self.rollout.placement == "driver" or self.proxy.reachable_from_other_processes,
@@ -433,76 +406,6 @@ class StepLedger:
         return self.shards.get(step)
 
 
-class EmbeddedEngineProvider:
-    """``EngineProvider``: the embedded torch engine in one Ray actor (the ``engine`` brick); weights travel
-    through Ray's object store."""
-
-    def __init__(self, config: EngineBrickConfig) -> None:
-        self.config = config
-        self._actor: Any = None
-
-    async def start(
-        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
-    ) -> tuple[InferenceEngine, WeightSync]:
-        from components.engine.embedded import EmbeddedEngineConfig
-        from components.engine.ray_actor import RayEngineClient, start_engine_actor
-        from components.training import WeightSync, WeightSyncConfig
-
-        config = self.config
-        self._actor = start_engine_actor(
-            EmbeddedEngineConfig(
-                model_path=model_path,
-                max_batch_size=config.max_batch_size,
-                num_threads=config.threads,
-                kv_cache_gb=config.kv_cache_gb,
-                device="cuda" if config.num_gpus > 0 else "cpu",
-                initial_weight_version=weight_version,
-            ),
-            num_cpus=config.num_cpus,
-            num_gpus=config.num_gpus,
-        )
-        engine = await RayEngineClient.connect(self._actor)
-        return engine, WeightSync(WeightSyncConfig(mode="memory"), engine)
-
-    async def close(self) -> None:
-        if self._actor is not None:
-            self._actor.close.remote()
-            self._actor = None
-
-
-class SGLangEngineProvider:
-    """``EngineProvider``: SGLang servers outside Ray (the ``sglang`` brick), reached over HTTP."""
-
-    def __init__(self, config: RunConfig) -> None:
-        self.config = config
-        self._engine: Any = None
-
-    async def start(
-        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
-    ) -> tuple[InferenceEngine, WeightSync]:
-        from components.engine.sglang_fleet import SGLangFleet, sglang_fleet_config
-        from components.training import WeightSync, WeightSyncConfig
-
-        config = self.config
-        # Waits for /health on every server (clear timeout message), reads the context window.
-        engine = self._engine = await SGLangFleet.connect(
-            sglang_fleet_config(config, initial_weight_version=weight_version)
-        )
-        weight_sync = (
-            WeightSync(WeightSyncConfig(mode="distributed"), engine)  # trainer rank 0 → servers (NCCL)
-            if config.sglang.weight_sync == "nccl"
-            else WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
-        )
-        if resumed:  # the server still serves whatever it was started with
-            await engine.update_weights_from_disk(str(model_path), weight_version)
-        return engine, weight_sync
-
-    async def close(self) -> None:
-        if self._engine is not None:
-            await self._engine.aclose()
-            self._engine = None
-
-
 @dataclass(kw_only=True)
 class Bricks:
     """The objects the stack snaps together, each satisfying a Protocol of ``components.protocols``. A recipe
@@ -518,13 +421,8 @@ class Bricks:
     @classmethod
     def from_config(cls, config: RunConfig, *, sandbox_paths: Sequence[str] = ()) -> Bricks:
         """The bricks ``config`` names; ``sandbox_paths``: host paths the sandboxes bind read-only."""
-        engine = (
-            EmbeddedEngineProvider(config.engine)
-            if config.engine.kind == "embedded"
-            else SGLangEngineProvider(config)
-        )
         return cls(
-            engine=engine,
+            engine=config.engine.build(record_routed_experts=config.sampling.record_routed_experts),
             proxy=config.proxy.build(),
             algorithm=config.algorithm.build(),
             sandboxes=config.sandbox.build(read_only_paths=sandbox_paths),
@@ -618,26 +516,11 @@ class RunStack:
             logger.warning("warming up the trainer failed: %s", error)
 
     def _start_trainer(self) -> Trainer:
-        from components.training import OptimizerConfig, SampleBatchConfig, Trainer, TrainerConfig
-
-        config, run = self.config, self.run
-        return Trainer(
-            TrainerConfig(
-                model_path=run.model_path,
-                run_dir=run.path,
-                num_workers=config.trainer.workers,
-                use_gpu=config.trainer.use_gpu,
-                cpus_per_worker=config.trainer.cpus_per_worker,
-                optimizer=OptimizerConfig(learning_rate=config.trainer.learning_rate),
-                batching=SampleBatchConfig(
-                    max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch
-                ),
-                lora=config.trainer.lora_settings(),
-                gradient_checkpointing=config.trainer.gradient_checkpointing,
-                temperature=config.sampling.temperature,
-                seed=config.seed,
-                resume=True,
-            ),
+        return self.config.trainer.build(
+            model_path=self.run.model_path,
+            run_dir=self.run.path,
+            temperature=self.config.sampling.temperature,
+            seed=self.config.seed,
             algorithm=self.bricks.algorithm,
         )
 
@@ -681,7 +564,7 @@ class RunStack:
         kill between the two re-runs the step and re-logs it, never leaves a trained step without its row)."""
         trainer, version = self.trainer, self.trainer.state.weight_version
         metrics: dict[str, float] = {"trained": 0.0}
-        colocated = self.config.sglang.colocated  # the servers' GPU memory goes to the trainer meanwhile
+        colocated = self.config.engine.colocated  # the servers' GPU memory goes to the trainer meanwhile
         if colocated:
             await self.engine.release_memory_occupation()
         if shard is not None:

@@ -23,7 +23,16 @@ from typing import Any, Literal, TypeVar
 
 from components.config import option, slot
 
-__all__ = ["REDACTED", "config_flags", "config_to_json", "option", "parse_config", "read_config_file", "slot"]
+__all__ = [
+    "REDACTED",
+    "command_line_flags",
+    "config_flags",
+    "config_to_json",
+    "option",
+    "parse_config",
+    "read_config_file",
+    "slot",
+]
 
 ConfigT = TypeVar("ConfigT")
 
@@ -195,6 +204,13 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     if annotation in (int, float, str) and not isinstance(value, annotation):
         raise ValueError(f"{where}: expected {annotation.__name__}, got {value!r}")
     return value
+
+
+def command_line_flags(config_class: type, argv: Sequence[str] = ()) -> set[str]:
+    """Every flag ``parse_config(config_class, argv)`` knows (besides ``--config``/``--help``): those of the
+    slots' kinds ``argv`` picks (e.g. ``--engine sglang`` brings ``--sglang-url``), historical ones included."""
+    kinds = _chosen_kinds(config_class, argv, {})
+    return {f"--{flag}" for leaf in _leaves(config_class, kinds=kinds) for flag in leaf.flags}
 
 
 def _kind_and_fields(value: Any, where: str) -> tuple[str | None, dict[str, Any]]:

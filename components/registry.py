@@ -123,10 +123,18 @@ def _qualified(config_class: type) -> str:
 
 
 # The seams' registries (built-in kinds are registered by the modules named here, where each brick lives).
-ENGINES: Registry = Registry("engine")
+ENGINES: Registry = Registry("engine", builtin_modules=("components.engine.providers",))
 PROXIES: Registry = Registry("proxy", builtin_modules=("components.proxy.providers",))
 SANDBOXES: Registry = Registry("sandbox", builtin_modules=("sandboxes.provider",))
-HARNESSES: Registry = Registry("harness")
+HARNESSES: Registry = Registry(
+    "harness",
+    builtin_modules=(
+        "harnesses.swe_agent",
+        "harnesses.mini_swe_agent",
+        "harnesses.claude_code",
+        "harnesses.codex",
+    ),
+)
 TASK_SOURCES: Registry = Registry("tasks")
 REWARDS: Registry = Registry("reward", builtin_modules=("components.rewards.config",))
 ALGORITHMS: Registry = Registry("algorithm", builtin_modules=("components.training.algorithms",))

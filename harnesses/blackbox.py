@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from components.config import require, require_positive
-from components.protocols import HarnessOutcome, Sandbox, SandboxSpec, Task
+from components.protocols import Harness, HarnessOutcome, Sandbox, SandboxSpec, Task
 from components.rollout.failures import outcome_from_exception
 from components.rollout.log_text import clip_text
 from components.trajectory import TrajectoryStatus
@@ -305,3 +305,25 @@ class BlackBoxHarness:
             metrics=metrics,
             log=clip_text(log, config.max_log_chars),
         )
+
+
+class HarnessBrickConfig(Protocol):
+    """A registered kind of the ``harness`` seam (``components.registry.HARNESSES``): builds the agent a recipe
+    trains, with the run's bounds (turns, wall time) and sampling (reply cap, temperature)."""
+
+    def build(
+        self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float
+    ) -> Harness: ...
+
+    def read_only_paths(self) -> tuple[str, ...]:
+        """Host paths the agent's sandboxes need read-only (kept warm by the pool)."""
+        ...
+
+
+def black_box_harness(
+    agent: BlackBoxAgent, *, max_turns: int, wall_time_s: float, max_tokens: int
+) -> Harness:
+    """``agent`` as a harness under the run's bounds (what every black-box kind's ``build`` returns)."""
+    return BlackBoxHarness(
+        agent, BlackBoxConfig(max_turns=max_turns, wall_time_s=wall_time_s, max_output_tokens=max_tokens)
+    )

@@ -7,9 +7,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.config import option
+from components.protocols import Harness
+from components.registry import HARNESSES
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import AGENTS_DIR, existing, npm_agent_executable
-from harnesses.blackbox import AgentExit, AgentLaunch, BlackBoxConfig, default_exit_status
+from harnesses.blackbox import AgentExit, AgentLaunch, BlackBoxConfig, black_box_harness, default_exit_status
 
 
 def _last_json_object(text: str) -> dict | None:
@@ -119,3 +122,24 @@ class ClaudeCodeAgent:
         ):
             return TrajectoryStatus.ENGINE_ERROR, f"claude: {text}", metrics
         return TrajectoryStatus.AGENT_ERROR, f"claude ended with {subtype or 'an error'}: {text}", metrics
+
+
+@HARNESSES.register("claude_code")
+@dataclass(kw_only=True, frozen=True)
+class ClaudeCodeBrickConfig:
+    """The ``harness`` kind ``claude_code``: the unmodified ``claude`` CLI (a black-box agent)."""
+
+    bare: bool = option(
+        True, "claude_code: --bare mode (~1k prompt tokens instead of ~20k)", flag="claude-code-bare"
+    )
+
+    def agent(self) -> ClaudeCodeAgent:
+        return ClaudeCodeAgent(bare=self.bare)
+
+    def read_only_paths(self) -> tuple[str, ...]:
+        return self.agent().read_only_paths()
+
+    def build(self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float) -> Harness:
+        return black_box_harness(
+            self.agent(), max_turns=max_turns, wall_time_s=wall_time_s, max_tokens=max_tokens
+        )

@@ -8,9 +8,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.protocols import Harness
+from components.registry import HARNESSES
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import AGENTS_DIR, existing
-from harnesses.blackbox import AgentExit, AgentLaunch, BlackBoxConfig, default_exit_status
+from harnesses.blackbox import AgentExit, AgentLaunch, BlackBoxConfig, black_box_harness, default_exit_status
 
 API_KEY_ENV = "REIN_API_KEY"
 
@@ -134,3 +136,17 @@ class CodexAgent:
                 return TrajectoryStatus.ENGINE_ERROR, f"codex: {text}", metrics
             reason = f"codex: {text}"
         return status, reason, metrics
+
+
+@HARNESSES.register("codex")
+@dataclass(kw_only=True, frozen=True)
+class CodexBrickConfig:
+    """The ``harness`` kind ``codex``: the unmodified Codex CLI (a black-box agent)."""
+
+    def read_only_paths(self) -> tuple[str, ...]:
+        return CodexAgent().read_only_paths()
+
+    def build(self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float) -> Harness:
+        return black_box_harness(
+            CodexAgent(), max_turns=max_turns, wall_time_s=wall_time_s, max_tokens=max_tokens
+        )

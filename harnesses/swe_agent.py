@@ -10,8 +10,9 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from components.config import require, require_non_negative, require_positive
-from components.protocols import HarnessOutcome, Sandbox, Task
+from components.config import option, require, require_non_negative, require_positive
+from components.protocols import Harness, HarnessOutcome, Sandbox, Task
+from components.registry import HARNESSES
 from components.rollout.failures import outcome_from_exception
 from components.rollout.log_text import clip_text
 from components.trajectory import TrajectoryStatus
@@ -174,3 +175,27 @@ class SweAgentHarness:
 
     def _log(self, state: _Run) -> str:
         return clip_text("\n".join(state.log_lines), self.config.max_log_chars)
+
+
+@HARNESSES.register("swe_agent")
+@dataclass(kw_only=True, frozen=True)
+class SweAgentBrickConfig:
+    """The ``harness`` kind ``swe_agent``: the white-box coding agent (OpenAI SDK tool loop)."""
+
+    command_timeout_s: float = option(60.0, "swe_agent: bound of one bash command")
+
+    def __post_init__(self) -> None:
+        require_positive(self.command_timeout_s, "command_timeout_s")
+
+    def read_only_paths(self) -> tuple[str, ...]:
+        return ()
+
+    def build(self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float) -> Harness:
+        config = SweAgentConfig(
+            max_turns=max_turns,
+            wall_time_s=wall_time_s,
+            command_timeout_s=self.command_timeout_s,
+            max_tokens=max_tokens,
+            temperature=temperature,
+        )
+        return SweAgentHarness(config)

@@ -18,7 +18,6 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from components.config import require, require_positive
 from components.launch import (
@@ -31,27 +30,29 @@ from components.launch import (
 )
 from components.loop import run_recipe_loop
 from components.protocols import Harness
-from components.recipe_config import option
+from components.recipe_config import option, slot
+from components.registry import HARNESSES
 from components.rewards.config import RewardBrickConfig
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks import SweGrader, load_builtin_tasks
 from components.tasks.swe import python_tool_paths
 from components.tasks.swebench import R2E_TESTS_PATH, SnapshotPrefetcher, load_task_set
 from components.tasks.swebench_grading import SweBenchGrader
+from harnesses.blackbox import HarnessBrickConfig
+from harnesses.swe_agent import SweAgentBrickConfig
 from sandboxes import BwrapSandbox
 from sandboxes.image import ImageSandboxConfig, ImageSandboxProvider
-
-HARNESSES = ("swe_agent", "mini_swe_agent", "claude_code", "codex")
 
 
 @dataclass(kw_only=True, frozen=True)
 class SweGrpoConfig(RunConfig):
     """The SWE GRPO run (fields shared by all recipes: see ``RunConfig``)."""
 
-    harness: Literal["swe_agent", "mini_swe_agent", "claude_code", "codex"] = option(
-        "swe_agent", "the agent: white-box swe_agent, or black-box mini_swe_agent / claude_code / codex"
+    harness: HarnessBrickConfig = slot(
+        HARNESSES,
+        SweAgentBrickConfig(),
+        "the agent: white-box swe_agent, or black-box mini_swe_agent / claude_code / codex, or a registered one",
     )
-    claude_code_bare: bool = option(True, "claude_code: --bare mode (~1k prompt tokens instead of ~20k)")
     num_tasks: int = option(2, "tasks (GRPO groups) per step, taken in order from the task list")
     task_ids: tuple[str, ...] = option((), "comma-separated built-in task ids to train on (default: all 45)")
     tasks: str = option("builtin", "builtin, swebench:PATH or r2e:PATH (Parquet / JSONL rows)")
@@ -67,44 +68,18 @@ class SweGrpoConfig(RunConfig):
         require_positive(self.num_tasks, "num_tasks")
         require_positive(self.max_turns, "max_turns")
         require_positive(self.wall_time_s, "wall_time_s")
-        require(self.harness in HARNESSES, "harness", f"must be one of {HARNESSES}, got {self.harness!r}")
 
 
 def build_harness(config: SweGrpoConfig) -> tuple[Harness, tuple[str, ...]]:
-    """The harness the config names, and the host paths its sandboxes need read-only (kept warm by the pool)."""
-    if config.harness == "swe_agent":
-        from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
-
-        agent_config = SweAgentConfig(
-            max_turns=config.max_turns,
-            wall_time_s=config.wall_time_s,
-            max_tokens=config.sampling.max_tokens,
-            temperature=config.sampling.temperature,
-        )
-        return SweAgentHarness(agent_config), python_tool_paths()
-    from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
-
-    if config.harness == "claude_code":
-        from harnesses.claude_code import ClaudeCodeAgent
-
-        agent = ClaudeCodeAgent(bare=config.claude_code_bare)
-    elif config.harness == "codex":
-        from harnesses.codex import CodexAgent
-
-        agent = CodexAgent()
-    else:
-        from harnesses.mini_swe_agent import MiniSweAgent
-
-        agent = MiniSweAgent()
-    harness = BlackBoxHarness(
-        agent,
-        BlackBoxConfig(
-            max_turns=config.max_turns,
-            wall_time_s=config.wall_time_s,
-            max_output_tokens=config.sampling.max_tokens,
-        ),
+    """The harness the config's ``harness`` brick builds, and the host paths its sandboxes need read-only (kept
+    warm by the pool)."""
+    harness = config.harness.build(
+        max_turns=config.max_turns,
+        wall_time_s=config.wall_time_s,
+        max_tokens=config.sampling.max_tokens,
+        temperature=config.sampling.temperature,
     )
-    return harness, (*python_tool_paths(), *agent.read_only_paths())
+    return harness, (*python_tool_paths(), *config.harness.read_only_paths())
 
 
 def load_tasks(config: SweGrpoConfig) -> list:
@@ -165,7 +140,11 @@ async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
             reward_weights=reward_weights,
         )
         await run_recipe_loop(
-            config, run, stack, runner, lambda step: tasks_for_step(tasks, step=step, num_tasks=config.num_tasks)
+            config,
+            run,
+            stack,
+            runner,
+            lambda step: tasks_for_step(tasks, step=step, num_tasks=config.num_tasks),
         )
     print(f"run directory: {run.path}")
 

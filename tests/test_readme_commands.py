@@ -128,11 +128,11 @@ def parse(command: str, placeholders: dict[str, str]) -> tuple[object, set[str],
 
         parser = _parser()
         return parser.parse_args(argv[2:]), set(parser._option_string_actions), argv[2:]
-    from components.recipe_config import config_flags, parse_config
+    from components.recipe_config import command_line_flags, parse_config
 
     assert argv[0] == "python", argv
     config_class = _recipe_config(Path(argv[1]).stem)
-    flags = set(config_flags(config_class).values())
+    flags = command_line_flags(config_class, argv[2:])
     return parse_config(config_class, argv[2:]), flags, argv[2:]
 
 

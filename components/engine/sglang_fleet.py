@@ -51,7 +51,7 @@ from components.protocols import GenerationResult, SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from components.launch import RunConfig
+    from components.engine.providers import SGLangBrickConfig
 
 logger = logging.getLogger(__name__)
 
@@ -95,15 +95,14 @@ class SGLangFleetConfig:
         return replace(self.server, base_url=url) if self.server else SGLangEngineConfig(base_url=url)
 
 
-def sglang_fleet_config(config: RunConfig, *, initial_weight_version: int) -> SGLangFleetConfig:
-    """The fleet a run's ``sglang`` brick (``--sglang-*`` options) describes (``--sglang-url`` may list several
-    servers)."""
-    from components.models.registry import resolve_model
-
-    sglang = config.sglang
-    urls = parse_server_urls(sglang.url, field="sglang.url")
+def sglang_fleet_config(
+    sglang: SGLangBrickConfig, *, model_path: Path, record_routed_experts: bool, initial_weight_version: int
+) -> SGLangFleetConfig:
+    """The fleet a run's ``--engine sglang`` brick (``--sglang-*`` options) describes (``--sglang-url`` may list
+    several servers); ``model_path``: the policy the servers serve (its experts per token for R3)."""
+    urls = parse_server_urls(sglang.url, field="engine.url")
     distributed = None
-    experts = experts_per_token(resolve_model(config.model)) if config.sampling.record_routed_experts else None
+    experts = experts_per_token(model_path) if record_routed_experts else None
     if sglang.weight_sync == "nccl":  # '' : the node IP of the trainer's rank 0, found there
         distributed = DistributedWeightSyncConfig(master_address=sglang.nccl_address, backend="nccl")
     server = SGLangEngineConfig(

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from components.config import require_non_negative, require_positive
+from components.config import option, require_non_negative, require_positive
 from components.protocols import Algorithm
 from components.trajectory import TRAINABLE_STATUSES, TRAJECTORY_SCHEMA, Trajectory, trajectories_to_table
 
@@ -110,13 +110,17 @@ MICRO_BATCH_SCHEMA = pa.schema(
 class SampleBatchConfig:
     """How trajectories become micro-batches."""
 
-    max_tokens_per_micro_batch: int = (
-        4096  # token budget of one packed row (a longer segment gets its own row)
+    max_tokens_per_micro_batch: int = option(
+        1024,
+        "token budget of one packed training row (a longer segment gets its own row; bounds trainer memory)",
+        flag="max-tokens-per-micro-batch",
     )
-    max_staleness: int | None = (
-        None  # drop trajectories with a token sampled more than this many versions ago
+    max_staleness: int | None = option(
+        None, "drop trajectories with a token sampled more than this many versions ago (none: keep all)"
     )
-    drop_zero_advantage_groups: bool = False  # skip groups with equal rewards (no policy gradient) entirely
+    drop_zero_advantage_groups: bool = option(
+        False, "skip groups with equal rewards (no policy gradient) entirely"
+    )
 
     def __post_init__(self) -> None:
         require_positive(self.max_tokens_per_micro_batch, "max_tokens_per_micro_batch")

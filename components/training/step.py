@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from components.config import require_non_negative, require_positive
+from components.config import option, require_non_negative, require_positive
 from components.protocols import Algorithm
 from components.training.data import MicroBatch
 from components.training.forward import forward_sampled_tokens
@@ -26,12 +26,14 @@ from components.training.forward import forward_sampled_tokens
 class OptimizerConfig:
     """AdamW with gradient clipping."""
 
-    learning_rate: float = 1e-6
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    epsilon: float = 1e-8
-    max_grad_norm: float = 1.0  # clip the global gradient norm to this (0: no clipping)
+    learning_rate: float = option(1e-5, "AdamW learning rate", flag="learning-rate")
+    weight_decay: float = option(0.0, "AdamW decoupled weight decay", flag="weight-decay")
+    beta1: float = option(0.9, "AdamW beta1")
+    beta2: float = option(0.999, "AdamW beta2")
+    epsilon: float = option(1e-8, "AdamW epsilon")
+    max_grad_norm: float = option(
+        1.0, "clip the global gradient norm to this (0: no clipping)", flag="max-grad-norm"
+    )
 
     def __post_init__(self) -> None:
         require_positive(self.learning_rate, "learning_rate")

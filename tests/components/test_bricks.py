@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.launch import Bricks, EmbeddedEngineProvider, RunConfig, SGLangEngineProvider
+from components.engine.providers import EmbeddedEngineProvider, SGLangBrickConfig, SGLangEngineProvider
+from components.launch import Bricks, RunConfig
 from components.protocols import Algorithm, EngineProvider, ProxyProvider, SandboxProvider
 from components.proxy.providers import LocalProxyProvider, ServeProxyProvider
 from components.recipe_config import parse_config
@@ -37,7 +38,12 @@ def test_config_names_pick_the_bricks():
 
 async def test_providers_close_safely_when_never_started():
     bricks = Bricks.from_config(RunConfig(model="tiny"))
-    for provider in (bricks.engine, bricks.proxy, LocalProxyProvider(), SGLangEngineProvider(RunConfig())):
+    for provider in (
+        bricks.engine,
+        bricks.proxy,
+        LocalProxyProvider(),
+        SGLangEngineProvider(SGLangBrickConfig(url="http://127.0.0.1:1")),
+    ):
         await provider.close()
         await provider.close()
 

@@ -6,15 +6,15 @@ import dataclasses
 import json
 import logging
 
-from components.launch import EngineBrickConfig, RunConfig, RunDirectory, SGLangBrickConfig
+from components.engine.providers import SGLangBrickConfig
+from components.launch import RunConfig, RunDirectory
 from components.recipe_config import REDACTED, config_to_json
 
 
 def test_run_directory_config_json_holds_no_secret(tmp_path):
     config = RunConfig(
         model="tiny",
-        engine=EngineBrickConfig(kind="sglang"),
-        sglang=SGLangBrickConfig(
+        engine=SGLangBrickConfig(
             url="http://127.0.0.1:9", api_key="user-secret-1234", admin_api_key="admin-secret-5678"
         ),
         run_dir=str(tmp_path / "run"),
@@ -29,8 +29,8 @@ def test_run_directory_config_json_holds_no_secret(tmp_path):
     text = (run.path / "config.json").read_text()
     assert "user-secret-1234" not in text and "admin-secret-5678" not in text
     recorded = json.loads(text)
-    assert recorded["sglang"]["api_key"] == REDACTED and recorded["sglang"]["admin_api_key"] == REDACTED
-    assert recorded["sglang"]["url"] == "http://127.0.0.1:9"
+    assert recorded["engine"]["api_key"] == REDACTED and recorded["engine"]["admin_api_key"] == REDACTED
+    assert recorded["engine"]["url"] == "http://127.0.0.1:9" and recorded["engine"]["kind"] == "sglang"
     assert recorded["sampling"]["max_tokens"] == config.sampling.max_tokens
 
 

@@ -108,6 +108,7 @@ def test_help_lists_every_field_with_meaning_and_default(capsys):
 
 
 def test_run_config_bricks_keep_their_flags_and_nest_in_files(tmp_path, capsys):
+    from components.engine.providers import SGLangBrickConfig
     from components.launch import RunConfig
     from components.proxy.providers import LocalProxyConfig, ServeProxyConfig
 
@@ -120,19 +121,19 @@ def test_run_config_bricks_keep_their_flags_and_nest_in_files(tmp_path, capsys):
         "http://127.0.0.1:9",
         "--sglang-colocated",
     ]
-    flags += ["true", "--engine-threads", "3", "--proxy", "serve", "--proxy-replicas", "1"]
+    flags += ["true", "--proxy", "serve", "--proxy-replicas", "1"]
     flags += ["--max-concurrency", "6", "--max-staleness", "2", "--temperature", "0.7", "--max-tokens", "32"]
     flags += ["--wandb-mode", "disabled", "--trainer-workers", "1"]
     from_flags = parse_config(RunConfig, flags)
-    assert (from_flags.engine.kind, from_flags.engine.threads) == ("sglang", 3)
-    assert from_flags.sglang.url == "http://127.0.0.1:9" and from_flags.sglang.colocated
+    assert type(from_flags.engine) is SGLangBrickConfig
+    assert from_flags.engine.url == "http://127.0.0.1:9" and from_flags.engine.colocated
     assert (type(from_flags.proxy), from_flags.proxy.replicas) == (ServeProxyConfig, 1)
     assert type(parse_config(RunConfig, ["--model", "tiny", "--proxy", "local"]).proxy) is LocalProxyConfig
     assert (from_flags.rollout.max_concurrency, from_flags.rollout.max_staleness) == (6, 2)
     assert (from_flags.sampling.temperature, from_flags.sampling.max_tokens) == (0.7, 32)
     assert from_flags.monitoring.wandb_mode == "disabled" and from_flags.trainer.workers == 1
     (tmp_path / "run.yaml").write_text(
-        "model: tiny\nengine: {kind: sglang, threads: 3}\nsglang: {url: 'http://127.0.0.1:9', colocated: true}\n"
+        "model: tiny\nengine: {kind: sglang, url: 'http://127.0.0.1:9', colocated: true}\n"
         "proxy: {kind: serve, replicas: 1}\nrollout: {max_concurrency: 6, max_staleness: 2}\n"
         "sampling: {temperature: 0.7, max_tokens: 32}\nmonitoring: {wandb_mode: disabled}\ntrainer: {workers: 1}\n"
     )
@@ -143,8 +144,26 @@ def test_run_config_bricks_keep_their_flags_and_nest_in_files(tmp_path, capsys):
             ["--model", "tiny", "--rollout-mode", "partial", "--max-staleness", "0"],
             "rollout.max_staleness: must be",
         ),
-        (["--model", "tiny", "--sglang-colocated", "true"], "sglang.colocated: needs engine=sglang"),
-        (["--model", "tiny", "--engine", "sglang"], "sglang.url: needs at least one"),
+        (["--model", "tiny", "--sglang-colocated", "true"], "unrecognized arguments: --sglang-colocated"),
+        (
+            [
+                "--model",
+                "tiny",
+                "--engine",
+                "sglang",
+                "--sglang-url",
+                "http://a:1",
+                "--sglang-colocated",
+                "true",
+            ]
+            + ["--rollout-mode", "async"],
+            "engine.colocated: needs rollout mode sync",
+        ),
+        (["--model", "tiny", "--engine", "sglang"], "engine.url: needs at least one"),
+        (
+            ["--model", "tiny", "--engine", "vllm-nope"],
+            "invalid choice: 'vllm-nope' (choose from 'embedded', 'sglang')",
+        ),
         (["--model", "tiny", "--top-p", "0"], "sampling.top_p: must be in (0, 1]"),
     ]:
         with pytest.raises(SystemExit):

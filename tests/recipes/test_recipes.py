@@ -43,7 +43,7 @@ def test_recipe_help_lists_every_field_and_bad_values_fail_fast():
     )
     assert completed.returncode == 0
     flags = config_flags(TicTacToeGrpoConfig)
-    assert {"engine.num_cpus", "sglang.url", "proxy.kind", "rollout.mode", "monitoring.wandb_mode"} <= set(
+    assert {"engine.num_cpus", "engine.kind", "proxy.kind", "rollout.mode", "monitoring.wandb_mode"} <= set(
         flags
     )
     assert {"algorithm.loss.clip_low", "algorithm.loss.kl_coef", "sandbox.num_warm"} <= set(flags)
@@ -66,7 +66,8 @@ def test_recipe_help_lists_every_field_and_bad_values_fail_fast():
         env=recipe_env(),
         timeout=60,
     )
-    assert bad.returncode == 2 and "sglang.url" in bad.stderr
+    assert bad.returncode == 2 and "engine.url" in bad.stderr
+    assert "--sglang-url" in config_flags(TicTacToeGrpoConfig, kinds={"engine": "sglang"}).values()
 
 
 def _wait_for(predicate, *, process: subprocess.Popen, timeout_s: float) -> None:

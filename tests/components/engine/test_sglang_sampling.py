@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from components.engine.providers import SGLangBrickConfig
 from components.engine.sglang import SGLangEngine, SGLangEngineConfig, TruncatedSamplingError
-from components.launch import EngineBrickConfig, RunConfig, SamplingBrickConfig, SGLangBrickConfig
+from components.launch import RunConfig, SamplingBrickConfig
 from components.protocols import SamplingParams
 from components.proxy.errors import classify_error
 from components.recipe_config import parse_config
@@ -38,7 +39,9 @@ def fake_server(tiny_model_dir):
     engine.close()
 
 
-def trainer_logprobs(engine: EmbeddedEngine, output_ids: list[int], *, temperature, top_p, top_k) -> list[float]:
+def trainer_logprobs(
+    engine: EmbeddedEngine, output_ids: list[int], *, temperature, top_p, top_k
+) -> list[float]:
     """What Rein's trainer computes for the sampled tokens: the truncated, renormalised distribution."""
     ids = torch.tensor([PROMPT + output_ids])
     with torch.no_grad():
@@ -101,8 +104,7 @@ async def test_client_refuses_truncated_sampling_before_any_request(fake_server)
 def test_run_config_refuses_truncated_sampling_with_sglang(capsys):
     sglang = {
         "model": "tiny",
-        "engine": EngineBrickConfig(kind="sglang"),
-        "sglang": SGLangBrickConfig(url="http://127.0.0.1:9"),
+        "engine": SGLangBrickConfig(url="http://127.0.0.1:9"),
     }
     for truncation in ({"top_p": 0.95}, {"top_k": 50}):
         with pytest.raises(TruncatedSamplingError, match=r"--top-p / --top-k: top_p="):
@@ -113,4 +115,6 @@ def test_run_config_refuses_truncated_sampling_with_sglang(capsys):
     assert "--top-p 1 --top-k 0" in capsys.readouterr().err
     assert parse_config(RunConfig, [*flags, "--temperature", "0.6"]).sampling.temperature == 0.6
     # The embedded engine records logprobs under the truncated distribution itself: allowed there.
-    assert RunConfig(model="tiny", sampling=SamplingBrickConfig(top_p=0.95, top_k=50)).sampling.distribution.truncates
+    assert RunConfig(
+        model="tiny", sampling=SamplingBrickConfig(top_p=0.95, top_k=50)
+    ).sampling.distribution.truncates

@@ -1,0 +1,199 @@
+"""The ``engine`` seam's built-in kinds: each a registered config class whose ``build()`` makes its
+``EngineProvider`` (``components.protocols``): ``embedded`` (the torch engine in one Ray actor; weights travel
+through Ray's object store) or ``sglang`` (SGLang servers outside Ray, reached over HTTP)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from components.config import option, require_non_negative, require_one_of, require_positive
+from components.protocols import EngineProvider, InferenceEngine
+from components.registry import ENGINES
+from components.sampling import SamplingDistribution
+
+if TYPE_CHECKING:
+    import ray
+
+    from components.engine.sglang_fleet import SGLangFleet
+    from components.training.weight_sync import WeightSync
+
+
+class EngineBrickConfig(Protocol):
+    """A registered kind of the ``engine`` seam."""
+
+    @property
+    def colocated(self) -> bool:
+        """Whether the engine gives its GPU memory to the trainer during each train step."""
+        ...
+
+    def check_sampling(self, sampling: SamplingDistribution) -> None:
+        """Raise ``ValueError`` naming the flags to change when the engine cannot record logprobs under
+        ``sampling``."""
+        ...
+
+    def build(self, *, record_routed_experts: bool = False) -> EngineProvider: ...
+
+
+@ENGINES.register("embedded")
+@dataclass(kw_only=True, frozen=True)
+class EmbeddedEngineBrickConfig:
+    """The embedded torch engine in one Ray actor."""
+
+    num_cpus: float = option(1.0, "Ray CPUs reserved for the embedded engine actor")
+    num_gpus: float = option(0.0, "Ray GPUs for the embedded engine actor (device cuda when > 0)")
+    threads: int = option(1, "torch threads of the embedded engine")
+    max_batch_size: int = option(8, "requests the embedded engine decodes together")
+    kv_cache_gb: float = option(1.0, "GiB of the embedded engine's prefix cache (KV of past turns); 0 = off")
+
+    def __post_init__(self) -> None:
+        for name in ("threads", "max_batch_size"):
+            require_positive(getattr(self, name), name)
+        for name in ("num_cpus", "num_gpus", "kv_cache_gb"):
+            require_non_negative(getattr(self, name), name)
+
+    @property
+    def colocated(self) -> bool:
+        return False
+
+    def check_sampling(self, sampling: SamplingDistribution) -> None:
+        """Any distribution: the engine records logprobs under the truncated distribution itself."""
+
+    def build(self, *, record_routed_experts: bool = False) -> EmbeddedEngineProvider:
+        """The provider of this config."""
+        return EmbeddedEngineProvider(self)
+
+
+@ENGINES.register("sglang")
+@dataclass(kw_only=True, frozen=True)
+class SGLangBrickConfig:
+    """SGLang servers outside Ray, reached over HTTP."""
+
+    url: str = option(
+        "",
+        "SGLang server URL(s), comma-separated (a router URL stands for its workers), "
+        "e.g. http://10.0.0.5:30000,http://10.0.0.6:30000",
+        flag="sglang-url",
+    )
+    api_key: str = option("", "the servers' --api-key ('' = none)", flag="sglang-api-key")
+    admin_api_key: str = option(
+        "",
+        "the servers' --admin-api-key for weight/pause/memory calls ('' = none)",
+        flag="sglang-admin-api-key",
+    )
+    startup_timeout_s: float = option(
+        600.0, "how long to wait for every server's /health at start", flag="sglang-startup-timeout-s"
+    )
+    request_timeout_s: float = option(600.0, "bound of one /generate call", flag="sglang-request-timeout-s")
+    context_window: int = option(
+        0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)", flag="sglang-context-window"
+    )
+    weight_sync: Literal["disk", "nccl"] = option(
+        "disk",
+        "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0",
+        flag="sglang-weight-sync",
+    )
+    nccl_address: str = option(
+        "",
+        "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP",
+        flag="sglang-nccl-address",
+    )
+    colocated: bool = option(
+        False,
+        "trainer and servers share GPUs: servers release memory while training (rollout mode sync)",
+        flag="sglang-colocated",
+    )
+
+    def __post_init__(self) -> None:
+        from components.engine.sglang_fleet import parse_server_urls
+
+        parse_server_urls(self.url, field="url")
+        for name in ("startup_timeout_s", "request_timeout_s"):
+            require_positive(getattr(self, name), name)
+        require_non_negative(self.context_window, "context_window")
+        require_one_of(self.weight_sync, "weight_sync", ("disk", "nccl"))
+
+    def check_sampling(self, sampling: SamplingDistribution) -> None:
+        """SGLang's logprobs ignore top-p / top-k truncation."""
+        from components.engine.sglang import require_untruncated_sampling
+
+        require_untruncated_sampling(sampling)
+
+    def build(self, *, record_routed_experts: bool = False) -> SGLangEngineProvider:
+        """The provider of this config."""
+        return SGLangEngineProvider(self, record_routed_experts=record_routed_experts)
+
+
+class EmbeddedEngineProvider:
+    """``EngineProvider``: the embedded torch engine in one Ray actor; weights travel through Ray's object
+    store."""
+
+    def __init__(self, config: EmbeddedEngineBrickConfig) -> None:
+        self.config = config
+        self._actor: ray.actor.ActorHandle | None = None
+
+    async def start(
+        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
+    ) -> tuple[InferenceEngine, WeightSync]:
+        from components.engine.embedded import EmbeddedEngineConfig
+        from components.engine.ray_actor import RayEngineClient, start_engine_actor
+        from components.training import WeightSync, WeightSyncConfig
+
+        config = self.config
+        self._actor = start_engine_actor(
+            EmbeddedEngineConfig(
+                model_path=model_path,
+                max_batch_size=config.max_batch_size,
+                num_threads=config.threads,
+                kv_cache_gb=config.kv_cache_gb,
+                device="cuda" if config.num_gpus > 0 else "cpu",
+                initial_weight_version=weight_version,
+            ),
+            num_cpus=config.num_cpus,
+            num_gpus=config.num_gpus,
+        )
+        engine = await RayEngineClient.connect(self._actor)
+        return engine, WeightSync(WeightSyncConfig(mode="memory"), engine)
+
+    async def close(self) -> None:
+        if self._actor is not None:
+            self._actor.close.remote()
+            self._actor = None
+
+
+class SGLangEngineProvider:
+    """``EngineProvider``: SGLang servers outside Ray, reached over HTTP."""
+
+    def __init__(self, config: SGLangBrickConfig, *, record_routed_experts: bool = False) -> None:
+        self.config = config
+        self.record_routed_experts = record_routed_experts
+        self._engine: SGLangFleet | None = None
+
+    async def start(
+        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
+    ) -> tuple[InferenceEngine, WeightSync]:
+        from components.engine.sglang_fleet import SGLangFleet, sglang_fleet_config
+        from components.training import WeightSync, WeightSyncConfig
+
+        fleet_config = sglang_fleet_config(
+            self.config,
+            model_path=model_path,
+            record_routed_experts=self.record_routed_experts,
+            initial_weight_version=weight_version,
+        )
+        # Waits for /health on every server (clear timeout message), reads the context window.
+        engine = self._engine = await SGLangFleet.connect(fleet_config)
+        weight_sync = (
+            WeightSync(WeightSyncConfig(mode="distributed"), engine)  # trainer rank 0 → servers (NCCL)
+            if self.config.weight_sync == "nccl"
+            else WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
+        )
+        if resumed:  # the server still serves whatever it was started with
+            await engine.update_weights_from_disk(str(model_path), weight_version)
+        return engine, weight_sync
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.aclose()
+            self._engine = None
