@@ -87,8 +87,9 @@ from monitoring.logger import MetricsLoggersConfig, WandbLoggersConfig
 from sandboxes.provider import SandboxConfig, SandboxPoolConfig
 
 if TYPE_CHECKING:
+    from components.proxy.config import ProxyConfig
     from components.rollout import RolloutRunner
-    from components.training import Trainer
+    from components.training import Trainer, TrainerConfig
 
 logger = logging.getLogger("rein.recipe")
 
@@ -141,9 +142,20 @@ class TrainerBrickConfig:
     ) -> Trainer:
         """The trainer of this config for the run's model, directory, sampling temperature and seed (resumes
         from the newest checkpoint in ``run_dir``)."""
-        from components.training import Trainer, TrainerConfig
+        from components.training import Trainer
 
-        config = TrainerConfig(
+        config = self.trainer_config(
+            model_path=model_path, run_dir=run_dir, temperature=temperature, seed=seed
+        )
+        return Trainer(config, algorithm=algorithm)
+
+    def trainer_config(
+        self, *, model_path: Path, run_dir: Path, temperature: float, seed: int
+    ) -> TrainerConfig:
+        """The ``TrainerConfig`` the trainer of this brick runs with."""
+        from components.training import TrainerConfig
+
+        return TrainerConfig(
             model_path=model_path,
             run_dir=run_dir,
             num_workers=self.workers,
@@ -159,7 +171,6 @@ class TrainerBrickConfig:
             keep_checkpoints=self.keep_checkpoints,
             resume=True,
         )
-        return Trainer(config, algorithm=algorithm)
 
     def lora_settings(self) -> LoraSettings:
         targets = self.lora_target if self.lora_target == "all-linear" else tuple(self.lora_target.split(","))
@@ -251,6 +262,21 @@ class SamplingBrickConfig:
     def __post_init__(self) -> None:
         self.distribution  # noqa: B018 -- validates temperature / top_p / top_k, naming the bad one
         require_positive(self.max_tokens, "max_tokens")
+
+    def proxy_config(self, *, admin_key: str) -> ProxyConfig:
+        """The proxy's config: every rollout is sampled with the run's distribution unless agents may choose
+        (recorded per segment either way), replies capped at ``max_tokens``."""
+        from components.proxy.config import ProxyConfig
+
+        return ProxyConfig(
+            port=0,
+            default_max_tokens=self.max_tokens,
+            max_completion_tokens=self.max_tokens,
+            sampling=self.distribution,
+            agent_sampling=self.agent_sampling,
+            record_routed_experts=self.record_routed_experts,
+            admin_key=admin_key,
+        )
 
     @property
     def distribution(self) -> SamplingDistribution:
@@ -526,19 +552,9 @@ class RunStack:
 
     async def _start_proxy(self) -> tuple[str, SessionControl]:
         from components.proxy.auth import generate_admin_key
-        from components.proxy.config import ProxyConfig
 
         # Isolated mode: the admin key stays on the host; agents get per-session tokens (session_keys).
-        proxy_config = ProxyConfig(
-            port=0,
-            default_max_tokens=self.config.sampling.max_tokens,
-            max_completion_tokens=self.config.sampling.max_tokens,
-            # every rollout is sampled with the run's distribution unless agents may choose (recorded per segment)
-            sampling=self.config.sampling.distribution,
-            agent_sampling=self.config.sampling.agent_sampling,
-            record_routed_experts=self.config.sampling.record_routed_experts,
-            admin_key=generate_admin_key(),
-        )
+        proxy_config = self.config.sampling.proxy_config(admin_key=generate_admin_key())
         self.session_keys = proxy_config.session_keys
         url, registry = await self.bricks.proxy.start(
             self.engine, model_path=self.run.model_path, config=proxy_config, run_name=self.run.path.name

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 from urllib.parse import urlparse
 
 from components.config import option, require, require_one_of
@@ -339,8 +339,8 @@ class MetricsLoggersConfig(Protocol):
 class WandbLoggersConfig:
     """The ``logger`` seam's built-in kind: Weights & Biases besides ``metrics.jsonl`` (always written)."""
 
-    wandb_mode: str = option(
-        "auto", f"wandb: one of {list(WANDB_MODES)}; auto is offline unless logged in", flag="wandb-mode"
+    wandb_mode: Literal["auto", "offline", "online", "disabled"] = option(
+        "auto", "wandb: auto is offline unless logged in", flag="wandb-mode"
     )
     wandb_project: str = option("rein", "wandb project of the run")
 

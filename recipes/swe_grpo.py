@@ -31,8 +31,8 @@ from components.launch import (
 from components.loop import run_recipe_loop
 from components.protocols import Harness
 from components.recipe_config import option, slot
-from components.registry import HARNESSES
-from components.rewards.config import RewardBrickConfig
+from components.registry import HARNESSES, REWARDS
+from components.rewards.config import HiddenTestsRewardConfig, RewardBrickConfig
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks import SweGrader, load_builtin_tasks
 from components.tasks.swe import python_tool_paths
@@ -61,7 +61,11 @@ class SweGrpoConfig(RunConfig):
     max_turns: int = option(3, "model calls per rollout")
     sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=192), "the policy's sampling")
     wall_time_s: float = option(300.0, "wall-clock bound of one agent run")
-    reward: RewardBrickConfig = option(RewardBrickConfig(), "how rollouts are rewarded")
+    reward: RewardBrickConfig = slot(
+        REWARDS,
+        HiddenTestsRewardConfig(),
+        "reward: the task's hidden tests, an LLM judge, or both (tests+judge)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

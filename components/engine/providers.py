@@ -16,6 +16,7 @@ from components.sampling import SamplingDistribution
 if TYPE_CHECKING:
     import ray
 
+    from components.engine.embedded import EmbeddedEngineConfig
     from components.engine.sglang_fleet import SGLangFleet
     from components.training.weight_sync import WeightSync
 
@@ -133,25 +134,30 @@ class EmbeddedEngineProvider:
         self.config = config
         self._actor: ray.actor.ActorHandle | None = None
 
+    def engine_config(self, *, model_path: Path, weight_version: int) -> EmbeddedEngineConfig:
+        """The config the engine actor runs with."""
+        from components.engine.embedded import EmbeddedEngineConfig
+
+        config = self.config
+        return EmbeddedEngineConfig(
+            model_path=model_path,
+            max_batch_size=config.max_batch_size,
+            num_threads=config.threads,
+            kv_cache_gb=config.kv_cache_gb,
+            device="cuda" if config.num_gpus > 0 else "cpu",
+            initial_weight_version=weight_version,
+        )
+
     async def start(
         self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
     ) -> tuple[InferenceEngine, WeightSync]:
-        from components.engine.embedded import EmbeddedEngineConfig
         from components.engine.ray_actor import RayEngineClient, start_engine_actor
         from components.training import WeightSync, WeightSyncConfig
 
-        config = self.config
         self._actor = start_engine_actor(
-            EmbeddedEngineConfig(
-                model_path=model_path,
-                max_batch_size=config.max_batch_size,
-                num_threads=config.threads,
-                kv_cache_gb=config.kv_cache_gb,
-                device="cuda" if config.num_gpus > 0 else "cpu",
-                initial_weight_version=weight_version,
-            ),
-            num_cpus=config.num_cpus,
-            num_gpus=config.num_gpus,
+            self.engine_config(model_path=model_path, weight_version=weight_version),
+            num_cpus=self.config.num_cpus,
+            num_gpus=self.config.num_gpus,
         )
         engine = await RayEngineClient.connect(self._actor)
         return engine, WeightSync(WeightSyncConfig(mode="memory"), engine)

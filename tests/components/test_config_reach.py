@@ -1,0 +1,173 @@
+"""Every config field travels from its flag to the object it configures.
+
+For every field of every kind of every brick of the SWE recipe's config (the kinds each slot has registered),
+the test sets a non-default value on the command line, reads it back from the parsed config (flag → dotted
+field), then builds the bricks from that config without starting them (providers, the trainer's and the
+proxy's configs, the engine actor's config, the SGLang fleet's config, the harness, the rewards) and checks
+that the built objects differ from those built from the defaults: a field that stops reaching its brick fails.
+Fields the run wing reads itself (steps, Ray, rollout scheduling, the task list) are listed with their reader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from components.engine.sglang_fleet import sglang_fleet_config
+from components.launch import Bricks
+from components.recipe_config import _leaves, parse_config
+from recipes.swe_grpo import SweGrpoConfig, build_harness
+
+# Read by the run wing (components/launch.py, components/loop.py) or the recipe's own task loading, not by a
+# brick's build: each is checked by the tests of its reader (tests/components/test_loop_scheduling.py,
+# tests/recipes/).
+RUN_WING_FIELDS = {
+    "model": "RunDirectory.create (resolve_model)",
+    "run_dir": "RunDirectory.create",
+    "num_steps": "the loop",
+    "group_size": "RolloutConfig in the recipe",
+    "checkpoint_every_steps": "RunStack.checkpoint_if_due",
+    "ray_address": "connect_ray",
+    "ray_num_cpus": "connect_ray",
+    "num_tasks": "tasks_for_step in the recipe",
+    "task_ids": "load_tasks in the recipe",
+    "tasks": "load_tasks in the recipe",
+    "images": "load_tasks in the recipe",
+    "snapshots": "load_tasks in the recipe",
+}
+RUN_WING_BRICKS = {"rollout": "the loop (components/loop.py) and RolloutConfig in the recipe"}
+
+SGLANG_URL = "http://127.0.0.1:9"
+
+
+@pytest.fixture(scope="module")
+def rubric(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("rubric") / "rubric.md"
+    path.write_text("a good run fixes the bug\n")
+    Path(f"{path}.2").write_text("a good run fixes the bug and adds a test\n")  # a second rubric
+    return str(path)
+
+
+def kind_flags(kinds: dict[str, str], rubric: str) -> list[str]:
+    """The flags a choice of kinds needs to be valid (the SGLang servers' URL, the judge's endpoint)."""
+    flags = ["--model", "tiny"]
+    for slot, kind in kinds.items():
+        flags += ["--sandbox-backend" if slot == "sandbox" else f"--{slot}", kind]
+    if kinds.get("engine") == "sglang":
+        flags += ["--sglang-url", SGLANG_URL]
+    if kinds.get("reward") in ("judge", "tests+judge"):
+        flags += ["--judge-url", f"{SGLANG_URL}/v1", "--rubric", rubric]
+    return flags
+
+
+def candidates(annotation: Any, default: Any, rubric: str) -> list[str]:
+    """Command-line texts of values unlike ``default``, most plausible first."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return [str(choice) for choice in typing.get_args(annotation) if choice != default]
+    if origin in (typing.Union, __import__("types").UnionType):
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+        default = default if default is not None else 0
+    if annotation is bool:
+        return [str(not default).lower()]
+    if annotation is int:
+        return [str(default + 1), str(default + 2), "1", "2"]
+    if annotation is float:
+        return [repr(value) for value in (default * 2 if default else 0.5, default + 0.1, 0.25, 1.0)]
+    if typing.get_origin(annotation) is tuple:
+        return ["/opt", "/opt,/srv", "a,b"]
+    # a URL, a file, a directory, an executable, a mode some str fields take, a plain word
+    return [f"{SGLANG_URL.replace('9', '10')}", rubric, f"{rubric}.2", "/tmp", "/usr/bin/env", "rlimit", "x1"]
+
+
+def dotted(config: Any, path: tuple[str, ...]) -> Any:
+    for name in path:
+        config = getattr(config, name)
+    return config
+
+
+def state(value: Any, seen: frozenset[int] = frozenset()) -> Any:
+    """The built objects as plain nested data: dataclasses and Rein's own objects by their attributes, anything
+    else (locks, event loops, threads) by its type's name."""
+    if value is None or isinstance(value, str | int | float | bool | Path):
+        return value
+    if id(value) in seen:
+        return "<cycle>"
+    seen = seen | {id(value)}
+    if isinstance(value, list | tuple):
+        return [state(item, seen) for item in value]
+    if isinstance(value, dict):
+        return {str(key): state(item, seen) for key, item in value.items()}
+    if dataclasses.is_dataclass(value):
+        return {f.name: state(getattr(value, f.name), seen) for f in dataclasses.fields(value)}
+    package = type(value).__module__.split(".")[0]
+    if package in ("components", "sandboxes", "harnesses", "monitoring", "examples") and hasattr(
+        value, "__dict__"
+    ):
+        return {type(value).__qualname__: {key: state(item, seen) for key, item in vars(value).items()}}
+    return type(value).__qualname__
+
+
+def built(config: SweGrpoConfig, model_dir: Path, run_dir: Path) -> Any:
+    """Everything the stack and the recipe build from ``config`` before anything starts."""
+    bricks = Bricks.from_config(config, sandbox_paths=("/usr",))
+    engine = bricks.engine
+    if hasattr(engine, "engine_config"):  # the embedded engine: the actor's config
+        engine_state = engine.engine_config(model_path=model_dir, weight_version=0)
+    else:  # SGLang: the fleet it connects to
+        engine_state = sglang_fleet_config(
+            engine.config, model_path=model_dir, record_routed_experts=False, initial_weight_version=0
+        )
+    trainer = config.trainer.trainer_config(
+        model_path=model_dir, run_dir=run_dir, temperature=config.sampling.temperature, seed=config.seed
+    )
+    harness, sandbox_paths = build_harness(config)
+    rewards = config.reward.build(tests=None)
+    proxy = config.sampling.proxy_config(admin_key="a-fixed-admin-key-of-the-test")
+    return state((bricks, engine_state, trainer, harness, sandbox_paths, rewards, proxy))
+
+
+def slot_kinds() -> list[tuple[str, str]]:
+    """(slot, kind) for every kind of every slot of the recipe's config."""
+    pairs = []
+    for leaf in _leaves(SweGrpoConfig):
+        if leaf.choices is not None:
+            pairs += [(leaf.path[0], kind) for kind in leaf.choices]
+    return pairs
+
+
+@pytest.mark.parametrize(("slot", "kind"), [(None, None), *slot_kinds()])
+def test_every_field_reaches_the_object_it_configures(slot, kind, rubric, tiny_model_dir, tmp_path):
+    kinds = {slot: kind} if slot else {}
+    base_flags = kind_flags(kinds, rubric)
+    base = parse_config(SweGrpoConfig, base_flags)
+    reference = built(base, tiny_model_dir, tmp_path)
+    leaves = [
+        leaf
+        for leaf in _leaves(SweGrpoConfig, kinds={(slot,): kind} if slot else {})
+        if leaf.choices is None and (leaf.path[0] == slot if slot else leaf.path[0] not in dict(slot_kinds()))
+    ]
+    assert leaves or slot, "no field found"
+    unreached, unset = [], []
+    for leaf in leaves:
+        if leaf.path[0] in RUN_WING_BRICKS or (len(leaf.path) == 1 and leaf.path[0] in RUN_WING_FIELDS):
+            continue
+        default = dotted(base, leaf.path)
+        for text in candidates(leaf.annotation, default, rubric):
+            try:
+                config = parse_config(SweGrpoConfig, [*base_flags, f"--{leaf.flags[0]}", text])
+            except SystemExit:  # not a valid value of this field: the next candidate
+                continue
+            if dotted(config, leaf.path) != default:
+                break
+        else:
+            unset.append(leaf.dotted)
+            continue
+        if built(config, tiny_model_dir, tmp_path) == reference:
+            unreached.append(f"{leaf.dotted}={text}")
+    assert not unset, f"no non-default value of these fields parses from the command line: {unset}"
+    assert not unreached, f"these fields never reach the object they configure: {unreached}"

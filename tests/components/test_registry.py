@@ -1,0 +1,72 @@
+"""The registry of each seam: kinds listed in errors and ``--help``, and a third-party brick registered through
+the ``rein.bricks`` entry point group with no edit of Rein (a distribution on ``sys.path``, as pip installs one)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from components import registry as registry_module
+from components.launch import Bricks, RunConfig
+from components.recipe_config import config_to_json, parse_config
+from components.registry import ALGORITHMS, SEAMS, Registry
+
+
+def test_every_seam_lists_its_built_in_kinds():
+    kinds = {registry.seam: set(registry.kinds()) for registry in SEAMS}
+    assert kinds["algorithm"] >= {"grpo", "dr_grpo", "gspo", "rloo"}
+    assert kinds["engine"] >= {"embedded", "sglang"} and kinds["proxy"] >= {"serve", "local"}
+    assert kinds["sandbox"] >= {"bwrap", "e2b"} and kinds["logger"] >= {"wandb"}
+    assert kinds["harness"] >= {"swe_agent", "mini_swe_agent", "claude_code", "codex"}
+    assert kinds["reward"] >= {"tests", "judge", "tests+judge"}
+    with pytest.raises(ValueError, match=r"algorithm: must be one of \['dr_grpo', 'grpo', 'gspo', 'rloo'"):
+        ALGORITHMS.get("ppo")
+
+
+def test_a_kind_needs_a_build_method_and_a_name_is_taken_once():
+    seam = Registry("example")
+
+    @dataclass(frozen=True)
+    class WithBuild:
+        def build(self) -> str:
+            return "built"
+
+    seam.register("a")(WithBuild)
+    seam.register("a")(WithBuild)  # the same class again (a module imported twice) is fine
+    assert seam.build("a") == "built" and seam.name_of(WithBuild()) == "a"
+    with pytest.raises(TypeError, match="no build"):
+        seam.register("b")(type("NoBuild", (), {}))
+    with pytest.raises(ValueError, match="taken by"):
+        seam.register("a")(type("Other", (), {"build": lambda self: None}))
+
+
+@pytest.fixture
+def installed_reinforce(tmp_path, monkeypatch):
+    """A distribution whose entry point registers ``examples.bricks.reinforce:ReinforceConfig`` as
+    ``--algorithm reinforce`` (what ``pip install`` of a package with that pyproject table leaves)."""
+    dist_info = tmp_path / "rein_reinforce-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: rein-reinforce\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text(
+        "[rein.bricks]\nalgorithm.reinforce = examples.bricks.reinforce:ReinforceConfig\n"
+    )
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    registry_module._entry_points.cache_clear()
+    monkeypatch.setattr(ALGORITHMS, "_loaded", False)
+    monkeypatch.setattr(ALGORITHMS, "_classes", dict(ALGORITHMS._classes))
+    yield
+    registry_module._entry_points.cache_clear()
+
+
+def test_an_entry_point_brick_is_picked_by_name(installed_reinforce, capsys):
+    from examples.bricks.reinforce import Reinforce, ReinforceConfig
+
+    config = parse_config(RunConfig, ["--model", "tiny", "--algorithm", "reinforce"])
+    assert type(config.algorithm) is ReinforceConfig
+    assert isinstance(Bricks.from_config(config).algorithm, Reinforce)
+    assert '"kind": "reinforce"' in config_to_json(config)
+    with pytest.raises(SystemExit):
+        parse_config(RunConfig, ["--model", "tiny", "--help"])
+    assert "reinforce" in capsys.readouterr().out.split("--algorithm {")[1].split("}")[0]
