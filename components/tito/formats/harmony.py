@@ -31,8 +31,9 @@ _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 
 
-def harmony_messages(text: str) -> list[tuple[str, str | None, str, int, bool]]:
-    """``(channel, recipient, body, start offset, closed)`` of each message in sampled harmony text."""
+def harmony_messages(text: str) -> list[tuple[str, str | None, str, int, bool, int]]:
+    """``(channel, recipient, body, start offset, closed, end offset)`` of each message in sampled harmony
+    text (the end offset is past its ending and the next message's ``<|start|>assistant``)."""
     out = []
     position = 0
     while position < len(text):
@@ -44,18 +45,22 @@ def harmony_messages(text: str) -> list[tuple[str, str | None, str, int, bool]]:
         body_end = ending.start() if ending else len(text)
         channel = _CHANNEL.search(header)
         recipient = _RECIPIENT.search(header)
+        start = position
+        position = ending.end() if ending else len(text)
+        if text.startswith(START, position):
+            position += len(START)
+            if text.startswith("assistant", position):
+                position += len("assistant")
         out.append(
             (
                 channel.group(1) if channel else "",
                 recipient.group(1) if recipient else None,
                 text[body_at + len(MESSAGE) : body_end],
-                position,
+                start,
                 ending is not None,
+                position,
             )
         )
-        position = ending.end() if ending else len(text)
-        if text.startswith(START, position):
-            position += len(START)
     return out
 
 
@@ -70,7 +75,7 @@ class HarmonyFormat:
     """gpt-oss (harmony response format) tool calls."""
 
     name: ClassVar[str] = "harmony"
-    call_markers: ClassVar[tuple[str, ...]] = (" to=functions.", "to=functions.")
+    call_markers: ClassVar[tuple[str, ...]] = ("to=functions.", CHANNEL, MESSAGE, END, CALL, RETURN, START)
     stop_texts: ClassVar[tuple[str, ...]] = (CALL, RETURN)
     keeps_content_with_calls: ClassVar[bool] = True
     writes_call_ids: ClassVar[bool] = False
@@ -116,27 +121,30 @@ class HarmonyFormat:
     def parse(self, text: str, tools: Sequence[ToolSpec]) -> ParsedCalls:
         messages = harmony_messages(text)
         if not messages:  # plain text, or a message header still arriving
-            header = CHANNEL in text or text.lstrip().startswith("<|")
+            head = text.lstrip()
+            header = CHANNEL in text or head.startswith("<|") or (bool(head) and "<|".startswith(head))
             return ParsedCalls(content=text.strip(), tool_calls=(), pending_from=0 if header else None)
         contents: list[str] = []
         calls: list[ToolCall] = []
         malformed = 0
         pending = None
-        for channel, recipient, body, start, closed in messages:
+        for channel, recipient, body, start, closed, _ in messages:
             if recipient is None:
                 if channel in ("final", "commentary", ""):
                     contents.append(body.strip())
                 continue
             arguments = json_object(body.strip() or "{}")
-            if arguments is None:
+            if arguments is None:  # the whole reply stays content
                 malformed += 1
-                contents.append(body.strip())
-                if not closed:
-                    pending = start
+                pending = start if not closed else pending
                 continue
             if not closed:  # the last message: its end was the stop token, or more text may follow
                 pending = start
             calls.append(ToolCall(id="", name=recipient, arguments=arguments_text(arguments)))
+        if malformed:
+            return ParsedCalls(
+                content=text.strip(), tool_calls=(), num_malformed=malformed, pending_from=pending
+            )
         return ParsedCalls(
             content="\n".join(c for c in contents if c),
             tool_calls=tuple(calls),

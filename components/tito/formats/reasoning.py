@@ -50,12 +50,11 @@ class HarmonyReasoning:
         analysis = [m for m in messages if m[0] == "analysis" and m[1] is None]
         if not analysis:
             return None, text
-        kept = []
-        for index, message in enumerate(messages):
-            if message in analysis:
-                continue
-            end = messages[index + 1][3] if index + 1 < len(messages) else len(text)
-            kept.append(text[message[3] : end])
+        kept, position = [], 0
+        for message in analysis:  # the text outside the analysis messages
+            kept.append(text[position : message[3]])
+            position = message[5]
+        kept.append(text[position:])
         rest = "".join(kept)
         return "\n".join(m[2].strip() for m in analysis), rest
 
@@ -63,7 +62,7 @@ class HarmonyReasoning:
         messages = harmony_messages(text)
         if not messages:
             return MESSAGE not in text and bool(text.strip())
-        channel, recipient, _, _, closed = messages[-1]
+        channel, recipient, _, _, closed, _ = messages[-1]
         return channel == "analysis" and not closed
 
     def render(self, reasoning: str | None, rest: str) -> str:
