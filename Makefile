@@ -9,6 +9,11 @@ AGENTS_DIR := .agents
 IMAGES_DIR := .images
 SWEBENCH_DIR := .swebench
 SWEBENCH_MANIFEST := tests/components/tasks/data/pypi_instances.json
+# Real chat templates for the model-family tests: the tool-chat templates in vLLM's sdist on PyPI (pinned).
+TEMPLATES_DIR := .templates
+VLLM_SDIST := vllm-0.34.0.tar.gz
+VLLM_SDIST_URL := https://files.pythonhosted.org/packages/92/21/6e0b077dc4a0b28f5a8ce8bb352a38d7196650d681fd4faa87f8dc622eff/$(VLLM_SDIST)
+VLLM_SDIST_SHA256 := fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113
 
 .PHONY: run test setup setup-test lint clean
 
@@ -21,7 +26,17 @@ test: setup-test
 
 setup: $(VENV)/.installed $(MODEL_DIR)/config.json /usr/bin/bwrap
 
-setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet
+setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet \
+	$(TEMPLATES_DIR)/.installed
+
+$(TEMPLATES_DIR)/.installed:
+	mkdir -p $(TEMPLATES_DIR)
+	curl -sSfL -o $(TEMPLATES_DIR)/$(VLLM_SDIST) $(VLLM_SDIST_URL)
+	echo "$(VLLM_SDIST_SHA256)  $(TEMPLATES_DIR)/$(VLLM_SDIST)" | sha256sum -c -
+	tar -xzf $(TEMPLATES_DIR)/$(VLLM_SDIST) -C $(TEMPLATES_DIR) --strip-components=2 --wildcards \
+		'vllm-0.34.0/examples/tool_chat_template_*.jinja'
+	rm $(TEMPLATES_DIR)/$(VLLM_SDIST)
+	touch $@
 
 # bubblewrap (sandboxes) and chromium (viewer test) come from Debian's packages.
 /usr/bin/bwrap:

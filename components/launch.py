@@ -117,7 +117,9 @@ class TrainerBrickConfig:
     lora_alpha: float = option(0.0, "LoRA alpha; 0 means 2 x rank", flag="lora-alpha")
     lora_dropout: float = option(0.0, "LoRA dropout", flag="lora-dropout")
     lora_target: str = option(
-        "all-linear", "LoRA target modules: all-linear or comma-separated names (q_proj,v_proj)", flag="lora-target"
+        "all-linear",
+        "LoRA target modules: all-linear or comma-separated names (q_proj,v_proj)",
+        flag="lora-target",
     )
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
 
@@ -189,9 +191,12 @@ class SGLangBrickConfig:
     request_timeout_s: float = option(600.0, "bound of one /generate call")
     context_window: int = option(0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)")
     weight_sync: Literal["disk", "nccl"] = option(
-        "disk", "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0"
+        "disk",
+        "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0",
     )
-    nccl_address: str = option("", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP")
+    nccl_address: str = option(
+        "", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP"
+    )
     colocated: bool = option(False, "trainer and servers share GPUs: servers release memory while training")
 
     def __post_init__(self) -> None:
@@ -276,7 +281,9 @@ class SamplingBrickConfig:
     logprobs under it)."""
 
     temperature: float = option(1.0, "sampling temperature of the policy", flag="temperature")
-    top_p: float = option(1.0, "nucleus (top-p) mass of the policy's sampling; 1: no truncation", flag="top-p")
+    top_p: float = option(
+        1.0, "nucleus (top-p) mass of the policy's sampling; 1: no truncation", flag="top-p"
+    )
     top_k: int = option(0, "top-k of the policy's sampling; 0: no truncation", flag="top-k")
     agent_sampling: bool = option(
         False,
@@ -614,7 +621,9 @@ class Bricks:
             )
         )
         engine = (
-            EmbeddedEngineProvider(config.engine) if config.engine.kind == "embedded" else SGLangEngineProvider(config)
+            EmbeddedEngineProvider(config.engine)
+            if config.engine.kind == "embedded"
+            else SGLangEngineProvider(config)
         )
         proxy = (
             LocalProxyProvider()
@@ -727,7 +736,9 @@ class RunStack:
                 use_gpu=config.trainer.use_gpu,
                 cpus_per_worker=config.trainer.cpus_per_worker,
                 optimizer=OptimizerConfig(learning_rate=config.trainer.learning_rate),
-                batching=SampleBatchConfig(max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch),
+                batching=SampleBatchConfig(
+                    max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch
+                ),
                 lora=config.trainer.lora_settings(),
                 gradient_checkpointing=config.trainer.gradient_checkpointing,
                 temperature=config.sampling.temperature,

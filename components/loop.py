@@ -606,7 +606,9 @@ class OverlappedLoop:
                     if ordered or len(fresh) >= self.groups_per_step:
                         self.trainer_waited, self.trainer_waiting = self.trainer_waiting, False
                         return fresh, staleness, time.monotonic() - started
-                if not self.trainer_waiting:  # rollouts are the bottleneck: the producer may run further ahead
+                if (
+                    not self.trainer_waiting
+                ):  # rollouts are the bottleneck: the producer may run further ahead
                     self.trainer_waiting = True
                     self.changed.notify_all()
                 await self.changed.wait()

@@ -103,7 +103,9 @@ def sglang_fleet_config(config: RunConfig, *, initial_weight_version: int) -> SG
     sglang = config.sglang
     urls = parse_server_urls(sglang.url, field="sglang.url")
     distributed = None
-    experts = experts_per_token(resolve_model(config.model)) if config.sampling.record_routed_experts else None
+    experts = (
+        experts_per_token(resolve_model(config.model)) if config.sampling.record_routed_experts else None
+    )
     if sglang.weight_sync == "nccl":  # '' : the node IP of the trainer's rank 0, found there
         distributed = DistributedWeightSyncConfig(master_address=sglang.nccl_address, backend="nccl")
     server = SGLangEngineConfig(

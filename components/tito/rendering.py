@@ -165,6 +165,8 @@ class ChatTemplateRenderer:
         ]
         before = self._anchor_text(anchor, anchor_tools)
         after = self.render_text([*anchor, *new_messages], anchor_tools, add_generation_prompt=True)
+        if not after.startswith(before) and after.startswith(before.rstrip()):
+            before = before.rstrip()  # whitespace some templates (DeepSeek V3's) write only at the very end
         if not after.startswith(before):
             raise TemplatePrefixError(
                 "the template renders earlier turns differently once new messages follow"
@@ -201,4 +203,15 @@ class ChatTemplateRenderer:
             return ""
         if _SENTINEL not in text:
             return ""
-        return text[text.rindex(_SENTINEL) + len(_SENTINEL) :]
+        closing = text[text.rindex(_SENTINEL) + len(_SENTINEL) :]
+        try:  # only what still follows the turn once another message comes (not whitespace ending the text)
+            followed = self.render_text(
+                [*conversation, ChatMessage(role="user", content=".")], (), add_generation_prompt=False
+            )
+        except TemplateRenderError:
+            return closing
+        after = followed[followed.rindex(_SENTINEL) + len(_SENTINEL) :] if _SENTINEL in followed else ""
+        size = 0
+        while size < min(len(closing), len(after)) and closing[size] == after[size]:
+            size += 1
+        return closing[:size]

@@ -67,7 +67,9 @@ class TrainerConfig:
     # LoRA (peft): rank 0 trains every weight; rank > 0 trains only the adapter, checkpoints are PEFT adapter
     # folders and a weight sync sends only the adapter (``LoraAdapter``)
     lora: LoraSettings = field(default_factory=LoraSettings)
-    gradient_checkpointing: bool = False  # recompute activations in backward (less memory, ≈ 1/3 more compute)
+    gradient_checkpointing: bool = (
+        False  # recompute activations in backward (less memory, ≈ 1/3 more compute)
+    )
     # the temperature ``score`` computes logprobs at; training recomputes each segment's logprobs under the
     # sampling distribution recorded with it (Segment.sampling)
     temperature: float = 1.0
@@ -404,9 +406,7 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
                 broadcaster = broadcaster or RankZeroWeightBroadcaster()
                 result = broadcaster.push(command.servers, command.sync, state_dict, command.version)
         elif isinstance(command, ScoreSequences):
-            scored = _score_sequences(
-                model, command.sequences, temperature=config.temperature, device=device
-            )
+            scored = _score_sequences(model, command.sequences, temperature=config.temperature, device=device)
             result = scored if rank == 0 else None
         else:
             raise TypeError(f"unknown trainer command {command!r}")
@@ -579,7 +579,9 @@ class Trainer:
                 )
                 for index in range(num_shards)
             ]
-            batches = build_micro_batches_with_ray(shards, self.algorithm, self.config.batching, current_version=0)
+            batches = build_micro_batches_with_ray(
+                shards, self.algorithm, self.config.batching, current_version=0
+            )
             rank_shards, per_rank = batches.split_for_ranks(self.config.num_workers)
             # at least one micro-batch per rank (padding when the pipeline kept none): the backward must run
             self._call(
@@ -601,7 +603,9 @@ class Trainer:
     def adapter_ref(self) -> Any:
         """LoRA: a Ray ObjectRef to the current ``LoraAdapter`` (only the adapter's tensors are gathered)."""
         if not self.config.lora.enabled:
-            raise TrainerError("adapter_ref: the trainer does full fine-tuning (lora.rank 0); there is no adapter")
+            raise TrainerError(
+                "adapter_ref: the trainer does full fine-tuning (lora.rank 0); there is no adapter"
+            )
         return self._call(GatherAdapter())[0][0]
 
     def adapter(self) -> LoraAdapter:
