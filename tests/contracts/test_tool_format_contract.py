@@ -152,6 +152,7 @@ def test_garbage_never_raises(tool_format):
         assert isinstance(parsed.content, str)
 
 
+@pytest.mark.built_in_only
 @SETTINGS
 @given(reasoning=TEXT, rest=TEXT)
 def test_reasoning_round_trips(make_reasoning, reasoning, rest):

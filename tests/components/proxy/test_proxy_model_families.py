@@ -213,3 +213,68 @@ def test_family_conversation_keeps_tito_exact(tokenizer, name, stream):
             assert reports[0].num_mismatched > 0
     finally:
         server.stop_thread()
+
+
+def test_a_template_that_moves_history_starts_a_segment_with_its_reason(tokenizer):
+    """Mistral's template writes the system prompt and the tool list into the LAST user turn: a new user turn
+    rewrites the earlier ones, so TITO starts a ``prefix_mismatch`` segment and the drift audit reports both."""
+    family = FAMILIES["mistral"]
+    family_tok = family_tokenizer(tokenizer, family)
+    fmt = tool_format_named("mistral")
+    call = ToolCall(id="callAAAA00001", name="bash", arguments='{"cmd": "ls"}')
+    replies = [fmt.render_calls("", [call]), " Listed.", " Bye."]
+    engine = ScriptedEngine(family_tok, replies)
+    config = ProxyConfig(port=0)
+    registry = LocalSessionRegistry(engine, family_tok, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = OpenAI(base_url=server.session_url(session_id) + "/v1", api_key="x", max_retries=0)
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List files."}]
+        first = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
+        assert first.tool_calls[0].id == "AAAA00001"  # the 9 characters the model wrote are the call's id
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [c.model_dump() for c in first.tool_calls]},
+            {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "a.py"},
+        ]
+        second = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
+        assert second.content == "Listed."
+        record = server.call(lambda: registry.describe(session_id))
+        assert record["num_segments"] == 1  # tool results extend the conversation exactly
+        messages += [{"role": "assistant", "content": second.content}, {"role": "user", "content": "Thanks."}]
+        client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
+        record = server.call(lambda: registry.describe(session_id))
+        assert [s["reason"] for s in record["segments"]] == ["start", "prefix_mismatch"]
+        reports = audit_session(registry._sessions[session_id].tito)
+        assert [r.segment_reason for r in reports] == ["start", "prefix_mismatch"]
+        # a naive re-render of either segment's history differs from the ids the model saw (its system prompt
+        # and tools sit in whichever user turn is last); the segments' TITO ids are what was sampled on
+        assert all(report.num_mismatched > 0 for report in reports)
+    finally:
+        server.stop_thread()
+
+
+def test_an_unknown_tool_template_is_refused_naming_the_formats(tokenizer):
+    from components.tito import TitoConfig, TitoSession
+    from components.tito.formats import TOOL_FORMATS, UnknownTemplateFormatError
+
+    clone = copy.deepcopy(tokenizer)
+    clone.chat_template = (TEMPLATES / "tool_chat_template_gemma3_pythonic.jinja").read_text()
+    with pytest.raises(UnknownTemplateFormatError) as refused:
+        TitoSession(clone, context_window=4096)
+    assert "--tool-format" in str(refused.value) and all(name in str(refused.value) for name in TOOL_FORMATS)
+    forced = TitoSession(clone, context_window=4096, config=TitoConfig(tool_format="hermes"))
+    assert forced.renderer.tool_format.name == "hermes"
+
+
+def test_the_cli_flags_name_formats_and_refuse_unknown_ones(capsys):
+    from components.proxy.cli import _parser, main
+
+    args = _parser().parse_args(["--tool-format", "qwen3_coder", "--reasoning-format", "none"])
+    assert (args.tool_format, args.reasoning_format) == ("qwen3_coder", "none")
+    assert main(["--tool-format", "gemma"]) == 2
+    error = capsys.readouterr().err
+    assert "tool_format: unknown format 'gemma'" in error and "qwen3_coder" in error
+    assert main(["--reasoning-format", "deep"]) == 2
+    assert "reasoning_format" in capsys.readouterr().err
