@@ -242,7 +242,11 @@ GEMINI_ENDPOINTS = [
 ]
 
 
-@FUZZ_SETTINGS
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(endpoint=st.sampled_from(GEMINI_ENDPOINTS), body=GEMINI_BODIES)
 def test_gemini_bodies_never_5xx(fuzz_target, endpoint, body):
     response = fuzz_target.post(
