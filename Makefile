@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian installs take one lock, so `make -j` can run them beside the pip and npm installs.
+APT := $(SUDO) flock /tmp/rein-apt.lock env DEBIAN_FRONTEND=noninteractive apt-get
 MODEL_DIR := .models/smollm2-135m-instruct
 AGENTS_DIR := .agents
 IMAGES_DIR := .images
@@ -15,7 +17,9 @@ SWEBENCH_MANIFEST := tests/components/tasks/data/pypi_instances.json
 run: setup
 	$(PY) recipes/swe_grpo.py
 
-test: setup-test
+# The set-up steps are independent downloads and builds: run them side by side.
+test:
+	$(MAKE) -j4 --output-sync=target setup-test
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
@@ -25,10 +29,10 @@ setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed /usr/bin/chro
 
 # bubblewrap (sandboxes) and chromium (viewer test) come from Debian's packages.
 /usr/bin/bwrap:
-	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq bubblewrap
+	$(APT) update -qq && $(APT) install -y -qq bubblewrap
 
 /usr/bin/chromium:
-	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
+	$(APT) update -qq && $(APT) install -y -qq chromium
 
 # torch is installed first and pinned by constraints.txt, so no dependency can pull a CUDA build.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -52,7 +56,7 @@ $(MODEL_DIR)/config.json: $(VENV)/.installed
 # (Debian python3 + pytest + git), and instances built from real bug-fix releases on PyPI (the manifest names
 # them; the sdists are downloaded here, once). Tests are offline afterwards.
 /usr/bin/umoci:
-	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq umoci skopeo fuse-overlayfs mmdebstrap
+	$(APT) update -qq && $(APT) install -y -qq umoci skopeo fuse-overlayfs mmdebstrap
 
 $(IMAGES_DIR)/rein-py-env/oci-layout: /usr/bin/umoci
 	$(SUDO) tests/sandboxes/images/build_test_image.sh $(IMAGES_DIR)
@@ -63,7 +67,7 @@ $(SWEBENCH_DIR)/instances.parquet: $(IMAGES_DIR)/rein-py-env/oci-layout $(SWEBEN
 
 # Unmodified real agents for the black-box harness tests (npm registry).
 $(AGENTS_DIR)/.installed:
-	command -v npm >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm; }
+	command -v npm >/dev/null || { $(APT) update -qq && $(APT) install -y -qq nodejs npm; }
 	mkdir -p $(AGENTS_DIR)
 	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) @anthropic-ai/claude-code @openai/codex @google/gemini-cli@0.61.0
 	touch $@
