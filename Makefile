@@ -84,7 +84,7 @@ $(SWEBENCH_DIR)/instances.parquet: $(IMAGES_DIR)/rein-py-env/oci-layout $(SWEBEN
 $(AGENTS_DIR)/.installed:
 	command -v npm >/dev/null || { $(APT) update -qq && $(APT) install -y -qq nodejs npm; }
 	mkdir -p $(AGENTS_DIR)
-	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) @anthropic-ai/claude-code @openai/codex
+	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) @anthropic-ai/claude-code @openai/codex @google/gemini-cli@0.61.0
 	touch $@
 
 lint:
