@@ -10,6 +10,8 @@ import torch
 
 from components.protocols import Algorithm
 from components.training.algorithms import ALGORITHMS, GRPO, GSPO, RLOO, DrGRPO, GSPOConfig, make_algorithm
+from components.training.algorithms.gspo import gspo_loss
+from components.training.losses import PolicyLossConfig
 
 GROUPS = ["a", "a", "b", "b", "b"]
 REWARDS = np.array([1.0, 0.0, 1.0, 0.0, 0.0])
@@ -81,7 +83,7 @@ def _gspo_loss(config: GSPOConfig):
 
 
 def test_gspo_ratio_and_clipping_are_per_sequence():
-    loss, grad, stats = _gspo_loss(GSPOConfig(clip_low=0.2, clip_high=0.28))
+    loss, grad, stats = _gspo_loss(GSPOConfig(loss=gspo_loss(clip_low=0.2, clip_high=0.28)))
     s0 = math.exp(0.1)
     assert loss == pytest.approx(2 * 0.25 * -s0 + 0.5 * -1.28, abs=1e-9)  # −1.192585
     # d/dlogprob_t of −0.25·2·s0 where s0 = exp(mean of the two log ratios): −0.5·s0·(1/2) per token.
@@ -108,7 +110,9 @@ def test_gspo_needs_sequence_ids_and_validates_its_config():
             weights=torch.ones(2),
         )
     with pytest.raises(ValueError, match="clip_low"):
-        GSPOConfig(clip_low=1.5)
+        gspo_loss(clip_low=1.5)
+    with pytest.raises(ValueError, match="loss.ratio_level"):
+        GSPOConfig(loss=PolicyLossConfig())
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
