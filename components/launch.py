@@ -76,6 +76,7 @@ from components.protocols import (
     Task,
 )
 from components.recipe_config import config_to_json, option
+from components.rollout.dynamic_sampling import DynamicSamplingConfig
 from components.sampling import SamplingDistribution
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
@@ -117,7 +118,9 @@ class TrainerBrickConfig:
     lora_alpha: float = option(0.0, "LoRA alpha; 0 means 2 x rank", flag="lora-alpha")
     lora_dropout: float = option(0.0, "LoRA dropout", flag="lora-dropout")
     lora_target: str = option(
-        "all-linear", "LoRA target modules: all-linear or comma-separated names (q_proj,v_proj)", flag="lora-target"
+        "all-linear",
+        "LoRA target modules: all-linear or comma-separated names (q_proj,v_proj)",
+        flag="lora-target",
     )
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
 
@@ -189,9 +192,12 @@ class SGLangBrickConfig:
     request_timeout_s: float = option(600.0, "bound of one /generate call")
     context_window: int = option(0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)")
     weight_sync: Literal["disk", "nccl"] = option(
-        "disk", "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0"
+        "disk",
+        "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0",
     )
-    nccl_address: str = option("", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP")
+    nccl_address: str = option(
+        "", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP"
+    )
     colocated: bool = option(False, "trainer and servers share GPUs: servers release memory while training")
 
     def __post_init__(self) -> None:
@@ -247,6 +253,9 @@ class RolloutBrickConfig:
     actor_resources: str = option(
         "", "custom Ray resources the producer actor needs, name=amount,... e.g. rollout=1 (placement actor)"
     )
+    dynamic_sampling: DynamicSamplingConfig = option(
+        DynamicSamplingConfig(), "DAPO dynamic sampling (components/rollout/dynamic_sampling.py)"
+    )
 
     def __post_init__(self) -> None:
         require_one_of(self.mode, "mode", ("sync", "async", "partial"))
@@ -276,7 +285,9 @@ class SamplingBrickConfig:
     logprobs under it)."""
 
     temperature: float = option(1.0, "sampling temperature of the policy", flag="temperature")
-    top_p: float = option(1.0, "nucleus (top-p) mass of the policy's sampling; 1: no truncation", flag="top-p")
+    top_p: float = option(
+        1.0, "nucleus (top-p) mass of the policy's sampling; 1: no truncation", flag="top-p"
+    )
     top_k: int = option(0, "top-k of the policy's sampling; 0: no truncation", flag="top-k")
     agent_sampling: bool = option(
         False,
@@ -614,7 +625,9 @@ class Bricks:
             )
         )
         engine = (
-            EmbeddedEngineProvider(config.engine) if config.engine.kind == "embedded" else SGLangEngineProvider(config)
+            EmbeddedEngineProvider(config.engine)
+            if config.engine.kind == "embedded"
+            else SGLangEngineProvider(config)
         )
         proxy = (
             LocalProxyProvider()
@@ -727,7 +740,9 @@ class RunStack:
                 use_gpu=config.trainer.use_gpu,
                 cpus_per_worker=config.trainer.cpus_per_worker,
                 optimizer=OptimizerConfig(learning_rate=config.trainer.learning_rate),
-                batching=SampleBatchConfig(max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch),
+                batching=SampleBatchConfig(
+                    max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch
+                ),
                 lora=config.trainer.lora_settings(),
                 gradient_checkpointing=config.trainer.gradient_checkpointing,
                 temperature=config.sampling.temperature,
@@ -760,16 +775,33 @@ class RunStack:
         return url, registry
 
     async def rollout_or_load(
-        self, step: int, runner: RolloutRunner, tasks: Sequence[Task]
+        self,
+        step: int,
+        runner: RolloutRunner,
+        tasks: Sequence[Task],
+        *,
+        replacement_tasks: Callable[[int], Sequence[Task]] = lambda round_: (),
     ) -> tuple[list[Trajectory], Path | None]:
         """This step's trajectories and their shard: read back when stored before a restart, else rolled out
-        (``runner.run(tasks, step)``) and written as one shard."""
+        (``runner.run(tasks, step)``) and written as one shard. With ``rollout.dynamic_sampling`` groups whose
+        rewards are all equal are replaced by groups of ``replacement_tasks(round)`` and left out of the shard
+        (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
+        from components.rollout.dynamic_sampling import sample_step
+
         shard = self.ledger.stored_shard(step)
+        self.last_sampling_metrics: dict[str, float] = {}
         if shard is not None:
             logger.info("step %d: training again from stored shard %s", step, shard.name)
             return self.store.read_shard(shard), shard
-        trajectories = await runner.run(tasks, step)
-        return trajectories, self.store.write(trajectories)
+        sampled = await sample_step(
+            self.config.rollout.dynamic_sampling,
+            lambda batch, first_index: runner.run(batch, step, first_index=first_index),
+            tasks,
+            replacement_tasks,
+        )
+        if self.config.rollout.dynamic_sampling.enabled:
+            self.last_sampling_metrics = sampled.metrics()
+        return sampled.trajectories, self.store.write(sampled.trained)
 
     async def train_and_sync(self, step: int, shard: Path | None) -> dict[str, float]:
         """One optimizer step on the shard, then the new weights to the engine (the caller logs the step, then
