@@ -78,6 +78,7 @@ from components.protocols import (
 from components.recipe_config import config_to_json, option
 from components.rollout.dynamic_sampling import DynamicSamplingConfig
 from components.sampling import SamplingDistribution
+from components.training.overlong import OverlongConfig
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 from monitoring.logger import WANDB_MODES, WandbLoggerProvider
@@ -123,6 +124,9 @@ class TrainerBrickConfig:
         flag="lora-target",
     )
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
+    overlong: OverlongConfig = option(
+        OverlongConfig(), "overlong (truncated) trajectories (components/training/overlong.py)"
+    )
 
     def __post_init__(self) -> None:
         for name in ("workers", "cpus_per_worker", "learning_rate", "max_tokens_per_micro_batch"):
@@ -741,7 +745,8 @@ class RunStack:
                 cpus_per_worker=config.trainer.cpus_per_worker,
                 optimizer=OptimizerConfig(learning_rate=config.trainer.learning_rate),
                 batching=SampleBatchConfig(
-                    max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch
+                    max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch,
+                    overlong=config.trainer.overlong,
                 ),
                 lora=config.trainer.lora_settings(),
                 gradient_checkpointing=config.trainer.gradient_checkpointing,

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from components.config import require_non_negative, require_positive
 from components.protocols import Algorithm
+from components.training.overlong import OverlongConfig, length_penalty, overlong_trajectories
 from components.trajectory import TRAINABLE_STATUSES, TRAJECTORY_SCHEMA, Trajectory, trajectories_to_table
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("trajectory_id", pa.string()),
         pa.field("group_id", pa.string()),
         pa.field("reward", pa.float64()),
+        pa.field("status", pa.string()),
         pa.field("trainable", pa.bool_()),
         pa.field("segment_index", pa.int32()),
         pa.field("token_ids", pa.list_(pa.int32())),
@@ -77,6 +79,7 @@ SUMMARY_COLUMNS = [
     "trajectory_id",
     "group_id",
     "reward",
+    "status",
     "trainable",
     "segment_index",
     "num_tokens",
@@ -117,6 +120,7 @@ class SampleBatchConfig:
         None  # drop trajectories with a token sampled more than this many versions ago
     )
     drop_zero_advantage_groups: bool = False  # skip groups with equal rewards (no policy gradient) entirely
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated trajectories (overlong.py)
 
     def __post_init__(self) -> None:
         require_positive(self.max_tokens_per_micro_batch, "max_tokens_per_micro_batch")
@@ -189,6 +193,7 @@ def explode_segments(table: pa.Table) -> pa.Table:
         "trajectory_id": table["trajectory_id"].take(rows),
         "group_id": table["group_id"].take(rows),
         "reward": rewards.take(rows),
+        "status": table["status"].take(rows),
         "trainable": pa.array(trainable[rows]),
         "segment_index": pa.array(np.concatenate([segment_index, np.full(len(empty_rows), -1)]), pa.int32()),
         **columns,
@@ -268,7 +273,14 @@ def plan_step(
     min_version = summary["min_sampled_version"].to_numpy(zero_copy_only=False).astype(np.int64)[rows]
     segment_index = summary["segment_index"].to_numpy(zero_copy_only=False).astype(np.int64)[rows]
 
-    trajectory_rewards = rewards[first_row]
+    statuses = summary["status"].to_numpy(zero_copy_only=False).astype(str)[rows]
+    trajectory_sampled = np.bincount(trajectory_index, weights=num_sampled, minlength=len(unique_ids))
+    overlong = overlong_trajectories(config.overlong, statuses[first_row], trajectory_sampled)
+    penalty = length_penalty(config.overlong, overlong, trajectory_sampled)
+    metrics["num_overlong_trajectories"] = float(overlong.sum())
+    metrics["overlong_penalty_mean"] = float(penalty.mean()) if len(penalty) else 0.0
+    raw_rewards = rewards[first_row]
+    trajectory_rewards = raw_rewards + penalty
     trajectory_groups = group_ids[first_row]
     advantages = np.asarray(
         algorithm.advantages(trajectory_rewards, list(trajectory_groups)), dtype=np.float64
@@ -282,7 +294,7 @@ def plan_step(
     zero_advantage_group = group_max == group_min
     metrics["num_groups"] = float(num_groups)
     metrics["num_zero_advantage_groups"] = float(zero_advantage_group.sum())
-    metrics["reward_mean"] = float(trajectory_rewards.mean()) if len(trajectory_rewards) else 0.0
+    metrics["reward_mean"] = float(raw_rewards.mean()) if len(raw_rewards) else 0.0
 
     trajectory_min_version = np.full(len(unique_ids), NO_SAMPLED_VERSION, dtype=np.int64)
     np.minimum.at(trajectory_min_version, trajectory_index, min_version)
@@ -297,6 +309,8 @@ def plan_step(
     keep_trajectory = has_sampled & ~stale
     if config.drop_zero_advantage_groups:
         keep_trajectory &= ~zero_advantage_group[group_index]
+    if config.overlong.mode == "mask":
+        keep_trajectory &= ~overlong
 
     keep_row = keep_trajectory[trajectory_index] & (num_sampled > 0)
     weights = np.asarray(
