@@ -78,6 +78,7 @@ from components.protocols import (
 from components.recipe_config import config_to_json, option
 from components.rollout.dynamic_sampling import DynamicSamplingConfig
 from components.sampling import SamplingDistribution
+from components.training.distillation import DistillationConfig
 from components.training.overlong import OverlongConfig
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
@@ -353,6 +354,9 @@ class RunConfig:
     sandbox: SandboxBrickConfig = option(SandboxBrickConfig(), "the agents' sandboxes")
     trainer: TrainerBrickConfig = option(TrainerBrickConfig(), "the trainer")
     monitoring: MonitoringBrickConfig = option(MonitoringBrickConfig(), "metrics loggers")
+    distillation: DistillationConfig = option(
+        DistillationConfig(), "on-policy distillation from teachers (components/training/distillation.py)"
+    )
     ray_address: str = option(
         "", "Ray cluster to join; '' joins $RAY_ADDRESS when set, else starts a local one"
     )
@@ -664,6 +668,7 @@ class RunStack:
         self.bricks = bricks
         self.store = TrajectoryStore(run.path)
         self._cleanups: list[Callable[[], Awaitable[Any]]] = []
+        self.teachers: list[Any] = []  # distillation teachers (``_start_teachers``)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -723,6 +728,7 @@ class RunStack:
         except BaseException:
             warm_up.cancel()
             raise
+        self.teachers = await self._start_teachers()
         self.sandboxes = self.bricks.sandboxes
         self._cleanups.append(self.sandboxes.close)
         await start_sandboxes_ahead(self.sandboxes, self.config.rollout.placement)
@@ -731,6 +737,35 @@ class RunStack:
             logger.info("trainer warmed up in %.1f s", await warm_up)
         except Exception as error:  # never stops a run: the first step just pays for it
             logger.warning("warming up the trainer failed: %s", error)
+
+    async def _start_teachers(self) -> list[Any]:
+        """One embedded engine in this process per ``distillation.teachers`` folder (same tokenizer as the
+        policy, else a ``ValueError`` naming the field)."""
+        from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+        from components.training.distillation import require_same_tokenizer
+
+        teachers = []
+        for name in self.config.distillation.teachers:
+            folder = resolve_model(name)
+            require_same_tokenizer(self.run.model_path, folder, field="distillation.teachers")
+            engine_config = EmbeddedEngineConfig(
+                model_path=folder,
+                num_threads=self.config.engine.threads,
+                max_batch_size=self.config.engine.max_batch_size,
+                kv_cache_gb=0.0,
+            )
+            teacher = await _to_thread(EmbeddedEngine, engine_config)
+            self._cleanups.append(teacher.aclose)
+            teachers.append(teacher)
+        return teachers
+
+    async def score_with_teachers(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+        """The trajectories with their teachers' logprobs recorded (as they are without distillation)."""
+        from components.training.distillation import score_with_teachers
+
+        if not self.teachers:
+            return list(trajectories)
+        return await score_with_teachers(self.config.distillation, self.teachers, trajectories)
 
     def _start_trainer(self) -> Trainer:
         from components.training import OptimizerConfig, SampleBatchConfig, Trainer, TrainerConfig
@@ -747,6 +782,7 @@ class RunStack:
                 batching=SampleBatchConfig(
                     max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch,
                     overlong=config.trainer.overlong,
+                    distillation=config.distillation,
                 ),
                 lora=config.trainer.lora_settings(),
                 gradient_checkpointing=config.trainer.gradient_checkpointing,
@@ -806,7 +842,8 @@ class RunStack:
         )
         if self.config.rollout.dynamic_sampling.enabled:
             self.last_sampling_metrics = sampled.metrics()
-        return sampled.trajectories, self.store.write(sampled.trained)
+        trained = await self.score_with_teachers(sampled.trained)
+        return sampled.trajectories, self.store.write(trained)
 
     async def train_and_sync(self, step: int, shard: Path | None) -> dict[str, float]:
         """One optimizer step on the shard, then the new weights to the engine (the caller logs the step, then

@@ -60,7 +60,9 @@ class SampledStep:
 
     @property
     def trained(self) -> list[Trajectory]:
-        return [t for group in self.kept for t in group]
+        """The kept groups' rollouts; when none was kept, every rollout (a step's shard is never empty; groups
+        with equal rewards just get advantage 0)."""
+        return [t for group in self.kept for t in group] or self.trajectories
 
     def metrics(self) -> dict[str, float]:
         return {

@@ -79,6 +79,7 @@ def test_the_cap_bounds_extra_groups_and_the_step_trains_on_what_it_has():
     step, calls = sample(DynamicSamplingConfig(enabled=True, max_extra_groups=3), tasks, replacements)
     assert [len(names) for names, _ in calls] == [2, 2, 1]  # 3 extra groups, then it stops
     assert step.kept == [] and step.num_extra_groups == 3 and len(step.dropped) == 5
+    assert len(step.trained) == 10  # nothing informative: the shard still holds the step's rollouts
 
 
 def test_disabled_keeps_every_group_and_draws_nothing():

@@ -148,7 +148,7 @@ def test_every_algorithm_trains_on_packed_micro_batches(name, tiny_model_dir):
     assert any(not torch.equal(before[key], value) for key, value in model.state_dict().items())
 
 
-@pytest.mark.parametrize("recipe", ["swe_grpo", "claude_code_grpo", "tictactoe_grpo"])
+@pytest.mark.parametrize("recipe", ["swe_grpo", "claude_code_grpo", "tictactoe_grpo", "temporal_clue_grpo"])
 def test_every_recipe_takes_algorithm_gspo(recipe):
     import importlib
 
