@@ -78,8 +78,11 @@ from components.protocols import (
 from components.recipe_config import config_to_json, option
 from components.rollout.dynamic_sampling import DynamicSamplingConfig
 from components.sampling import SamplingDistribution
+from components.training.algorithms import AlgorithmOptions
 from components.training.distillation import DistillationConfig
 from components.training.overlong import OverlongConfig
+from components.training.step import OptimizerConfig
+from components.training.trainer import TrainerConfig
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 from monitoring.logger import WANDB_MODES, WandbLoggerProvider
@@ -128,11 +131,32 @@ class TrainerBrickConfig:
     overlong: OverlongConfig = option(
         OverlongConfig(), "overlong (truncated) trajectories (components/training/overlong.py)"
     )
+    # the optimizer's and the step's knobs; their defaults are those of the configs they go to
+    weight_decay: float = option(OptimizerConfig.weight_decay, "AdamW decoupled weight decay")
+    max_grad_norm: float = option(
+        OptimizerConfig.max_grad_norm, "clip the global gradient norm to this (0: no clipping)"
+    )
+    num_updates_per_step: int = option(
+        TrainerConfig.num_updates_per_step,
+        "optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)",
+    )
+    entropy_coef: float = option(
+        TrainerConfig.entropy_coef, "entropy bonus weight, added to every algorithm's loss"
+    )
 
     def __post_init__(self) -> None:
         for name in ("workers", "cpus_per_worker", "learning_rate", "max_tokens_per_micro_batch"):
             require_positive(getattr(self, name), name)
+        self.optimizer()  # validates weight_decay and max_grad_norm
+        require_positive(self.num_updates_per_step, "num_updates_per_step")
+        require_non_negative(self.entropy_coef, "entropy_coef")
         self.lora_settings()  # validates the lora_* fields
+
+    def optimizer(self) -> OptimizerConfig:
+        """The trainer's AdamW config."""
+        return OptimizerConfig(
+            learning_rate=self.learning_rate, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm
+        )
 
     def lora_settings(self) -> LoraSettings:
         targets = self.lora_target if self.lora_target == "all-linear" else tuple(self.lora_target.split(","))
@@ -343,6 +367,11 @@ class RunConfig:
         "grpo",
         "policy-gradient algorithm (components/training/algorithms/): GRPO, Dr.GRPO, GSPO (sequence-level ratio "
         "and clipping) or RLOO (leave-one-out baseline)",
+    )
+    algorithms: AlgorithmOptions = option(
+        AlgorithmOptions(),
+        "each algorithm's config and loss knobs (the --algorithm one is used): clip range, mismatch correction "
+        "(importance_sampling), KL coefficient and estimator, loss aggregation (sample_weighting)",
     )
     checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
     seed: int = option(0, "seed of the trainer and of task selection")
@@ -645,7 +674,7 @@ class Bricks:
         return cls(
             engine=engine,
             proxy=proxy,
-            algorithm=make_algorithm(config.algorithm),
+            algorithm=make_algorithm(config.algorithm, config.algorithms),
             sandboxes=sandboxes,
             loggers=WandbLoggerProvider(mode=config.monitoring.wandb_mode),
         )
@@ -768,7 +797,7 @@ class RunStack:
         return await score_with_teachers(self.config.distillation, self.teachers, trajectories)
 
     def _start_trainer(self) -> Trainer:
-        from components.training import OptimizerConfig, SampleBatchConfig, Trainer, TrainerConfig
+        from components.training import SampleBatchConfig, Trainer
 
         config, run = self.config, self.run
         return Trainer(
@@ -778,7 +807,9 @@ class RunStack:
                 num_workers=config.trainer.workers,
                 use_gpu=config.trainer.use_gpu,
                 cpus_per_worker=config.trainer.cpus_per_worker,
-                optimizer=OptimizerConfig(learning_rate=config.trainer.learning_rate),
+                optimizer=config.trainer.optimizer(),
+                num_updates_per_step=config.trainer.num_updates_per_step,
+                entropy_coef=config.trainer.entropy_coef,
                 batching=SampleBatchConfig(
                     max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch,
                     overlong=config.trainer.overlong,
