@@ -28,7 +28,9 @@ SPEC = AgentSpec(
                 "providers": {"{model}": {"key": "{api_key}"}},
             }
         ),
-        ".demo/config.toml": TomlFile({"model": "{model}", "retry": False, "provider": {"url": "{base_url}"}}),
+        ".demo/config.toml": TomlFile(
+            {"model": "{model}", "retry": False, "provider": {"url": "{base_url}"}}
+        ),
         ".demo/plain.txt": "home is {home}\n",
     },
     exit=ExitRules(
@@ -41,14 +43,19 @@ SPEC = AgentSpec(
 def _launch(max_output_tokens):
     config = BlackBoxConfig(max_turns=3, max_output_tokens=max_output_tokens, model="m1", wall_time_s=90)
     return SPEC.launch(
-        prompt="fix {it}", base_url="http://h:1/s/abc", api_key="tok", home="/home/u/.rein-agent", config=config
+        prompt="fix {it}",
+        base_url="http://h:1/s/abc",
+        api_key="tok",
+        home="/home/u/.rein-agent",
+        config=config,
     )
 
 
 def test_templates_are_filled_and_unset_values_drop_what_names_them():
     assert isinstance(SPEC, BlackBoxAgent)
     bounded, unbounded = _launch(64), _launch(None)
-    assert bounded.argv == ("demo", "--turns", "3", "--max-tokens", "64", "fix {it}")  # the prompt is not a template
+    # The prompt is a value, not a template: its braces stay.
+    assert bounded.argv == ("demo", "--turns", "3", "--max-tokens", "64", "fix {it}")
     assert unbounded.argv == ("demo", "--turns", "3", "fix {it}")
     assert bounded.env == {"DEMO_URL": "http://h:1/s/abc/v1", "DEMO_CAP": "64", "DEMO_WALL": "90"}
     assert "DEMO_CAP" not in unbounded.env
