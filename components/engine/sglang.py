@@ -160,7 +160,9 @@ class TruncatedSamplingError(ReinError, ValueError):
     training on them would compute importance ratios against the wrong distribution."""
 
 
-def require_untruncated_sampling(sampling: SamplingDistribution, *, source: str = "--top-p / --top-k") -> None:
+def require_untruncated_sampling(
+    sampling: SamplingDistribution, *, source: str = "--top-p / --top-k"
+) -> None:
     """Refuse a sampling distribution SGLang cannot record logprobs for (top-p < 1 or top-k > 0).
 
     ``source`` names where the settings came from, so the message says what to change."""
@@ -180,7 +182,9 @@ def experts_per_token(model_path: str | Path) -> int:
 
     text_config = AutoConfig.from_pretrained(model_path).get_text_config()
     top_k = getattr(text_config, "num_experts_per_tok", None)
-    require(bool(top_k), "record_routed_experts", f"{model_path} is not an MoE model (no num_experts_per_tok)")
+    require(
+        bool(top_k), "record_routed_experts", f"{model_path} is not an MoE model (no num_experts_per_tok)"
+    )
     return int(top_k)
 
 
@@ -520,7 +524,9 @@ class SGLangEngine:
         name = Path(lora_path).name
         owners = [owner for owner, (loaded, _) in self._loras.items() if loaded == name and owner != policy]
         if owners:
-            raise EngineError(f"adapter name {name!r} already serves policy {owners[0]!r}; load it under a new name")
+            raise EngineError(
+                f"adapter name {name!r} already serves policy {owners[0]!r}; load it under a new name"
+            )
         async with self.update_lock:
             body = {"lora_name": name, "lora_path": str(lora_path)}
             reply = await self._request("POST", "/load_lora_adapter", json=body, accept_status=(400,))
