@@ -278,3 +278,67 @@ def test_the_cli_flags_name_formats_and_refuse_unknown_ones(capsys):
     assert "tool_format: unknown format 'gemma'" in error and "qwen3_coder" in error
     assert main(["--reasoning-format", "deep"]) == 2
     assert "reasoning_format" in capsys.readouterr().err
+
+
+def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
+    """Claude Code's protocol: under Qwen3-Coder's real template, the text block grows delta by delta and the
+    tool_use block comes whole once its XML call is complete; the conversation stays one exact segment."""
+    import anthropic
+
+    family = FAMILIES["qwen3_coder"]
+    family_tok = family_tokenizer(tokenizer, family)
+    replies = policy_texts(family)[:1] + policy_texts(family)[2:]
+    engine = ScriptedEngine(family_tok, replies)
+    config = ProxyConfig(port=0)
+    registry = LocalSessionRegistry(engine, family_tok, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = anthropic.Anthropic(base_url=server.session_url(session_id), api_key="x", max_retries=0)
+        tools = [{"name": "bash", "description": "Run.", "input_schema": TOOLS[0]["function"]["parameters"]}]
+        messages: list[dict] = [{"role": "user", "content": "Fix the failing test."}]
+        turns = []
+        for _ in range(2):
+            events = list(
+                client.messages.create(
+                    model="claude-x", max_tokens=256, messages=messages, tools=tools, stream=True
+                )
+            )
+            text_deltas = [
+                e.delta.text
+                for e in events
+                if e.type == "content_block_delta" and e.delta.type == "text_delta"
+            ]
+            uses = [
+                e.content_block
+                for e in events
+                if e.type == "content_block_start" and e.content_block.type == "tool_use"
+            ]
+            inputs = [
+                json.loads(e.delta.partial_json)
+                for e in events
+                if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+            ]
+            turns.append((text_deltas, [(u.name, i) for u, i in zip(uses, inputs, strict=True)]))
+            content: list[dict] = [{"type": "text", "text": "".join(text_deltas)}]
+            content += [
+                {"type": "tool_use", "id": u.id, "name": u.name, "input": i}
+                for u, i in zip(uses, inputs, strict=True)
+            ]
+            messages.append({"role": "assistant", "content": content})
+            if uses:
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "ok"}],
+                    }
+                )
+        (first_text, first_calls), (final_text, final_calls) = turns
+        assert "".join(first_text) == "Let me look." and len(first_text) > 1  # sent as the tokens came
+        assert first_calls == [("bash", {"cmd": "ls -la"})] and final_calls == []
+        assert "".join(final_text) == "All tests pass: é 中 🙂." and len(final_text) > 1
+        record = server.call(lambda: registry.describe(session_id))
+        assert_one_segment_record(record, engine, replies, family_tok)
+    finally:
+        server.stop_thread()
