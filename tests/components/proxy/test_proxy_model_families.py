@@ -342,3 +342,30 @@ def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
         assert_one_segment_record(record, engine, replies, family_tok)
     finally:
         server.stop_thread()
+
+
+def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
+    """Codex's protocol: the message text comes as one ``output_text.delta`` per settled piece, the call as a
+    ``function_call`` item (GLM-4.5 format, named, on SmolLM2's ChatML)."""
+    family = FAMILIES["glm45"]
+    fmt = tool_format_named("glm45")
+    call = ToolCall(id="c1", name="bash", arguments='{"cmd": "ls -la"}')
+    replies = [fmt.render_calls("Looking at the files first.", [call])]
+    engine = ScriptedEngine(tokenizer, replies)
+    config = ProxyConfig(port=0, tool_format=family.tool_format)
+    registry = LocalSessionRegistry(engine, tokenizer, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = OpenAI(base_url=server.session_url(session_id) + "/v1", api_key="x", max_retries=0)
+        tools = [{"type": "function", **TOOLS[0]["function"]}]
+        events = list(client.responses.create(model="m", input="Fix it.", tools=tools, stream=True))
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert "".join(deltas) == "Looking at the files first." and len(deltas) > 1
+        done = [
+            e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
+        ]
+        assert [(item.name, json.loads(item.arguments)) for item in done] == [("bash", {"cmd": "ls -la"})]
+    finally:
+        server.stop_thread()
