@@ -99,10 +99,19 @@ FAMILIES = {
 }
 
 
+_TOKENIZERS: dict[str, object] = {}
+
+
 def family_tokenizer(tokenizer, family: Family):
-    """The SmolLM2 tokenizer with the family's real template and its special tokens."""
+    """The SmolLM2 tokenizer with the family's real template and its special tokens (built once per family)."""
     if family.template_file is None:
         return tokenizer
+    if family.tool_format not in _TOKENIZERS:
+        _TOKENIZERS[family.tool_format] = _build_family_tokenizer(tokenizer, family)
+    return _TOKENIZERS[family.tool_format]
+
+
+def _build_family_tokenizer(tokenizer, family: Family):
     path = TEMPLATES / family.template_file
     assert path.is_file(), f"{path} is missing: run `make setup-test` (it downloads vLLM's templates)"
     clone = copy.deepcopy(tokenizer)
@@ -369,3 +378,25 @@ def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
         assert [(item.name, json.loads(item.arguments)) for item in done] == [("bash", {"cmd": "ls -la"})]
     finally:
         server.stop_thread()
+
+
+def test_a_malformed_call_stays_content_and_is_counted(tokenizer):
+    """A call the policy botched (broken JSON) is served as content, counted per turn and per session."""
+    from components.protocols import FinishReason, GenerationResult
+    from components.tito import ChatMessage, TitoSession, ToolSpec
+
+    tito = TitoSession(tokenizer, context_window=4096)
+    tools = (ToolSpec(name="bash", parameters=TOOLS[0]["function"]["parameters"]),)
+    turn = tito.prepare([ChatMessage(role="user", content="Go.")], tools, max_tokens=64)
+    text = 'Trying.\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"\n</tool_call>'
+    ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+    result = GenerationResult(
+        output_ids=tuple(ids),
+        logprobs=(-0.5,) * len(ids),
+        weight_versions=(0,) * len(ids),
+        finish_reason=FinishReason.STOP,
+        num_prompt_tokens=len(turn.prompt_ids),
+    )
+    reply = tito.complete(turn, result)
+    assert reply.tool_calls == () and reply.content == text and reply.finish_reason == "stop"
+    assert reply.num_malformed_tool_calls == 1 and tito.num_malformed_tool_calls == 1
