@@ -93,6 +93,17 @@ FAMILIES = {
     "deepseek_v3": Family(
         "deepseek_v3", "tool_chat_template_deepseekv3.jinja", DEEPSEEK, DEEPSEEK[0], DEEPSEEK[1]
     ),
+    "llama3.2_json": Family(
+        "llama3_json",
+        "tool_chat_template_llama3.2_json.jinja",
+        LLAMA,
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        False,
+    ),
+    "deepseek_r1": Family(
+        "deepseek_v3", "tool_chat_template_deepseekr1.jinja", DEEPSEEK, DEEPSEEK[0], DEEPSEEK[1]
+    ),
     "glm45": Family("glm45", None),
     "kimi_k2": Family("kimi_k2", None),
     "harmony": Family("harmony", None),
@@ -106,9 +117,9 @@ def family_tokenizer(tokenizer, family: Family):
     """The SmolLM2 tokenizer with the family's real template and its special tokens (built once per family)."""
     if family.template_file is None:
         return tokenizer
-    if family.tool_format not in _TOKENIZERS:
-        _TOKENIZERS[family.tool_format] = _build_family_tokenizer(tokenizer, family)
-    return _TOKENIZERS[family.tool_format]
+    if family.template_file not in _TOKENIZERS:
+        _TOKENIZERS[family.template_file] = _build_family_tokenizer(tokenizer, family)
+    return _TOKENIZERS[family.template_file]
 
 
 def _build_family_tokenizer(tokenizer, family: Family):
