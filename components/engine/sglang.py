@@ -78,6 +78,7 @@ from tenacity import (
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.policy_view import PolicyView
+from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
 from components.protocols import FinishReason, GenerationResult, SamplingParams
 from components.sampling import SamplingDistribution
@@ -150,7 +151,7 @@ class SGLangEngineConfig:
             require_positive(self.routed_experts_top_k, "routed_experts_top_k")
 
 
-class SGLangUnreachableError(EngineError):
+class SGLangUnreachableError(ServerUnreachableError):
     """The server could not be reached (refused, reset, gone) even after the retries: it is down."""
 
 
@@ -417,6 +418,21 @@ class SGLangEngine:
         """``GET /get_load``: per data-parallel rank ``num_reqs`` (running + waiting), ``num_waiting_reqs`` …"""
         load = await self._request("GET", "/get_load")
         return load if isinstance(load, list) else [load]
+
+    async def num_requests(self) -> int:
+        """``InferenceServer``: running + waiting requests over every data-parallel rank (``/get_load``)."""
+        return sum(int(rank.get("num_reqs", 0)) for rank in await self.get_load())
+
+    async def load_weights_from_disk(self, model_path: str | Path, version: int) -> dict[str, Any]:
+        """``InferenceServer``: ``/update_weights_from_disk`` of an HF folder as ``version``, no pause around it
+        (the fleet pauses every server first)."""
+        body = {
+            "model_path": str(model_path),
+            "weight_version": str(int(version)),
+            "flush_cache": True,
+            "abort_all_requests": False,
+        }
+        return await self.post_update("/update_weights_from_disk", body, version)
 
     async def tensor_parallel_size(self) -> int:
         """The server's ``tp_size`` (``/get_server_info``, or the older ``/server_info``): its ranks in a

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from components.config import require, require_positive
+from components.config import require, require_non_negative, require_positive
 from components.errors import ReinError
 from components.lora import AdapterGatherer, LoraAdapter, LoraSettings
 from components.protocols import Algorithm
@@ -74,6 +74,7 @@ class TrainerConfig:
     # sampling distribution recorded with it (Segment.sampling)
     temperature: float = 1.0
     num_updates_per_step: int = 1  # optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)
+    entropy_coef: float = 0.0  # entropy bonus added to every algorithm's loss (``losses.entropy_bonus``)
     seed: int = 0
     keep_checkpoints: int = 2  # newest complete checkpoints kept (0: all)
     resume: bool = True  # start from the newest complete checkpoint in run_dir/checkpoints when there is one
@@ -91,6 +92,7 @@ class TrainerConfig:
         require_positive(self.torch_threads_per_worker, "torch_threads_per_worker")
         require_positive(self.temperature, "temperature")
         require_positive(self.num_updates_per_step, "num_updates_per_step")
+        require_non_negative(self.entropy_coef, "entropy_coef")
         require(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
         require_positive(self.start_timeout_s, "start_timeout_s")
         require_positive(self.step_timeout_s, "step_timeout_s")
@@ -357,6 +359,7 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
                 reference_model=reference,
                 num_updates=config.num_updates_per_step,
                 apply_update=command.apply_update,
+                entropy_coef=config.entropy_coef,
             )
             result["num_micro_batches_rank0"] = float(len(batches))
         elif isinstance(command, GatherFullStateDict):
