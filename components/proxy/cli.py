@@ -73,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     # agent sends, and each segment records it, so the trainer recomputes logprobs under exactly it.
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass; 1: no truncation")
-    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0: no truncation")
+    parser.add_argument(
+        "--top-k", type=int, default=0, help="keep the k most likely tokens; 0: no truncation"
+    )
     parser.add_argument(
         "--agent-sampling",
         action="store_true",
@@ -83,6 +85,17 @@ def _parser() -> argparse.ArgumentParser:
         "--record-routed-experts",
         action="store_true",
         help="MoE policies: record the experts each token was routed to, for routing replay (R3)",
+    )
+    parser.add_argument(
+        "--tool-format",
+        default=None,
+        help="the model family's tool-call format (hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, "
+        "glm45, kimi_k2, harmony; default: detected from the chat template)",
+    )
+    parser.add_argument(
+        "--reasoning-format",
+        default=None,
+        help="how the model writes reasoning (think, harmony, none; default: detected from the chat template)",
     )
     return parser
 
@@ -152,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             sampling=SamplingDistribution(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k),
             agent_sampling=args.agent_sampling,
             record_routed_experts=args.record_routed_experts,
+            tool_format=args.tool_format,
+            reasoning_format=args.reasoning_format,
         )
         if args.engine == "sglang":  # before any server is contacted
             require_untruncated_sampling(config.sampling)

@@ -8,6 +8,7 @@ from pathlib import Path
 from components.config import require, require_positive
 from components.proxy.auth import SessionKeys
 from components.sampling import SamplingDistribution
+from components.tito import TitoConfig
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -37,6 +38,11 @@ class ProxyConfig:
     agent_sampling: bool = False  # True: sample with the agent's own temperature / top_p / top_k instead
     # R3: ask the engine for the experts each position was routed to (MoE policies) and record them per segment
     record_routed_experts: bool = False
+    # The model family's tool-call format (README "Model families": hermes, qwen3_coder, llama3_json, mistral,
+    # deepseek_v3, glm45, kimi_k2, harmony) and reasoning format (think, harmony, none); None: detected from
+    # the tokenizer's chat template.
+    tool_format: str | None = None
+    reasoning_format: str | None = None
 
     def __post_init__(self) -> None:
         require(bool(self.host), "host", "must be a host name or address")
@@ -52,9 +58,12 @@ class ProxyConfig:
         require(bool(self.served_model_name), "served_model_name", "must be non-empty")
         if self.run_dir is not None:
             object.__setattr__(self, "run_dir", Path(self.run_dir))
-        require(
-            isinstance(self.sampling, SamplingDistribution), "sampling", "must be a SamplingDistribution"
-        )
+        require(isinstance(self.sampling, SamplingDistribution), "sampling", "must be a SamplingDistribution")
+        self.tito_config()  # validates the format names, listing the registered ones
+
+    def tito_config(self) -> TitoConfig:
+        """How each session's TITO core renders and parses (the formats this config names)."""
+        return TitoConfig(tool_format=self.tool_format, reasoning_format=self.reasoning_format)
 
     @property
     def session_keys(self) -> SessionKeys | None:
