@@ -76,9 +76,19 @@ class Segment:
     reason: SegmentReason = SegmentReason.START
     sampling: SamplingDistribution = SamplingDistribution()
     routed_experts: np.ndarray | None = None
+    # on-policy distillation: a teacher's teacher-forced logprob of each sampled token (0 elsewhere), recorded
+    # with the rollout so a resumed run never scores it again (``components/training/distillation.py``)
+    teacher_logprobs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", np.asarray(self.token_ids, dtype=np.int32))
+        if self.teacher_logprobs is not None:
+            teacher = np.asarray(self.teacher_logprobs, dtype=np.float32)
+            if teacher.shape != np.shape(self.token_ids) or not np.isfinite(teacher).all():
+                raise ValueError(
+                    f"segment.teacher_logprobs: expected {len(self.token_ids)} finite entries, got {teacher.shape}"
+                )
+            object.__setattr__(self, "teacher_logprobs", teacher)
         object.__setattr__(self, "loss_mask", np.asarray(self.loss_mask, dtype=np.int8))
         object.__setattr__(self, "logprobs", np.asarray(self.logprobs, dtype=np.float32))
         object.__setattr__(self, "weight_versions", np.asarray(self.weight_versions, dtype=np.int32))
@@ -131,6 +141,11 @@ class Segment:
             and np.array_equal(self.logprobs, other.logprobs)
             and np.array_equal(self.weight_versions, other.weight_versions)
             and self.sampling == other.sampling
+            and (
+                np.array_equal(self.teacher_logprobs, other.teacher_logprobs)
+                if self.teacher_logprobs is not None and other.teacher_logprobs is not None
+                else self.teacher_logprobs is other.teacher_logprobs
+            )
             and (
                 np.array_equal(self.routed_experts, other.routed_experts)
                 if self.routed_experts is not None and other.routed_experts is not None
@@ -206,6 +221,8 @@ SEGMENT_TYPE = pa.struct(
         # (both empty when the segment has no routes)
         pa.field("routed_experts", pa.list_(pa.int16()), nullable=False),
         pa.field("routed_experts_shape", pa.list_(pa.int32()), nullable=False),
+        # a teacher's logprobs per token (on-policy distillation); empty when not scored
+        pa.field("teacher_logprobs", pa.list_(pa.float32()), nullable=False),
     ]
 )
 
@@ -246,6 +263,9 @@ def _segment_to_row(segment: Segment) -> dict[str, Any]:
         "routed_experts_shape": (
             list(segment.routed_experts.shape) if segment.routed_experts is not None else []
         ),
+        "teacher_logprobs": (
+            segment.teacher_logprobs if segment.teacher_logprobs is not None else np.empty(0, np.float32)
+        ),
     }
 
 
@@ -280,6 +300,9 @@ def _segment_from_row(row: Mapping[str, Any]) -> Segment:
         logprobs=np.asarray(row["logprobs"], dtype=np.float32),
         weight_versions=np.asarray(row["weight_versions"], dtype=np.int32),
         reason=SegmentReason(row["reason"]),
+        teacher_logprobs=(
+            np.asarray(row["teacher_logprobs"], dtype=np.float32) if row.get("teacher_logprobs") else None
+        ),
     )
 
 

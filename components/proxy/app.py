@@ -1,14 +1,18 @@
-"""The proxy's HTTP app: OpenAI Chat Completions, OpenAI Responses and Anthropic Messages on one server.
+"""The proxy's HTTP app: OpenAI Chat Completions, OpenAI Responses, Anthropic Messages and Google's Gemini API
+on one server.
 
-Session URL: ``http://HOST:PORT[/ROUTE_PREFIX]/s/{session_id}``. Point an Anthropic client there
-(``ANTHROPIC_BASE_URL``) and an OpenAI client at ``…/s/{session_id}/v1``. The bare paths (``/v1/...``) serve
-the same protocols with the session in an ``X-Session-Id`` header.
+Session URL: ``http://HOST:PORT[/ROUTE_PREFIX]/s/{session_id}``. Point an Anthropic or a Gemini client there
+(``ANTHROPIC_BASE_URL``, ``GOOGLE_GEMINI_BASE_URL``, ``HttpOptions(base_url=...)``) and an OpenAI client at
+``…/s/{session_id}/v1``. The bare paths (``/v1/...``) serve the same protocols with the session in an
+``X-Session-Id`` header.
 
 Routes (each under ``/s/{session_id}`` and bare):
   POST /v1/chat/completions      OpenAI Chat Completions (also ``/chat/completions``)
   POST /v1/responses             OpenAI Responses (also ``/responses``)
   POST /v1/messages              Anthropic Messages (also ``/messages``; ``?beta=true`` ignored)
   POST /v1/messages/count_tokens Anthropic token counting
+  POST /{v}/models/{model}:generateContent   Gemini API (``v`` = v1beta, v1, v1alpha; also
+       :streamGenerateContent[?alt=sse], :countTokens; GET /{v}/models[/{model}])
   GET  /v1/models                the served model
 Session control:
   POST /sessions                 body (optional) {session_id, task_id, group_id, harness, step, policy}
@@ -31,15 +35,16 @@ Request bounds (``components.proxy.limits``): header and body bytes are checked 
 body is held, messages and tools once it is parsed, streams by ``max_stream_duration_s``.
 
 Every protocol is parsed into the same ``TurnRequest`` and answered by the same ``SessionRegistry.run_turn``.
-Errors use the protocol's own shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``):
+Errors use the protocol's own shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``,
+Google ``{"error": {"code", "message", "status"}}``):
 bad input 400, unknown session 404, missing API key 401, context overflow 413 with type
 ``context_overflow``; only engine failures (502) and genuine bugs (500) are 5xx.
 
 Streaming is replayed from the finished generation. The server waits up to ``keepalive_interval_s`` for the
 turn before committing to a status code, so errors found while preparing the prompt (overflow, bad history)
 keep their 4xx status; after that it sends keep-alive frames (``: keep-alive`` comments for OpenAI,
-``event: ping`` for Anthropic) every ``keepalive_interval_s`` until the engine answers, and a failure then is
-sent as an in-stream error event.
+``event: ping`` for Anthropic, blank lines for Gemini) every ``keepalive_interval_s`` until the engine answers,
+and a failure then is sent as an in-stream error event.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from components.proxy import anthropic_messages, openai_chat, openai_responses
+from components.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import (
     AuthenticationError,
@@ -122,6 +127,30 @@ MESSAGES = _Protocol(
     keepalive_frame=anthropic_messages.KEEPALIVE_FRAME,
     messages_field="messages",
 )
+GEMINI = _Protocol(
+    name="gemini_generate_content",
+    id_prefix="",
+    parse=gemini_generate_content.parse_request,
+    render_response=gemini_generate_content.render_response,
+    render_stream=gemini_generate_content.render_stream,
+    error_body=gemini_generate_content.error_body,
+    stream_error_frame=gemini_generate_content.stream_error_frame,
+    keepalive_frame=gemini_generate_content.KEEPALIVE_FRAME,
+    messages_field="contents",
+)
+
+
+def _protocol_of_path(path: str) -> _Protocol:
+    """The protocol whose error shape a path's errors take (for routing errors and unhandled ones)."""
+    if path.endswith("/responses"):
+        return RESPONSES
+    if "/messages" in path:
+        return MESSAGES
+    if any(f"/{version}/models/" in path for version in gemini_generate_content.API_VERSIONS) or any(
+        path.endswith(f"/{version}/models") for version in ("v1beta", "v1alpha")
+    ):
+        return GEMINI
+    return CHAT
 
 
 def _json(payload: Any, status_code: int = 200) -> Response:
@@ -149,7 +178,12 @@ class _ProxyHandlers:
         authorization = request.headers.get("authorization", "")
         if authorization.startswith("Bearer "):
             return authorization.removeprefix("Bearer ")
-        return request.headers.get("x-api-key")
+        # Anthropic's header, then Google's (header or ``?key=``)
+        return (
+            request.headers.get("x-api-key")
+            or request.headers.get("x-goog-api-key")
+            or request.query_params.get("key")
+        )
 
     def _check_api_key(self, request: Request) -> None:
         """Shared-key mode only: the one key opens every route."""
@@ -157,10 +191,14 @@ class _ProxyHandlers:
         if key is None:
             return
         authorization = request.headers.get("authorization", "")
-        if authorization == f"Bearer {key}" or request.headers.get("x-api-key") == key:
+        if authorization == f"Bearer {key}" or key in (
+            request.headers.get("x-api-key"),
+            request.headers.get("x-goog-api-key"),
+            request.query_params.get("key"),
+        ):
             return
         raise AuthenticationError(
-            "missing or wrong API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
+            "missing or wrong API key: send `Authorization: Bearer KEY`, `x-api-key: KEY` or `x-goog-api-key: KEY`"
         )
 
     def _check_admin(self, request: Request) -> None:
@@ -221,10 +259,12 @@ class _ProxyHandlers:
 
     # -- protocol endpoints -------------------------------------------------------------------------------
 
-    async def _turn(self, request: Request, protocol: _Protocol) -> Response:
+    async def _turn(
+        self, request: Request, protocol: _Protocol, parse: Callable[[dict[str, Any]], Any] | None = None
+    ) -> Response:
         try:
             session_id = self._authorized_session_id(request)
-            parsed = protocol.parse(self._bounded(parse_json_object(await request.body()), protocol))
+            parsed = (parse or protocol.parse)(self._bounded(parse_json_object(await request.body()), protocol))
         except Exception as error:
             return self._error(protocol, error)
         response_id = protocol.id_prefix + uuid.uuid4().hex[:24]
@@ -297,6 +337,44 @@ class _ProxyHandlers:
         except Exception as error:
             return self._error(MESSAGES, error)
         return _json({"input_tokens": num_tokens})
+
+    async def gemini_model_method(self, request: Request) -> Response:
+        """``POST /{version}/models/{model}:{method}``: generateContent, streamGenerateContent, countTokens."""
+        model, _, method = request.path_params["model_method"].rpartition(":")
+        if not model or method not in gemini_generate_content.METHODS:
+            message = (
+                f"POST {request.url.path}: unknown method {method!r}; this proxy serves models/MODEL:"
+                + ", models/MODEL:".join(gemini_generate_content.METHODS)
+            )
+            return self._error(GEMINI, SessionNotFoundError(message))
+        if method == gemini_generate_content.COUNT_TOKENS:
+            try:
+                session_id = self._authorized_session_id(request)
+                messages, tools = gemini_generate_content.parse_count_tokens(
+                    parse_json_object(await request.body())
+                )
+                num_tokens = await self.registry.count_tokens(session_id, messages, tools)
+            except Exception as error:
+                return self._error(GEMINI, error)
+            return _json(gemini_generate_content.render_count_tokens(num_tokens))
+        alt = request.query_params.get("alt")
+        return await self._turn(
+            request,
+            GEMINI,
+            parse=lambda body: gemini_generate_content.parse_request(
+                body, model=model, method=method, alt=alt
+            ),
+        )
+
+    async def gemini_models(self, request: Request) -> Response:
+        """``GET /{version}/models`` and ``GET /{version}/models/{model}``: the served policy as a Model."""
+        try:
+            self._authorized_session_id(request)
+        except Exception as error:
+            return self._error(GEMINI, error)
+        name = request.path_params.get("model") or self.config.served_model_name
+        model = gemini_generate_content.model_resource(name)
+        return _json(model if "model" in request.path_params else {"models": [model]})
 
     async def models(self, request: Request) -> Response:
         try:
@@ -412,15 +490,8 @@ def _not_found_handler(request: Request, error: Exception) -> Response:
     if status_code == 404:
         message += "; protocol routes live under /s/{session_id}/v1/ (chat/completions, responses, messages)"
     error_type = "not_found_error" if status_code == 404 else "invalid_request_error"
-    protocol = MESSAGES if "/messages" in request.url.path else CHAT
+    protocol = _protocol_of_path(request.url.path)
     return _json(protocol.error_body(status_code, error_type, message), status_code)
-
-
-def _protocol_of_path(path: str) -> _Protocol:
-    """The protocol whose error shape a route answers in."""
-    if path.endswith("/responses"):
-        return RESPONSES
-    return MESSAGES if "/messages" in path else CHAT
 
 
 def _limit_error_body(path: str, status_code: int, error_type: str, message: str) -> dict[str, Any]:
@@ -429,7 +500,7 @@ def _limit_error_body(path: str, status_code: int, error_type: str, message: str
 
 def _internal_error_handler(request: Request, error: Exception) -> Response:
     status_code, error_type, message = classify_error(error)
-    protocol = MESSAGES if "/messages" in request.url.path else CHAT
+    protocol = _protocol_of_path(request.url.path)
     return _json(protocol.error_body(status_code, error_type, message), status_code)
 
 
@@ -449,6 +520,15 @@ def build_app(registry: SessionRegistry, config: ProxyConfig | None = None) -> F
             app.add_route(prefix + path, handlers.messages, methods=["POST"])
         app.add_route(prefix + "/v1/messages/count_tokens", handlers.count_tokens, methods=["POST"])
         app.add_route(prefix + "/v1/models", handlers.models, methods=["GET"])
+        for version in gemini_generate_content.API_VERSIONS:
+            app.add_route(
+                prefix + f"/{version}/models/{{model_method}}", handlers.gemini_model_method, methods=["POST"]
+            )
+            if version != "v1":  # GET /v1/models[/{id}] is OpenAI's
+                app.add_route(prefix + f"/{version}/models", handlers.gemini_models, methods=["GET"])
+                app.add_route(
+                    prefix + f"/{version}/models/{{model}}", handlers.gemini_models, methods=["GET"]
+                )
     app.add_route("/sessions", handlers.open_session, methods=["POST"])
     app.add_route("/s/{session_id}/trajectory", handlers.trajectory, methods=["GET"])
     app.add_route("/s/{session_id}/finalize", handlers.finalize, methods=["POST"])

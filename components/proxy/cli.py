@@ -3,6 +3,7 @@ debugging and local use.
 
     rein proxy --model tiny --port 8000 --run-dir runs/debug --admin-key-file runs/admin.key
     rein proxy --engine sglang --sglang-url http://GPU:30000 --model M   # M: the served model's tokenizer
+    rein proxy --engine vllm --vllm-url http://GPU:8000 --model M       # one or several vLLM servers
     rein proxy --model tiny --temperature 0.7 --top-p 0.95 --top-k 50    # the run's sampling distribution
     curl -H "Authorization: Bearer $(cat runs/admin.key)" -X POST http://127.0.0.1:8000/sessions
         # → {"session_id": ..., "base_url": ".../s/ID", "api_key": TOKEN}
@@ -71,7 +72,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-completion-tokens", type=int, default=None, help="cap on any one completion")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
-    parser.add_argument("--engine", choices=("embedded", "sglang"), default="embedded", help="who generates")
+    parser.add_argument(
+        "--engine", choices=("embedded", "sglang", "vllm"), default="embedded", help="who generates"
+    )
+    parser.add_argument("--vllm-url", default="", help="vLLM server URL(s), comma-separated (--engine vllm)")
+    parser.add_argument("--vllm-api-key", default=None, help="the vLLM servers' --api-key")
+    parser.add_argument(
+        "--vllm-startup-timeout-s", type=float, default=600.0, help="wait this long for every vLLM /health"
+    )
     parser.add_argument(
         "--sglang-url", default="", help="SGLang server URL(s), comma-separated (--engine sglang)"
     )
@@ -103,6 +111,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="MoE policies: record the experts each token was routed to, for routing replay (R3)",
     )
+    parser.add_argument(
+        "--tool-format",
+        default=None,
+        help="the model family's tool-call format (hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, "
+        "glm45, kimi_k2, harmony; default: detected from the chat template)",
+    )
+    parser.add_argument(
+        "--reasoning-format",
+        default=None,
+        help="how the model writes reasoning (think, harmony, none; default: detected from the chat template)",
+    )
     return parser
 
 
@@ -114,6 +133,24 @@ async def _start_engine(args: argparse.Namespace, model_path: Path) -> tuple[Any
         engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_path, num_threads=args.threads))
         return engine, engine.tokenizer
     from transformers import AutoTokenizer
+
+    if args.engine == "vllm":
+        from components.engine.server_fleet import parse_server_urls
+        from components.engine.vllm import VLLMEngineConfig, require_matching_logprobs
+        from components.engine.vllm_fleet import VLLMFleet, VLLMFleetConfig
+
+        urls = parse_server_urls(args.vllm_url, field="--vllm-url")
+        server = VLLMEngineConfig(
+            base_url=urls[0],
+            api_key=args.vllm_api_key,
+            startup_timeout_s=args.vllm_startup_timeout_s,
+            context_window=args.context_window,
+        )
+        fleet = await VLLMFleet.connect(VLLMFleetConfig(urls=urls, server=server))
+        sampling = SamplingDistribution(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+        for member in fleet.servers:  # the run's sampling against each server's own --logprobs-mode
+            require_matching_logprobs(sampling, member.logprobs_mode)
+        return fleet, AutoTokenizer.from_pretrained(model_path)
 
     from components.engine.sglang import SGLangEngineConfig, experts_per_token
     from components.engine.sglang_fleet import SGLangFleet, SGLangFleetConfig, parse_server_urls
@@ -143,7 +180,9 @@ async def _serve(args: argparse.Namespace, config: ProxyConfig) -> None:
     try:
         server = ProxyServer(LocalSessionRegistry(engine, tokenizer, config), config)
         url = await server.start()
-        backend = f"SGLang {args.sglang_url}" if args.engine == "sglang" else str(model_path)
+        backend = {"sglang": f"SGLang {args.sglang_url}", "vllm": f"vLLM {args.vllm_url}"}.get(
+            args.engine, str(model_path)
+        )
         auth = "" if config.session_keys is None else '-H "Authorization: Bearer ADMIN_KEY" '
         print(
             f"rein proxy: {backend} at {url} (context window {engine.context_window})\n"
@@ -215,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             sampling=SamplingDistribution(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k),
             agent_sampling=args.agent_sampling,
             record_routed_experts=args.record_routed_experts,
+            tool_format=args.tool_format,
+            reasoning_format=args.reasoning_format,
         )
         if args.engine == "sglang":  # before any server is contacted
             require_untruncated_sampling(config.sampling)

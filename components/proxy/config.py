@@ -8,6 +8,7 @@ from pathlib import Path
 from components.config import require, require_positive
 from components.proxy.auth import SessionKeys, generate_admin_key
 from components.sampling import SamplingDistribution
+from components.tito import TitoConfig
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -41,6 +42,11 @@ class ProxyConfig:
     agent_sampling: bool = False  # True: sample with the agent's own temperature / top_p / top_k instead
     # R3: ask the engine for the experts each position was routed to (MoE policies) and record them per segment
     record_routed_experts: bool = False
+    # The model family's tool-call format (README "Model families": hermes, qwen3_coder, llama3_json, mistral,
+    # deepseek_v3, glm45, kimi_k2, harmony) and reasoning format (think, harmony, none); None: detected from
+    # the tokenizer's chat template.
+    tool_format: str | None = None
+    reasoning_format: str | None = None
     # What one request may send (components/proxy/limits.py): refused in the protocol's error shape before the
     # body is held (413 for the body, 400 for the rest). Real agents send far less: Claude Code's first request
     # is ~76 KB with ~20 tools; a 200k-token conversation is ~1 MB of JSON.
@@ -91,6 +97,11 @@ class ProxyConfig:
         if self.run_dir is not None:
             object.__setattr__(self, "run_dir", Path(self.run_dir))
         require(isinstance(self.sampling, SamplingDistribution), "sampling", "must be a SamplingDistribution")
+        self.tito_config()  # validates the format names, listing the registered ones
+
+    def tito_config(self) -> TitoConfig:
+        """How each session's TITO core renders and parses (the formats this config names)."""
+        return TitoConfig(tool_format=self.tool_format, reasoning_format=self.reasoning_format)
 
     @property
     def session_keys(self) -> SessionKeys | None:
