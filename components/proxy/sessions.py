@@ -192,6 +192,9 @@ def segment_to_json(segment: Segment) -> dict[str, Any]:
         "logprobs": segment.logprobs.tolist(),
         "weight_versions": segment.weight_versions.tolist(),
         "sampling": dataclasses.asdict(segment.sampling),
+        "parent_segment": segment.parent_segment,
+        "branch_position": segment.branch_position,
+        "branch_kind": segment.branch_kind.value,
         # the routes themselves (large) stay in the stored trajectory; JSON readers get their shape
         "routed_experts_shape": None
         if segment.routed_experts is None
@@ -371,7 +374,9 @@ class LocalSessionRegistry:
                 session.overflowed = True
                 session.overflow_message = str(error)
                 raise
-            except ValueError:  # a request the engine refuses (e.g. sampling it cannot record): the client's 4xx
+            except (
+                ValueError
+            ):  # a request the engine refuses (e.g. sampling it cannot record): the client's 4xx
                 raise
             except Exception as error:
                 session.num_engine_errors += 1
