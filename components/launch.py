@@ -18,7 +18,7 @@ shard per step; in ``--rollout-mode async`` / ``partial`` one per GRPO group), `
 
 Placement through Ray resources:
   - engine: one ``EngineActor`` with ``engine.num_cpus`` CPUs and ``engine.num_gpus`` GPUs (``--engine embedded``);
-    with ``--engine sglang`` the SGLang servers run outside Ray and the recipe only talks HTTP to ``--sglang-url``;
+    with ``--engine sglang`` the SGLang servers run outside Ray and the recipe only talks HTTP to ``sglang.url``;
   - proxy: session-shard actors and ``proxy.replicas`` Ray Serve replicas, 0 CPUs each (they wait on I/O);
     ``--proxy local`` serves it from the driver process instead (one fewer moving part, no Serve start-up);
   - sandboxes: the driver's bubblewrap pool keeps ``sandbox.num_warm`` started (``--sandbox-backend e2b``: E2B's
@@ -76,11 +76,14 @@ from components.protocols import (
 )
 from components.proxy.providers import ProxyBrickConfig, ServeProxyConfig
 from components.recipe_config import config_to_json, option, slot
-from components.registry import ALGORITHMS, ENGINES, LOGGERS, PROXIES, SANDBOXES
+from components.registry import ENGINES, LOGGERS, PROXIES, SANDBOXES
+from components.rollout.dynamic_sampling import DynamicSamplingConfig
 from components.sampling import SamplingDistribution
-from components.training.algorithms import AlgorithmConfig, GRPOConfig
-from components.training.data import SampleBatchConfig
+from components.training.algorithms import AlgorithmOptions
+from components.training.distillation import DistillationConfig
+from components.training.overlong import OverlongConfig
 from components.training.step import OptimizerConfig
+from components.training.trainer import TrainerConfig
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 from monitoring.logger import MetricsLoggersConfig, WandbLoggersConfig
@@ -89,7 +92,7 @@ from sandboxes.provider import SandboxConfig, SandboxPoolConfig
 if TYPE_CHECKING:
     from components.proxy.config import ProxyConfig
     from components.rollout import RolloutRunner
-    from components.training import Trainer, TrainerConfig
+    from components.training import Trainer
 
 logger = logging.getLogger("rein.recipe")
 
@@ -100,9 +103,7 @@ WORKING_DIR_EXCLUDES = [".venv", ".models", ".agents", "runs", ".git", "**/__pyc
 # Where a field goes: a field that configures one brick goes into that brick's config below (its flag is
 # ``--<brick>-<field>``, or a historical flag kept with ``option(..., flag=...)``); a field the whole run shares
 # (model, steps, seed, sampling) stays on ``RunConfig``. A recipe changes a brick's defaults by giving the brick
-# field a new default instance: ``sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=48))``.
-# A seam with several kinds (engine, proxy, sandbox, algorithm, monitoring) is a ``slot``: ``--proxy local``
-# picks a registered config class (``components/registry.py``) and that class's fields follow as flags.
+# field a new default instance: ``trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5))``.
 # ``--config FILE`` takes the same fields nested by brick (``trainer: {workers: 2}``).
 
 
@@ -113,14 +114,12 @@ class TrainerBrickConfig:
     workers: int = option(2, "Ray Train FSDP2 workers")
     cpus_per_worker: float = option(1.0, "Ray CPUs per trainer worker")
     use_gpu: bool = option(False, "train on GPUs (one per worker, NCCL)")
-    optimizer: OptimizerConfig = option(OptimizerConfig(), "AdamW with gradient clipping")
-    batching: SampleBatchConfig = option(SampleBatchConfig(), "how trajectories become packed micro-batches")
-    num_updates_per_step: int = option(
-        1,
-        "optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)",
-        flag="num-updates-per-step",
+    learning_rate: float = option(1e-5, "AdamW learning rate", flag="learning-rate")
+    max_tokens_per_micro_batch: int = option(
+        1024,
+        "token budget of one packed training row (bounds trainer memory)",
+        flag="max-tokens-per-micro-batch",
     )
-    keep_checkpoints: int = option(2, "newest complete checkpoints kept (0: all)")
     lora_rank: int = option(0, "LoRA rank (peft adapter); 0 trains every weight", flag="lora-rank")
     lora_alpha: float = option(0.0, "LoRA alpha; 0 means 2 x rank", flag="lora-alpha")
     lora_dropout: float = option(0.0, "LoRA dropout", flag="lora-dropout")
@@ -130,46 +129,34 @@ class TrainerBrickConfig:
         flag="lora-target",
     )
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
+    overlong: OverlongConfig = option(
+        OverlongConfig(), "overlong (truncated) trajectories (components/training/overlong.py)"
+    )
+    # the optimizer's and the step's knobs; their defaults are those of the configs they go to
+    weight_decay: float = option(OptimizerConfig.weight_decay, "AdamW decoupled weight decay")
+    max_grad_norm: float = option(
+        OptimizerConfig.max_grad_norm, "clip the global gradient norm to this (0: no clipping)"
+    )
+    num_updates_per_step: int = option(
+        TrainerConfig.num_updates_per_step,
+        "optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)",
+    )
+    entropy_coef: float = option(
+        TrainerConfig.entropy_coef, "entropy bonus weight, added to every algorithm's loss"
+    )
 
     def __post_init__(self) -> None:
-        for name in ("workers", "cpus_per_worker", "num_updates_per_step"):
+        for name in ("workers", "cpus_per_worker", "learning_rate", "max_tokens_per_micro_batch"):
             require_positive(getattr(self, name), name)
-        require_non_negative(self.keep_checkpoints, "keep_checkpoints")
+        self.optimizer()  # validates weight_decay and max_grad_norm
+        require_positive(self.num_updates_per_step, "num_updates_per_step")
+        require_non_negative(self.entropy_coef, "entropy_coef")
         self.lora_settings()  # validates the lora_* fields
 
-    def build(
-        self, *, model_path: Path, run_dir: Path, temperature: float, seed: int, algorithm: Algorithm
-    ) -> Trainer:
-        """The trainer of this config for the run's model, directory, sampling temperature and seed (resumes
-        from the newest checkpoint in ``run_dir``)."""
-        from components.training import Trainer
-
-        config = self.trainer_config(
-            model_path=model_path, run_dir=run_dir, temperature=temperature, seed=seed
-        )
-        return Trainer(config, algorithm=algorithm)
-
-    def trainer_config(
-        self, *, model_path: Path, run_dir: Path, temperature: float, seed: int
-    ) -> TrainerConfig:
-        """The ``TrainerConfig`` the trainer of this brick runs with."""
-        from components.training import TrainerConfig
-
-        return TrainerConfig(
-            model_path=model_path,
-            run_dir=run_dir,
-            num_workers=self.workers,
-            use_gpu=self.use_gpu,
-            cpus_per_worker=self.cpus_per_worker,
-            optimizer=self.optimizer,
-            batching=self.batching,
-            lora=self.lora_settings(),
-            gradient_checkpointing=self.gradient_checkpointing,
-            temperature=temperature,
-            num_updates_per_step=self.num_updates_per_step,
-            seed=seed,
-            keep_checkpoints=self.keep_checkpoints,
-            resume=True,
+    def optimizer(self) -> OptimizerConfig:
+        """The trainer's AdamW config."""
+        return OptimizerConfig(
+            learning_rate=self.learning_rate, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm
         )
 
     def lora_settings(self) -> LoraSettings:
@@ -213,6 +200,9 @@ class RolloutBrickConfig:
     actor_num_cpus: float = option(1.0, "Ray CPUs of the rollout producer actor (placement actor)")
     actor_resources: str = option(
         "", "custom Ray resources the producer actor needs, name=amount,... e.g. rollout=1 (placement actor)"
+    )
+    dynamic_sampling: DynamicSamplingConfig = option(
+        DynamicSamplingConfig(), "DAPO dynamic sampling (components/rollout/dynamic_sampling.py)"
     )
 
     def __post_init__(self) -> None:
@@ -263,21 +253,6 @@ class SamplingBrickConfig:
         self.distribution  # noqa: B018 -- validates temperature / top_p / top_k, naming the bad one
         require_positive(self.max_tokens, "max_tokens")
 
-    def proxy_config(self, *, admin_key: str) -> ProxyConfig:
-        """The proxy's config: every rollout is sampled with the run's distribution unless agents may choose
-        (recorded per segment either way), replies capped at ``max_tokens``."""
-        from components.proxy.config import ProxyConfig
-
-        return ProxyConfig(
-            port=0,
-            default_max_tokens=self.max_tokens,
-            max_completion_tokens=self.max_tokens,
-            sampling=self.distribution,
-            agent_sampling=self.agent_sampling,
-            record_routed_experts=self.record_routed_experts,
-            admin_key=admin_key,
-        )
-
     @property
     def distribution(self) -> SamplingDistribution:
         """The run's sampling distribution (the proxy samples with it; each segment records it)."""
@@ -287,7 +262,7 @@ class SamplingBrickConfig:
 @dataclass(kw_only=True, frozen=True)
 class RunConfig:
     """Fields every recipe has: the run's own (model, run directory, steps, seed, Ray) and one config per brick
-    (engine, proxy, rollout, sampling, sandbox, trainer, algorithm, monitoring)."""
+    (engine, sglang, proxy, rollout, sampling, sandbox, trainer, monitoring)."""
 
     model: str = option(
         "default", "policy: 'default' (SmolLM2-135M-Instruct), 'tiny' (test model) or an HF folder"
@@ -295,18 +270,22 @@ class RunConfig:
     run_dir: str = option("", "run directory; '' makes runs/<recipe>-<time>; an existing one is resumed")
     num_steps: int = option(2, "training steps (rollout → train → weight sync → log/checkpoint)")
     group_size: int = option(2, "rollouts per task per step (one GRPO group)")
-    algorithm: AlgorithmConfig = slot(
-        ALGORITHMS,
-        GRPOConfig(),
+    algorithm: Literal["grpo", "dr_grpo", "gspo", "rloo"] = option(
+        "grpo",
         "policy-gradient algorithm (components/training/algorithms/): GRPO, Dr.GRPO, GSPO (sequence-level ratio "
-        "and clipping), RLOO (leave-one-out baseline) or a registered one",
+        "and clipping) or RLOO (leave-one-out baseline)",
+    )
+    algorithms: AlgorithmOptions = option(
+        AlgorithmOptions(),
+        "each algorithm's config and loss knobs (the --algorithm one is used): clip range, mismatch correction "
+        "(importance_sampling), KL coefficient and estimator, loss aggregation (sample_weighting)",
     )
     checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
     seed: int = option(0, "seed of the trainer and of task selection")
     engine: EngineBrickConfig = slot(
         ENGINES,
         EmbeddedEngineBrickConfig(),
-        "the inference engine: the embedded torch engine in one Ray actor, or SGLang servers outside Ray",
+        "the inference engine: the embedded torch engine in one Ray actor, or SGLang / vLLM servers outside Ray",
     )
     proxy: ProxyBrickConfig = slot(
         PROXIES,
@@ -324,6 +303,9 @@ class RunConfig:
     trainer: TrainerBrickConfig = option(TrainerBrickConfig(), "the trainer")
     monitoring: MetricsLoggersConfig = slot(
         LOGGERS, WandbLoggersConfig(), "metrics loggers besides metrics.jsonl"
+    )
+    distillation: DistillationConfig = option(
+        DistillationConfig(), "on-policy distillation from teachers (components/training/distillation.py)"
     )
     ray_address: str = option(
         "", "Ray cluster to join; '' joins $RAY_ADDRESS when set, else starts a local one"
@@ -447,11 +429,20 @@ class Bricks:
     @classmethod
     def from_config(cls, config: RunConfig, *, sandbox_paths: Sequence[str] = ()) -> Bricks:
         """The bricks ``config`` names; ``sandbox_paths``: host paths the sandboxes bind read-only."""
+        from components.training.algorithms import make_algorithm
+        from sandboxes.resilient import ResilientSandboxProvider, SandboxResilienceConfig
+
+        sandboxes = config.sandbox.build(read_only_paths=sandbox_paths)
         return cls(
-            engine=config.engine.build(record_routed_experts=config.sampling.record_routed_experts),
+            engine=config.engine.build(
+                sampling=config.sampling.distribution,
+                record_routed_experts=config.sampling.record_routed_experts,
+            ),
             proxy=config.proxy.build(),
-            algorithm=config.algorithm.build(),
-            sandboxes=config.sandbox.build(read_only_paths=sandbox_paths),
+            algorithm=make_algorithm(config.algorithm, config.algorithms),
+            sandboxes=ResilientSandboxProvider(
+                sandboxes, SandboxResilienceConfig()
+            ),  # retries, circuit breaker
             loggers=config.monitoring.build(),
         )
 
@@ -473,6 +464,7 @@ class RunStack:
         self.bricks = bricks
         self.store = TrajectoryStore(run.path)
         self._cleanups: list[Callable[[], Awaitable[Any]]] = []
+        self.teachers: list[Any] = []  # distillation teachers (``_start_teachers``)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -532,6 +524,7 @@ class RunStack:
         except BaseException:
             warm_up.cancel()
             raise
+        self.teachers = await self._start_teachers()
         self.sandboxes = self.bricks.sandboxes
         self._cleanups.append(self.sandboxes.close)
         await start_sandboxes_ahead(self.sandboxes, self.config.rollout.placement)
@@ -541,20 +534,70 @@ class RunStack:
         except Exception as error:  # never stops a run: the first step just pays for it
             logger.warning("warming up the trainer failed: %s", error)
 
+    async def _start_teachers(self) -> list[Any]:
+        """One embedded engine in this process per ``distillation.teachers`` folder (same tokenizer as the
+        policy, else a ``ValueError`` naming the field)."""
+        from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+        from components.training.distillation import require_same_tokenizer
+
+        teachers = []
+        for name in self.config.distillation.teachers:
+            folder = resolve_model(name)
+            require_same_tokenizer(self.run.model_path, folder, field="distillation.teachers")
+            engine_config = EmbeddedEngineConfig(
+                model_path=folder,
+                num_threads=self.config.engine.threads,
+                max_batch_size=self.config.engine.max_batch_size,
+                kv_cache_gb=0.0,
+            )
+            teacher = await _to_thread(EmbeddedEngine, engine_config)
+            self._cleanups.append(teacher.aclose)
+            teachers.append(teacher)
+        return teachers
+
+    async def score_with_teachers(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+        """The trajectories with their teachers' logprobs recorded (as they are without distillation)."""
+        from components.training.distillation import score_with_teachers
+
+        if not self.teachers:
+            return list(trajectories)
+        return await score_with_teachers(self.config.distillation, self.teachers, trajectories)
+
     def _start_trainer(self) -> Trainer:
-        return self.config.trainer.build(
-            model_path=self.run.model_path,
-            run_dir=self.run.path,
-            temperature=self.config.sampling.temperature,
-            seed=self.config.seed,
-            algorithm=self.bricks.algorithm,
+        from components.training import Trainer
+
+        return Trainer(self.trainer_config(), algorithm=self.bricks.algorithm)
+
+    def trainer_config(self) -> TrainerConfig:
+        """The config the run's trainer starts with (the trainer brick, the sampling temperature, the seed)."""
+        from components.training import SampleBatchConfig
+
+        config, run = self.config, self.run
+        return TrainerConfig(
+            model_path=run.model_path,
+            run_dir=run.path,
+            num_workers=config.trainer.workers,
+            use_gpu=config.trainer.use_gpu,
+            cpus_per_worker=config.trainer.cpus_per_worker,
+            optimizer=config.trainer.optimizer(),
+            num_updates_per_step=config.trainer.num_updates_per_step,
+            entropy_coef=config.trainer.entropy_coef,
+            batching=SampleBatchConfig(
+                max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch,
+                overlong=config.trainer.overlong,
+                distillation=config.distillation,
+            ),
+            lora=config.trainer.lora_settings(),
+            gradient_checkpointing=config.trainer.gradient_checkpointing,
+            temperature=config.sampling.temperature,
+            seed=config.seed,
+            resume=True,
         )
 
     async def _start_proxy(self) -> tuple[str, SessionControl]:
         from components.proxy.auth import generate_admin_key
 
-        # Isolated mode: the admin key stays on the host; agents get per-session tokens (session_keys).
-        proxy_config = self.config.sampling.proxy_config(admin_key=generate_admin_key())
+        proxy_config = self.proxy_config(admin_key=generate_admin_key())
         self.session_keys = proxy_config.session_keys
         url, registry = await self.bricks.proxy.start(
             self.engine, model_path=self.run.model_path, config=proxy_config, run_name=self.run.path.name
@@ -562,17 +605,52 @@ class RunStack:
         self._cleanups.append(self.bricks.proxy.close)
         return url, registry
 
+    def proxy_config(self, *, admin_key: str) -> ProxyConfig:
+        """The proxy's config. Isolated mode: the admin key stays on the host; agents get per-session tokens."""
+        from components.proxy.config import ProxyConfig
+
+        return ProxyConfig(
+            port=0,
+            default_max_tokens=self.config.sampling.max_tokens,
+            max_completion_tokens=self.config.sampling.max_tokens,
+            # every rollout is sampled with the run's distribution unless agents may choose (recorded per segment)
+            sampling=self.config.sampling.distribution,
+            agent_sampling=self.config.sampling.agent_sampling,
+            record_routed_experts=self.config.sampling.record_routed_experts,
+            admin_key=admin_key,
+            tool_format=self.config.proxy.tool_format,
+            reasoning_format=self.config.proxy.reasoning_format,
+        )
+
     async def rollout_or_load(
-        self, step: int, runner: RolloutRunner, tasks: Sequence[Task]
+        self,
+        step: int,
+        runner: RolloutRunner,
+        tasks: Sequence[Task],
+        *,
+        replacement_tasks: Callable[[int], Sequence[Task]] = lambda round_: (),
     ) -> tuple[list[Trajectory], Path | None]:
         """This step's trajectories and their shard: read back when stored before a restart, else rolled out
-        (``runner.run(tasks, step)``) and written as one shard."""
+        (``runner.run(tasks, step)``) and written as one shard. With ``rollout.dynamic_sampling`` groups whose
+        rewards are all equal are replaced by groups of ``replacement_tasks(round)`` and left out of the shard
+        (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
+        from components.rollout.dynamic_sampling import sample_step
+
         shard = self.ledger.stored_shard(step)
+        self.last_sampling_metrics: dict[str, float] = {}
         if shard is not None:
             logger.info("step %d: training again from stored shard %s", step, shard.name)
             return self.store.read_shard(shard), shard
-        trajectories = await runner.run(tasks, step)
-        return trajectories, self.store.write(trajectories)
+        sampled = await sample_step(
+            self.config.rollout.dynamic_sampling,
+            lambda batch, first_index: runner.run(batch, step, first_index=first_index),
+            tasks,
+            replacement_tasks,
+        )
+        if self.config.rollout.dynamic_sampling.enabled:
+            self.last_sampling_metrics = sampled.metrics()
+        trained = await self.score_with_teachers(sampled.trained)
+        return sampled.trajectories, self.store.write(trained)
 
     async def train_and_sync(self, step: int, shard: Path | None) -> dict[str, float]:
         """One optimizer step on the shard, then the new weights to the engine (the caller logs the step, then

@@ -1,21 +1,21 @@
 """One registry per seam: a *kind* is a registered config class whose ``build()`` makes the brick.
 
-A name lives only here, at the edge where a person types one (``--algorithm gspo``, ``engine: {kind: sglang}``);
+A name lives only here, at the edge where a person types one (``--proxy local``, ``engine: {kind: sglang}``);
 everything below gets the built object. A built-in brick registers its config class where it is defined::
 
-    @ALGORITHMS.register("gspo")
+    @PROXIES.register("serve")
     @dataclass(kw_only=True, frozen=True)
-    class GSPOConfig:
-        clip_low: float = option(3e-4, "sequence ratio floor 1 - clip_low")
+    class ServeProxyConfig:
+        replicas: int = option(2, "Ray Serve replicas of the proxy")
 
-        def build(self) -> Algorithm:
-            return GSPO(self)
+        def build(self) -> ProxyProvider:
+            return ServeProxyProvider(num_replicas=self.replicas)
 
 A third-party brick registers with no edit of Rein, through the Python entry point group ``rein.bricks``:
 the entry point's name is ``<seam>.<kind>`` and its object the config class, e.g. in its ``pyproject.toml``::
 
     [project.entry-points."rein.bricks"]
-    "algorithm.reinforce" = "my_package.reinforce:ReinforceConfig"
+    "harness.one_shot" = "my_package.one_shot:OneShotHarnessConfig"
 
 A registry imports its built-in modules and reads the entry points the first time it is asked for its kinds,
 so importing a seam costs nothing until a name is looked up.
@@ -122,6 +122,8 @@ def _qualified(config_class: type) -> str:
     return f"{config_class.__module__}.{config_class.__qualname__}"
 
 
+# The seams' registries (the algorithm seam is still ``--algorithm NAME`` + ``--algorithms-<name>-<field>``:
+# ``components/training/algorithms/__init__.py``).
 # The seams' registries (built-in kinds are registered by the modules named here, where each brick lives).
 ENGINES: Registry = Registry("engine", builtin_modules=("components.engine.providers",))
 PROXIES: Registry = Registry("proxy", builtin_modules=("components.proxy.providers",))
@@ -137,7 +139,6 @@ HARNESSES: Registry = Registry(
 )
 TASK_SOURCES: Registry = Registry("tasks")
 REWARDS: Registry = Registry("reward", builtin_modules=("components.rewards.config",))
-ALGORITHMS: Registry = Registry("algorithm", builtin_modules=("components.training.algorithms",))
 LOGGERS: Registry = Registry("logger", builtin_modules=("monitoring.logger",))
 SEAMS: tuple[Registry, ...] = (
     ENGINES,
@@ -146,7 +147,6 @@ SEAMS: tuple[Registry, ...] = (
     HARNESSES,
     TASK_SOURCES,
     REWARDS,
-    ALGORITHMS,
     LOGGERS,
 )
 

@@ -38,7 +38,6 @@ from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks.toys import TicTacToeConfig, TicTacToeEnv
 from components.tasks.toys.tictactoe import cell_name
 from components.tito.messages import ToolCall
-from components.training.step import OptimizerConfig
 from harnesses.toy_agent import ToyAgentConfig, ToyAgentHarness, ToyGameTask
 
 TOOL_SYSTEM_PROMPT = "You are playing a game. Make each move by calling a tool."
@@ -55,9 +54,7 @@ class TicTacToeGrpoConfig(RunConfig):
     group_size: int = option(4, "games per seed per step (one GRPO group)")
     rollout: RolloutBrickConfig = option(RolloutBrickConfig(max_concurrency=8), "rollout scheduling")
     sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=48), "the policy's sampling")
-    trainer: TrainerBrickConfig = option(
-        TrainerBrickConfig(optimizer=OptimizerConfig(learning_rate=2e-5)), "the trainer"
-    )
+    trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5), "the trainer")
     proxy: ProxyBrickConfig = slot(
         PROXIES, LocalProxyConfig(), "the inference proxy (in the driver: no Serve start-up)"
     )

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from components.engine.embedded import EmbeddedEngineConfig
     from components.engine.sglang_fleet import SGLangFleet
+    from components.engine.vllm_fleet import VLLMFleet
     from components.training.weight_sync import WeightSync
 
 
@@ -34,7 +35,9 @@ class EngineBrickConfig(Protocol):
         ``sampling``."""
         ...
 
-    def build(self, *, record_routed_experts: bool = False) -> EngineProvider: ...
+    def build(
+        self, *, sampling: SamplingDistribution | None = None, record_routed_experts: bool = False
+    ) -> EngineProvider: ...
 
 
 @ENGINES.register("embedded")
@@ -61,7 +64,9 @@ class EmbeddedEngineBrickConfig:
     def check_sampling(self, sampling: SamplingDistribution) -> None:
         """Any distribution: the engine records logprobs under the truncated distribution itself."""
 
-    def build(self, *, record_routed_experts: bool = False) -> EmbeddedEngineProvider:
+    def build(
+        self, *, sampling: SamplingDistribution | None = None, record_routed_experts: bool = False
+    ) -> EmbeddedEngineProvider:
         """The provider of this config."""
         return EmbeddedEngineProvider(self)
 
@@ -121,7 +126,9 @@ class SGLangBrickConfig:
 
         require_untruncated_sampling(sampling)
 
-    def build(self, *, record_routed_experts: bool = False) -> SGLangEngineProvider:
+    def build(
+        self, *, sampling: SamplingDistribution | None = None, record_routed_experts: bool = False
+    ) -> SGLangEngineProvider:
         """The provider of this config."""
         return SGLangEngineProvider(self, record_routed_experts=record_routed_experts)
 
@@ -198,6 +205,93 @@ class SGLangEngineProvider:
         if resumed:  # the server still serves whatever it was started with
             await engine.update_weights_from_disk(str(model_path), weight_version)
         return engine, weight_sync
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.aclose()
+            self._engine = None
+
+
+@ENGINES.register("vllm")
+@dataclass(kw_only=True, frozen=True)
+class VLLMBrickConfig:
+    """vLLM servers outside Ray, reached over HTTP (``components/engine/vllm.py``)."""
+
+    url: str = option("", "vLLM server URL(s), comma-separated, e.g. http://10.0.0.5:8000", flag="vllm-url")
+    api_key: str = option("", "the servers' --api-key ('' = none)", flag="vllm-api-key")
+    startup_timeout_s: float = option(
+        600.0, "how long to wait for every server's /health at start", flag="vllm-startup-timeout-s"
+    )
+    request_timeout_s: float = option(600.0, "bound of one generate call", flag="vllm-request-timeout-s")
+    context_window: int = option(
+        0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)", flag="vllm-context-window"
+    )
+    logprobs_mode: str = option(
+        "",
+        "the servers' --logprobs-mode; '' = read it from /server_info (VLLM_SERVER_DEV_MODE=1)",
+        flag="vllm-logprobs-mode",
+    )
+    pause_mode: Literal["wait", "keep", "abort"] = option(
+        "wait",
+        "weight updates: running requests finish on the old weights (wait), freeze (keep) or abort",
+        flag="vllm-pause-mode",
+    )
+
+    def __post_init__(self) -> None:
+        from components.engine.server_fleet import parse_server_urls
+
+        parse_server_urls(self.url, field="url")
+        for name in ("startup_timeout_s", "request_timeout_s"):
+            require_positive(getattr(self, name), name)
+        require_non_negative(self.context_window, "context_window")
+        require_one_of(self.pause_mode, "pause_mode", ("wait", "keep", "abort"))
+        if self.logprobs_mode:
+            from components.engine.vllm import LOGPROBS_MODES
+
+            require_one_of(self.logprobs_mode, "logprobs_mode", LOGPROBS_MODES)
+
+    @property
+    def colocated(self) -> bool:
+        return False
+
+    def check_sampling(self, sampling: SamplingDistribution) -> None:
+        """The run's sampling against the servers' --logprobs-mode when given (else checked at start)."""
+        if self.logprobs_mode:
+            from components.engine.vllm import require_matching_logprobs
+
+            require_matching_logprobs(sampling, self.logprobs_mode)
+
+    def build(
+        self, *, sampling: SamplingDistribution | None = None, record_routed_experts: bool = False
+    ) -> VLLMEngineProvider:
+        """The provider of this config."""
+        return VLLMEngineProvider(self, sampling=sampling or SamplingDistribution())
+
+
+class VLLMEngineProvider:
+    """``EngineProvider``: vLLM servers outside Ray, reached over HTTP; new weights via ``RUN_DIR/weights`` (an HF
+    folder each server reloads in place)."""
+
+    def __init__(self, config: VLLMBrickConfig, *, sampling: SamplingDistribution) -> None:
+        self.config = config
+        self.sampling = sampling
+        self._engine: VLLMFleet | None = None
+
+    async def start(
+        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
+    ) -> tuple[InferenceEngine, WeightSync]:
+        from components.engine.vllm import require_matching_logprobs
+        from components.engine.vllm_fleet import VLLMFleet, vllm_fleet_config
+        from components.training import WeightSync, WeightSyncConfig
+
+        engine = self._engine = await VLLMFleet.connect(
+            vllm_fleet_config(self.config, initial_weight_version=weight_version)
+        )
+        for server in engine.servers:  # the run's sampling against each server's own --logprobs-mode
+            require_matching_logprobs(self.sampling, server.logprobs_mode)
+        if resumed or engine.weight_version != weight_version:  # the servers serve what they last loaded
+            await engine.update_weights_from_disk(str(model_path), weight_version)
+        return engine, WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
 
     async def close(self) -> None:
         if self._engine is not None:

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 class ProxyBrickConfig(Protocol):
     """A registered kind of the ``proxy`` seam."""
 
+    tool_format: str | None
+    reasoning_format: str | None
+
     @property
     def reachable_from_other_processes(self) -> bool:
         """Whether a Ray actor elsewhere (the rollout producer with ``placement actor``) can reach it."""
@@ -30,15 +33,36 @@ class ProxyBrickConfig(Protocol):
     def build(self) -> ProxyProvider: ...
 
 
+@dataclass(kw_only=True, frozen=True)
+class ProxyFormatsConfig:
+    """What every proxy kind needs to know about the policy's text: its tool-call and reasoning formats."""
+
+    tool_format: str | None = option(
+        None,
+        "the policy's tool-call format (hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, glm45, kimi_k2, "
+        "harmony); default: detected from the chat template",
+    )
+    reasoning_format: str | None = option(
+        None,
+        "how the policy writes reasoning (think, harmony, none); default: detected from the chat template",
+    )
+
+    def __post_init__(self) -> None:
+        from components.tito import TitoConfig
+
+        TitoConfig(tool_format=self.tool_format, reasoning_format=self.reasoning_format)  # names the options
+
+
 @PROXIES.register("serve")
 @dataclass(kw_only=True, frozen=True)
-class ServeProxyConfig:
+class ServeProxyConfig(ProxyFormatsConfig):
     """The proxy as Ray Serve replicas over session-shard actors, 0 CPUs each (they wait on I/O)."""
 
     replicas: int = option(2, "Ray Serve replicas of the proxy")
     num_session_shards: int = option(2, "session-shard actors holding the proxy's session records")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require_positive(self.replicas, "replicas")
         require_positive(self.num_session_shards, "num_session_shards")
 
@@ -53,7 +77,7 @@ class ServeProxyConfig:
 
 @PROXIES.register("local")
 @dataclass(kw_only=True, frozen=True)
-class LocalProxyConfig:
+class LocalProxyConfig(ProxyFormatsConfig):
     """The proxy in the driver process."""
 
     @property

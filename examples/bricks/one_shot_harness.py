@@ -4,6 +4,8 @@
     pytest tests/contracts/test_harness_contract.py --brick examples.bricks.one_shot_harness:OneShotHarness
 """
 
+from dataclasses import dataclass
+
 from openai import AsyncOpenAI
 
 from components.protocols import HarnessOutcome
@@ -28,3 +30,18 @@ class OneShotHarness:
         finally:
             await client.close()
         return HarnessOutcome(status="ok", metrics={"answer_chars": float(len(answer))}, log=answer)
+
+
+@dataclass(kw_only=True, frozen=True)
+class OneShotHarnessConfig:
+    """What ``--harness one_shot`` picks once registered, with no edit of Rein, through the ``rein.bricks`` entry
+    point group: ``[project.entry-points."rein.bricks"]``
+    ``"harness.one_shot" = "examples.bricks.one_shot_harness:OneShotHarnessConfig"``."""
+
+    def read_only_paths(self) -> tuple[str, ...]:
+        return ()
+
+    def build(
+        self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float
+    ) -> OneShotHarness:
+        return OneShotHarness()

@@ -3,8 +3,6 @@
 pytest tests/contracts/test_algorithm_contract.py --brick examples.bricks.reinforce:Reinforce
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 
 
@@ -28,14 +26,3 @@ class Reinforce:
         mask = loss_mask.to(logprobs.dtype)
         loss = -(advantages * logprobs * weights * mask).sum()
         return loss, {"num_tokens": float(mask.sum())}
-
-
-@dataclass(kw_only=True, frozen=True)
-class ReinforceConfig:
-    """What ``--algorithm reinforce`` picks once registered (its fields would be ``--algorithm-<field>``).
-    Registered with no edit of Rein through the ``rein.bricks`` entry point group, in your ``pyproject.toml``:
-    ``[project.entry-points."rein.bricks"]`` ``"algorithm.reinforce" = "examples.bricks.reinforce:ReinforceConfig"``.
-    """
-
-    def build(self) -> Reinforce:
-        return Reinforce()

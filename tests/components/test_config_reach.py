@@ -17,8 +17,10 @@ from typing import Any, Literal
 
 import pytest
 
+from components.engine.providers import VLLMBrickConfig
 from components.engine.sglang_fleet import sglang_fleet_config
-from components.launch import Bricks
+from components.engine.vllm_fleet import vllm_fleet_config
+from components.launch import Bricks, RunDirectory, RunStack
 from components.recipe_config import _leaves, parse_config
 from recipes.swe_grpo import SweGrpoConfig, build_harness
 
@@ -42,6 +44,13 @@ RUN_WING_FIELDS = {
 RUN_WING_BRICKS = {"rollout": "the loop (components/loop.py) and RolloutConfig in the recipe"}
 
 SGLANG_URL = "http://127.0.0.1:9"
+# Fields valid only beside another field's value: that flag is given to both sides of the comparison.
+COMPANION_FLAGS = {
+    "trainer.overlong.buffer_tokens": lambda model_dir: ["--trainer-overlong-max-sampled-tokens", "64"],
+    "distillation.teacher_rules": lambda model_dir: ["--distillation-teachers", str(model_dir)],
+}
+# Fields with a single valid value in their kind.
+FIXED_FIELDS = {"algorithms.gspo.loss.ratio_level": "GSPO's clipped ratio is per sequence by definition"}
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +68,8 @@ def kind_flags(kinds: dict[str, str], rubric: str) -> list[str]:
         flags += ["--sandbox-backend" if slot == "sandbox" else f"--{slot}", kind]
     if kinds.get("engine") == "sglang":
         flags += ["--sglang-url", SGLANG_URL]
+    if kinds.get("engine") == "vllm":
+        flags += ["--vllm-url", SGLANG_URL]
     if kinds.get("reward") in ("judge", "tests+judge"):
         flags += ["--judge-url", f"{SGLANG_URL}/v1", "--rubric", rubric]
     return flags
@@ -79,9 +90,22 @@ def candidates(annotation: Any, default: Any, rubric: str) -> list[str]:
     if annotation is float:
         return [repr(value) for value in (default * 2 if default else 0.5, default + 0.1, 0.25, 1.0)]
     if typing.get_origin(annotation) is tuple:
-        return ["/opt", "/opt,/srv", "a,b"]
+        return ["/opt", "/opt,/srv", "task-*=0", "a,b"]
     # a URL, a file, a directory, an executable, a mode some str fields take, a plain word
-    return [f"{SGLANG_URL.replace('9', '10')}", rubric, f"{rubric}.2", "/tmp", "/usr/bin/env", "rlimit", "x1"]
+    return [
+        f"{SGLANG_URL.replace('9', '10')}",
+        rubric,
+        f"{rubric}.2",
+        "/tmp",
+        "/usr/bin/env",
+        "rlimit",
+        "task-*=0",
+        "raw_logprobs",
+        "processed_logprobs",
+        "hermes",
+        "think",
+        "x1",
+    ]
 
 
 def dotted(config: Any, path: tuple[str, ...]) -> Any:
@@ -118,17 +142,32 @@ def built(config: SweGrpoConfig, model_dir: Path, run_dir: Path) -> Any:
     engine = bricks.engine
     if hasattr(engine, "engine_config"):  # the embedded engine: the actor's config
         engine_state = engine.engine_config(model_path=model_dir, weight_version=0)
+    elif isinstance(engine.config, VLLMBrickConfig):  # vLLM: the fleet it connects to
+        engine_state = vllm_fleet_config(engine.config, initial_weight_version=0)
     else:  # SGLang: the fleet it connects to
         engine_state = sglang_fleet_config(
             engine.config, model_path=model_dir, record_routed_experts=False, initial_weight_version=0
         )
-    trainer = config.trainer.trainer_config(
-        model_path=model_dir, run_dir=run_dir, temperature=config.sampling.temperature, seed=config.seed
-    )
+    stack = RunStack(config, RunDirectory(path=run_dir, recipe="swe_grpo", model_path=model_dir), bricks)
+    trainer = stack.trainer_config()
     harness, sandbox_paths = build_harness(config)
     rewards = config.reward.build(tests=None)
-    proxy = config.sampling.proxy_config(admin_key="a-fixed-admin-key-of-the-test")
-    return state((bricks, engine_state, trainer, harness, sandbox_paths, rewards, proxy))
+    proxy = stack.proxy_config(admin_key="a-fixed-admin-key-of-the-test")
+    return state(
+        (
+            bricks.engine,
+            bricks.proxy,
+            bricks.algorithm,
+            bricks.sandboxes,
+            bricks.loggers,
+            engine_state,
+            trainer,
+            harness,
+            sandbox_paths,
+            rewards,
+            proxy,
+        )
+    )
 
 
 def slot_kinds() -> list[tuple[str, str]]:
@@ -156,10 +195,19 @@ def test_every_field_reaches_the_object_it_configures(slot, kind, rubric, tiny_m
     for leaf in leaves:
         if leaf.path[0] in RUN_WING_BRICKS or (len(leaf.path) == 1 and leaf.path[0] in RUN_WING_FIELDS):
             continue
-        default = dotted(base, leaf.path)
+        if leaf.dotted in FIXED_FIELDS:
+            continue
+        flags, expected = base_flags, reference
+        companions = COMPANION_FLAGS.get(leaf.dotted, lambda model_dir: [])(tiny_model_dir)
+        if leaf.path[0] == "algorithms":  # each algorithm's config is used when --algorithm names it
+            companions = ["--algorithm", leaf.path[1]]
+        if companions:
+            flags = [*base_flags, *companions]
+            expected = built(parse_config(SweGrpoConfig, flags), tiny_model_dir, tmp_path)
+        default = dotted(base if flags is base_flags else parse_config(SweGrpoConfig, flags), leaf.path)
         for text in candidates(leaf.annotation, default, rubric):
             try:
-                config = parse_config(SweGrpoConfig, [*base_flags, f"--{leaf.flags[0]}", text])
+                config = parse_config(SweGrpoConfig, [*flags, f"--{leaf.flags[0]}", text])
             except SystemExit:  # not a valid value of this field: the next candidate
                 continue
             if dotted(config, leaf.path) != default:
@@ -167,7 +215,7 @@ def test_every_field_reaches_the_object_it_configures(slot, kind, rubric, tiny_m
         else:
             unset.append(leaf.dotted)
             continue
-        if built(config, tiny_model_dir, tmp_path) == reference:
+        if built(config, tiny_model_dir, tmp_path) == expected:
             unreached.append(f"{leaf.dotted}={text}")
     assert not unset, f"no non-default value of these fields parses from the command line: {unset}"
     assert not unreached, f"these fields never reach the object they configure: {unreached}"

@@ -162,7 +162,7 @@ def test_run_config_bricks_keep_their_flags_and_nest_in_files(tmp_path, capsys):
         (["--model", "tiny", "--engine", "sglang"], "engine.url: needs at least one"),
         (
             ["--model", "tiny", "--engine", "vllm-nope"],
-            "invalid choice: 'vllm-nope' (choose from 'embedded', 'sglang')",
+            "invalid choice: 'vllm-nope' (choose from 'embedded', 'sglang', 'vllm')",
         ),
         (["--model", "tiny", "--top-p", "0"], "sampling.top_p: must be in (0, 1]"),
     ]:

@@ -9,20 +9,19 @@ from dataclasses import dataclass
 import pytest
 
 from components import registry as registry_module
-from components.launch import Bricks, RunConfig
 from components.recipe_config import config_to_json, parse_config
-from components.registry import ALGORITHMS, SEAMS, Registry
+from components.registry import HARNESSES, SEAMS, Registry
+from recipes.swe_grpo import SweGrpoConfig, build_harness
 
 
 def test_every_seam_lists_its_built_in_kinds():
     kinds = {registry.seam: set(registry.kinds()) for registry in SEAMS}
-    assert kinds["algorithm"] >= {"grpo", "dr_grpo", "gspo", "rloo"}
-    assert kinds["engine"] >= {"embedded", "sglang"} and kinds["proxy"] >= {"serve", "local"}
+    assert kinds["engine"] >= {"embedded", "sglang", "vllm"} and kinds["proxy"] >= {"serve", "local"}
     assert kinds["sandbox"] >= {"bwrap", "e2b"} and kinds["logger"] >= {"wandb"}
     assert kinds["harness"] >= {"swe_agent", "mini_swe_agent", "claude_code", "codex"}
     assert kinds["reward"] >= {"tests", "judge", "tests+judge"}
-    with pytest.raises(ValueError, match=r"algorithm: must be one of \['dr_grpo', 'grpo', 'gspo', 'rloo'"):
-        ALGORITHMS.get("ppo")
+    with pytest.raises(ValueError, match=r"engine: must be one of \['embedded', 'sglang', 'vllm'"):
+        SEAMS[0].get("tgi")
 
 
 def test_a_kind_needs_a_build_method_and_a_name_is_taken_once():
@@ -43,30 +42,30 @@ def test_a_kind_needs_a_build_method_and_a_name_is_taken_once():
 
 
 @pytest.fixture
-def installed_reinforce(tmp_path, monkeypatch):
-    """A distribution whose entry point registers ``examples.bricks.reinforce:ReinforceConfig`` as
-    ``--algorithm reinforce`` (what ``pip install`` of a package with that pyproject table leaves)."""
-    dist_info = tmp_path / "rein_reinforce-0.1.dist-info"
+def installed_one_shot(tmp_path, monkeypatch):
+    """A distribution whose entry point registers ``examples.bricks.one_shot_harness:OneShotHarnessConfig`` as
+    ``--harness one_shot`` (what ``pip install`` of a package with that pyproject table leaves)."""
+    dist_info = tmp_path / "rein_one_shot-0.1.dist-info"
     dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: rein-reinforce\nVersion: 0.1\n")
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: rein-one-shot\nVersion: 0.1\n")
     (dist_info / "entry_points.txt").write_text(
-        "[rein.bricks]\nalgorithm.reinforce = examples.bricks.reinforce:ReinforceConfig\n"
+        "[rein.bricks]\nharness.one_shot = examples.bricks.one_shot_harness:OneShotHarnessConfig\n"
     )
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     registry_module._entry_points.cache_clear()
-    monkeypatch.setattr(ALGORITHMS, "_loaded", False)
-    monkeypatch.setattr(ALGORITHMS, "_classes", dict(ALGORITHMS._classes))
+    monkeypatch.setattr(HARNESSES, "_loaded", False)
+    monkeypatch.setattr(HARNESSES, "_classes", dict(HARNESSES._classes))
     yield
     registry_module._entry_points.cache_clear()
 
 
-def test_an_entry_point_brick_is_picked_by_name(installed_reinforce, capsys):
-    from examples.bricks.reinforce import Reinforce, ReinforceConfig
+def test_an_entry_point_brick_is_picked_by_name(installed_one_shot, capsys):
+    from examples.bricks.one_shot_harness import OneShotHarness, OneShotHarnessConfig
 
-    config = parse_config(RunConfig, ["--model", "tiny", "--algorithm", "reinforce"])
-    assert type(config.algorithm) is ReinforceConfig
-    assert isinstance(Bricks.from_config(config).algorithm, Reinforce)
-    assert '"kind": "reinforce"' in config_to_json(config)
+    config = parse_config(SweGrpoConfig, ["--model", "tiny", "--harness", "one_shot"])
+    assert type(config.harness) is OneShotHarnessConfig
+    assert isinstance(build_harness(config)[0], OneShotHarness)
+    assert '"kind": "one_shot"' in config_to_json(config)
     with pytest.raises(SystemExit):
-        parse_config(RunConfig, ["--model", "tiny", "--help"])
-    assert "reinforce" in capsys.readouterr().out.split("--algorithm {")[1].split("}")[0]
+        parse_config(SweGrpoConfig, ["--model", "tiny", "--help"])
+    assert "one_shot" in capsys.readouterr().out.split("--harness {")[1].split("}")[0]

@@ -20,10 +20,7 @@ from tests.contracts.conftest import brick_params
 
 def pytest_generate_tests(metafunc):
     if "make_algorithm" in metafunc.fixturenames:
-        metafunc.parametrize(
-            "make_algorithm",
-            brick_params(metafunc.config, {name: ALGORITHMS.get(name)().build for name in ALGORITHMS}),
-        )
+        metafunc.parametrize("make_algorithm", brick_params(metafunc.config, dict(ALGORITHMS)))
 
 
 @pytest.fixture

@@ -152,7 +152,6 @@ def test_partial_run_continues_rollouts_across_weight_pushes(tmp_path, tiny_mode
     on them (never thrown away), with per-token behaviour logprobs and versions in the trainer's batches."""
     from components.launch import RolloutBrickConfig, SamplingBrickConfig, TrainerBrickConfig
     from components.proxy.providers import LocalProxyConfig
-    from components.training.step import OptimizerConfig
     from monitoring.logger import WandbLoggersConfig
     from recipes.tictactoe_grpo import TicTacToeGrpoConfig, games_for_step, toy_harness, train
 
@@ -165,7 +164,7 @@ def test_partial_run_continues_rollouts_across_weight_pushes(tmp_path, tiny_mode
         games_per_step=GAMES_PER_STEP,
         rollout=RolloutBrickConfig(mode="partial", max_staleness=2, max_concurrency=4),
         sampling=SamplingBrickConfig(max_tokens=48),
-        trainer=TrainerBrickConfig(workers=1, optimizer=OptimizerConfig(learning_rate=2e-5)),
+        trainer=TrainerBrickConfig(workers=1, learning_rate=2e-5),
         proxy=LocalProxyConfig(),
         monitoring=WandbLoggersConfig(wandb_mode="disabled"),
     )

@@ -46,7 +46,7 @@ def test_recipe_help_lists_every_field_and_bad_values_fail_fast():
     assert {"engine.num_cpus", "engine.kind", "proxy.kind", "rollout.mode", "monitoring.wandb_mode"} <= set(
         flags
     )
-    assert {"algorithm.loss.clip_low", "algorithm.loss.kl_coef", "sandbox.num_warm"} <= set(flags)
+    assert {"algorithms.grpo.loss.clip_low", "algorithms.grpo.loss.kl_coef", "sandbox.num_warm"} <= set(flags)
     assert "--proxy {local,serve}" in completed.stdout  # a slot's flag lists the registered kinds
     for flag in flags.values():  # every field of every brick
         assert f"{flag} " in completed.stdout, flag

@@ -4,30 +4,8 @@ a constant instead of the trajectory's length, so long wrong answers are not pen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from components.config import option
-from components.registry import ALGORITHMS
-from components.training.algorithms.grpo import GRPO, GRPOConfig, SampleWeighting
+from components.training.algorithms.grpo import GRPO, GRPOConfig
 from components.training.losses import PolicyLossConfig
-
-
-@ALGORITHMS.register("dr_grpo")
-@dataclass(kw_only=True, frozen=True)
-class DrGRPOConfig(GRPOConfig):
-    """Dr.GRPO: ``GRPOConfig`` with no std division and token sums over a constant (``GRPOConfig.dr_grpo()``)."""
-
-    normalize_advantages_by_std: bool = option(
-        False, "divide (reward - group mean) by the group's sample std"
-    )
-    sample_weighting: SampleWeighting = option(
-        "constant",
-        "loss aggregation: constant (token sums / constant_normalizer_tokens), trajectory or token",
-    )
-
-    def build(self) -> DrGRPO:
-        """The Dr.GRPO brick of this config."""
-        return DrGRPO(config=self)
 
 
 class DrGRPO(GRPO):
@@ -35,10 +13,10 @@ class DrGRPO(GRPO):
 
     def __init__(
         self,
+        config: GRPOConfig | None = None,
         *,
         constant_normalizer_tokens: int = 1024,
         loss: PolicyLossConfig | None = None,
-        config: GRPOConfig | None = None,
     ) -> None:
         super().__init__(
             config or GRPOConfig.dr_grpo(constant_normalizer_tokens=constant_normalizer_tokens, loss=loss)

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from components.config import option, require_non_negative, require_one_of, require_positive
-from components.registry import ALGORITHMS
+from components.config import require_non_negative, require_one_of, require_positive
+from components.recipe_config import option
 from components.training.algorithms.weighting import trajectory_mean_weights
 from components.training.losses import ClippedPolicyGradient, PolicyLossConfig
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 SampleWeighting = Literal["trajectory", "token", "constant"]
 
 
-@ALGORITHMS.register("grpo")
 @dataclass(kw_only=True, frozen=True)
 class GRPOConfig:
     """Group Relative Policy Optimisation."""
@@ -31,7 +30,8 @@ class GRPOConfig:
         True, "divide (reward - group mean) by the group's sample std (+ std_epsilon); false: Dr.GRPO"
     )
     std_epsilon: float = option(1e-6, "added to the group std before dividing")
-    # Every option gives each trajectory the same total weight however many segments it was split into:
+    # How a sampled token's loss is weighted in the step (every option gives each trajectory the same total
+    # weight however many segments it was split into):
     #   "trajectory": each trajectory's loss is the mean over its sampled tokens, trajectories averaged
     #                 (GRPO); a segment's share is its share of its trajectory's sampled tokens.
     #   "token":      every sampled token in the step counts the same (DAPO token-level mean).
@@ -40,21 +40,16 @@ class GRPOConfig:
     sample_weighting: SampleWeighting = option(
         "trajectory",
         "loss aggregation: trajectory (mean over each trajectory's tokens, trajectories averaged), token "
-        "(every sampled token of the step counts the same) or constant (token sums / constant_normalizer_tokens)",
+        "(every token of the step counts the same, DAPO), constant (sum over a trajectory / "
+        "constant_normalizer_tokens, Dr.GRPO)",
     )
-    constant_normalizer_tokens: int = option(1024, "the constant of sample_weighting constant")
-    loss: PolicyLossConfig = option(
-        PolicyLossConfig(), "the clipped, importance-corrected policy-gradient loss"
-    )
+    constant_normalizer_tokens: int = option(1024, "the divisor of sample_weighting constant")
+    loss: PolicyLossConfig = option(PolicyLossConfig(), "the clipped, importance-corrected loss")
 
     def __post_init__(self) -> None:
         require_non_negative(self.std_epsilon, "std_epsilon")
         require_one_of(self.sample_weighting, "sample_weighting", ("trajectory", "token", "constant"))
         require_positive(self.constant_normalizer_tokens, "constant_normalizer_tokens")
-
-    def build(self) -> GRPO:
-        """The GRPO brick of this config."""
-        return GRPO(self)
 
     @classmethod
     def dr_grpo(
