@@ -99,9 +99,19 @@ class Segment:
     parent_segment: int = -1  # index of the segment this one branched from in its trajectory; -1: none
     branch_position: int = 0  # how many of the parent's tokens preceded the branch point
     branch_kind: BranchKind = BranchKind.ROOT
+    # on-policy distillation: a teacher's teacher-forced logprob of each sampled token (0 elsewhere), recorded
+    # with the rollout so a resumed run never scores it again (``components/training/distillation.py``)
+    teacher_logprobs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", np.asarray(self.token_ids, dtype=np.int32))
+        if self.teacher_logprobs is not None:
+            teacher = np.asarray(self.teacher_logprobs, dtype=np.float32)
+            if teacher.shape != np.shape(self.token_ids) or not np.isfinite(teacher).all():
+                raise ValueError(
+                    f"segment.teacher_logprobs: expected {len(self.token_ids)} finite entries, got {teacher.shape}"
+                )
+            object.__setattr__(self, "teacher_logprobs", teacher)
         object.__setattr__(self, "loss_mask", np.asarray(self.loss_mask, dtype=np.int8))
         object.__setattr__(self, "logprobs", np.asarray(self.logprobs, dtype=np.float32))
         object.__setattr__(self, "weight_versions", np.asarray(self.weight_versions, dtype=np.int32))
@@ -166,6 +176,11 @@ class Segment:
             and self.sampling == other.sampling
             and (self.parent_segment, self.branch_position, self.branch_kind)
             == (other.parent_segment, other.branch_position, other.branch_kind)
+            and (
+                np.array_equal(self.teacher_logprobs, other.teacher_logprobs)
+                if self.teacher_logprobs is not None and other.teacher_logprobs is not None
+                else self.teacher_logprobs is other.teacher_logprobs
+            )
             and (
                 np.array_equal(self.routed_experts, other.routed_experts)
                 if self.routed_experts is not None and other.routed_experts is not None
@@ -249,6 +264,8 @@ SEGMENT_TYPE = pa.struct(
         pa.field("parent_segment", pa.int32(), nullable=True),
         pa.field("branch_position", pa.int64(), nullable=True),
         pa.field("branch_kind", pa.string(), nullable=True),
+        # a teacher's logprobs per token (on-policy distillation); empty when not scored
+        pa.field("teacher_logprobs", pa.list_(pa.float32()), nullable=False),
     ]
 )
 
@@ -292,6 +309,9 @@ def _segment_to_row(segment: Segment) -> dict[str, Any]:
         "parent_segment": segment.parent_segment,
         "branch_position": segment.branch_position,
         "branch_kind": segment.branch_kind.value,
+        "teacher_logprobs": (
+            segment.teacher_logprobs if segment.teacher_logprobs is not None else np.empty(0, np.float32)
+        ),
     }
 
 
@@ -330,6 +350,9 @@ def _segment_from_row(row: Mapping[str, Any]) -> Segment:
         parent_segment=-1 if row.get("parent_segment") is None else row["parent_segment"],
         branch_position=row.get("branch_position") or 0,
         branch_kind=row.get("branch_kind") or BranchKind.ROOT,
+        teacher_logprobs=(
+            np.asarray(row["teacher_logprobs"], dtype=np.float32) if row.get("teacher_logprobs") else None
+        ),
     )
 
 

@@ -61,6 +61,10 @@ END_TO_END = {
     "ADMIN_KEY --model M --port 0 --run-dir RUN_DIR": (
         "tests/components/engine/test_sglang_operations.py::test_rein_proxy_engine_sglang_serves_an_agent_request"
     ),
+    "rein proxy --model M --port 0 --admin-key-file KEY_FILE": (
+        "tests/components/proxy/test_proxy_cli_admin.py::"
+        "test_rein_proxy_without_a_key_is_closed_and_hands_the_key_to_the_host_only"
+    ),
     "rein proxy --model M --port 0 --run-dir RUN_DIR --temperature 0.6 --top-p 0.9 --top-k 20 "
     "--record-routed-experts": (
         "tests/components/proxy/test_proxy_cli_sampling.py::"

@@ -134,13 +134,17 @@ class GroupRollouts:
     async def finish_group(self, task: Task, members: list[Trajectory]) -> list[Trajectory]:
         raise NotImplementedError
 
-    async def run(self, tasks: Sequence[Task], step: int) -> list[Trajectory]:
+    async def run(self, tasks: Sequence[Task], step: int, *, first_index: int = 0) -> list[Trajectory]:
         """Roll out every task ``group_size`` times (concurrently, bounded by ``max_concurrency``); one
-        trajectory per rollout, in task order then sample order. A single rollout's failure never raises."""
+        trajectory per rollout, in task order then sample order. A single rollout's failure never raises.
+        Group ids number the tasks from ``first_index`` (more groups for the same step get new ids)."""
         slots = asyncio.Semaphore(self.config.max_concurrency)
         groups = [
             self.run_group(
-                task, group_id=f"{self._run_tag}-s{step}-t{task_index}-{task.task_id}", step=step, slots=slots
+                task,
+                group_id=f"{self._run_tag}-s{step}-t{first_index + task_index}-{task.task_id}",
+                step=step,
+                slots=slots,
             )
             for task_index, task in enumerate(tasks)
         ]

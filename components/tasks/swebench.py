@@ -364,7 +364,7 @@ class SweBenchTask:
         if source is None:
             unpacked = self.unpacked_image()
             assert unpacked is not None  # a task without image has a snapshot (loader invariant)
-            source = unpacked.rootfs / self.repo_path.lstrip("/")
+            source = unpacked.path(self.repo_path)  # resolved inside the image, never through the host
             if not source.is_dir():
                 raise ValueError(f"{self.task_id}: image {self.image} has no repository at {self.repo_path}")
         return _materialise(
@@ -378,7 +378,7 @@ class SweBenchTask:
             env = {key: value for key, value in unpacked.env.items() if key not in ("HOME", "USER")}
             # SWE-bench / SWE-Gym images keep the repository's environment in the conda env "testbed", which
             # their own scripts activate; leading PATH with it gives agents and tests the same interpreter.
-            if (unpacked.rootfs / SWEBENCH_CONDA_ENV.lstrip("/") / "bin").is_dir():
+            if unpacked.path(f"{SWEBENCH_CONDA_ENV}/bin").is_dir():
                 env["PATH"] = f"{SWEBENCH_CONDA_ENV}/bin:{env.get('PATH', SYSTEM_PATH)}"
         else:
             env = {"PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}"}

@@ -68,14 +68,18 @@ from components.config import require, require_positive
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError
 from components.protocols import FinishReason, GenerationResult
 from components.sampling import SamplingDistribution
+from components.tito.formats import (
+    REASONING_FORMATS,
+    TOOL_FORMATS,
+    ReplyDelta,
+    ReplyParser,
+    detect_reasoning_format,
+    reasoning_format_named,
+    tool_format_named,
+)
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 from components.tito.rendering import ChatTemplateRenderer, TemplatePrefixError, TemplateRenderError
-from components.tito.tool_calls import (
-    canonical_arguments,
-    parse_assistant_text,
-    squash_whitespace,
-    strip_think,
-)
+from components.tito.tool_calls import canonical_arguments, squash_whitespace, strip_think
 from components.trajectory import BranchKind, Segment, SegmentReason
 
 # Engines compute logprobs in float32; a sampled token's logprob may round to a hair above 0.
@@ -93,10 +97,26 @@ class TitoConfig:
     native_tools: bool | None = None
     # How many of the most recently used segments a request may extend or fork from.
     max_open_segments: int = 16
+    # How the model writes tool calls (``components/tito/formats``: hermes, qwen3_coder, llama3_json, mistral,
+    # deepseek_v3, glm45, kimi_k2, harmony); None: detected from the chat template.
+    tool_format: str | None = None
+    # How the model writes reasoning (think, harmony, none); None: detected from the chat template.
+    reasoning_format: str | None = None
 
     def __post_init__(self) -> None:
         require(self.native_tools in (None, True, False), "native_tools", "must be None, True or False")
         require_positive(self.max_open_segments, "max_open_segments")
+        require(
+            self.tool_format is None or self.tool_format in TOOL_FORMATS,
+            "tool_format",
+            f"unknown format {self.tool_format!r}; choose one of {sorted(TOOL_FORMATS)} (or None: detect)",
+        )
+        require(
+            self.reasoning_format is None or self.reasoning_format in REASONING_FORMATS,
+            "reasoning_format",
+            f"unknown format {self.reasoning_format!r}; choose one of {sorted(REASONING_FORMATS)} "
+            "(or None: detect)",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +153,7 @@ class AssistantReply:
     num_completion_tokens: int
     segment_index: int  # the segment this turn was recorded in
     raw_text: str  # the sampled text, special tokens included
+    num_malformed_tool_calls: int = 0  # call-like blocks the format could not parse (they stay content)
 
     def to_message(self) -> ChatMessage:
         """The reply as the canonical assistant message a harness sends back next turn."""
@@ -286,7 +307,24 @@ class TitoSession:
         self.tokenizer = tokenizer
         self.context_window = context_window
         self.session_id = session_id
-        self.renderer = ChatTemplateRenderer(tokenizer, native_tools=self.config.native_tools)
+        self.renderer = ChatTemplateRenderer(
+            tokenizer,
+            native_tools=self.config.native_tools,
+            tool_format=tool_format_named(self.config.tool_format) if self.config.tool_format else None,
+        )
+        reasoning = (
+            reasoning_format_named(self.config.reasoning_format)
+            if self.config.reasoning_format
+            else detect_reasoning_format(self.renderer.template)
+        )
+        self.reply_parser = ReplyParser(
+            self.renderer.tool_format,
+            reasoning,
+            reasoning_opened_by_prompt=self.renderer.generation_prompt_opens_reasoning(
+                reasoning.markers[0] if reasoning.markers else ""
+            ),
+        )
+        self.num_malformed_tool_calls = 0  # over all turns: call-like text the tool format could not parse
         self.stop_token_ids = self._find_stop_token_ids()
         self._stop_texts = {t: tokenizer.decode([t], skip_special_tokens=False) for t in self.stop_token_ids}
         self.overflowed = False
@@ -341,7 +379,7 @@ class TitoSession:
             output_ids[:-1] if ends_with_stop else output_ids, skip_special_tokens=False
         )
         raw_text = text + self._stop_texts[output_ids[-1]] if ends_with_stop else text
-        parsed = parse_assistant_text(text, id_seed=f"{self.session_id}/{turn.turn_id}")
+        parsed = self.reply_parser.parse(text, turn.tools, id_seed=self._id_seed(turn))
         segment = self._segment_for(turn)
         index = self._segments.index(segment)
         finish: Literal["stop", "length", "tool_calls"]
@@ -358,7 +396,9 @@ class TitoSession:
             num_completion_tokens=len(output_ids),
             segment_index=index,
             raw_text=raw_text,
+            num_malformed_tool_calls=parsed.num_malformed_tool_calls,
         )
+        self.num_malformed_tool_calls += parsed.num_malformed_tool_calls
         segment.append_sampled(output_ids, logprobs, versions)
         if routes is not None:
             # positions the segment already routed keep their first record (its tokens were sampled then)
@@ -376,6 +416,32 @@ class TitoSession:
         self._touch(segment)
         self._completed_turns.add(turn.turn_id)
         return reply
+
+    def reply_deltas(self, turn: PreparedTurn, output_ids: Sequence[int]) -> tuple[ReplyDelta, ...]:
+        """The reply to ``turn`` as the stream of deltas its sampled ids make, token by token (the same
+        content, reasoning and tool calls, with the same call ids, as ``complete`` parses)."""
+        ids = [int(token) for token in output_ids]
+        if ids and ids[-1] in self.stop_token_ids:
+            ids = ids[:-1]
+        stream = self.reply_parser.stream(turn.tools, id_seed=self._id_seed(turn))
+        deltas: list[ReplyDelta] = []
+        # Incremental detokenization (as inference servers do it): decode from one settled chunk back, and
+        # send only text that ends on a whole character.
+        prefix_offset = read_offset = 0
+        for end in range(1, len(ids) + 1):
+            settled = self.tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens=False)
+            window = self.tokenizer.decode(ids[prefix_offset:end], skip_special_tokens=False)
+            if len(window) > len(settled) and not window.endswith("\ufffd"):
+                deltas.extend(stream.feed(window[len(settled) :]))
+                prefix_offset, read_offset = read_offset, end
+        full = self.tokenizer.decode(ids, skip_special_tokens=False)
+        if full.startswith(stream.text):
+            deltas.extend(stream.feed(full[len(stream.text) :]))
+        deltas.extend(stream.finish())
+        return tuple(deltas)
+
+    def _id_seed(self, turn: PreparedTurn) -> str:
+        return f"{self.session_id}/{turn.turn_id}"
 
     def count_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> int:
         """How many prompt tokens this request would take (what ``prepare`` would send), without recording."""
@@ -692,12 +758,16 @@ class TitoSession:
         for token in eos if isinstance(eos, list) else [eos]:
             if token is not None and token not in ids:
                 ids.append(int(token))
+        added = self.tokenizer.get_added_vocab() if hasattr(self.tokenizer, "get_added_vocab") else {}
         closing = self.renderer.end_of_turn_text
         if closing:
             first = self.renderer.encode(closing)[:1]
-            added = self.tokenizer.get_added_vocab() if hasattr(self.tokenizer, "get_added_vocab") else {}
             if first and first[0] not in ids and self.tokenizer.convert_ids_to_tokens(first[0]) in added:
                 ids.append(first[0])
+        for text in self.renderer.tool_format.stop_texts:  # e.g. Llama's <|eom_id|>, harmony's <|call|>
+            token = added.get(text)
+            if token is not None and token not in ids:
+                ids.append(int(token))
         return tuple(ids)
 
     def _closing_after(self, output_ids: Sequence[int]) -> str:
