@@ -464,3 +464,17 @@ def test_gemini_streams_text_chunks_as_tokens_arrive(tokenizer):
         assert [(c.name, c.args, c.id) for c in calls] == [("bash", {"cmd": "ls -la"}, "functions.bash:0")]
     finally:
         server.stop_thread()
+
+
+def test_recipes_name_the_formats_on_their_proxy_brick(capsys):
+    from components.recipe_config import parse_config
+    from recipes.swe_grpo import SweGrpoConfig
+
+    config = parse_config(
+        SweGrpoConfig, ["--proxy-tool-format", "llama3_json", "--proxy-reasoning-format", "none"]
+    )
+    assert (config.proxy.tool_format, config.proxy.reasoning_format) == ("llama3_json", "none")
+    assert parse_config(SweGrpoConfig, []).proxy.tool_format is None  # detected from the template
+    with pytest.raises(SystemExit):
+        parse_config(SweGrpoConfig, ["--proxy-tool-format", "gemma"])
+    assert "unknown format 'gemma'" in capsys.readouterr().err
