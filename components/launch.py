@@ -631,7 +631,7 @@ class VLLMEngineProvider:
         )
         for server in engine.servers:  # the run's sampling against each server's own --logprobs-mode
             require_matching_logprobs(config.sampling.distribution, server.logprobs_mode)
-        if resumed:  # the servers still serve whatever they were started with
+        if resumed or engine.weight_version != weight_version:  # the servers serve what they last loaded
             await engine.update_weights_from_disk(str(model_path), weight_version)
         return engine, WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
 

@@ -411,3 +411,40 @@ def test_a_malformed_call_stays_content_and_is_counted(tokenizer):
     reply = tito.complete(turn, result)
     assert reply.tool_calls == () and reply.content == text and reply.finish_reason == "stop"
     assert reply.num_malformed_tool_calls == 1 and tito.num_malformed_tool_calls == 1
+
+
+def test_gemini_streams_text_chunks_as_tokens_arrive(tokenizer):
+    """Gemini CLI's protocol: one text chunk per settled piece, then the calls (Kimi K2 format on ChatML)."""
+    from google import genai
+    from google.genai import types
+
+    fmt = tool_format_named("kimi_k2")
+    call = ToolCall(id="functions.bash:0", name="bash", arguments='{"cmd": "ls -la"}')
+    engine = ScriptedEngine(tokenizer, [fmt.render_calls("Checking the tree.", [call])])
+    config = ProxyConfig(port=0, tool_format="kimi_k2")
+    registry = LocalSessionRegistry(engine, tokenizer, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = genai.Client(
+            api_key="x",
+            http_options=types.HttpOptions(base_url=server.session_url(session_id), api_version="v1beta"),
+        )
+        declaration = types.FunctionDeclaration(
+            name="bash",
+            description="Run.",
+            parameters=types.Schema(type="OBJECT", properties={"cmd": types.Schema(type="STRING")}),
+        )
+        generation = types.GenerateContentConfig(
+            tools=[types.Tool(function_declarations=[declaration])],
+            automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+        )
+        chunks = list(client.models.generate_content_stream(model="m", contents="Fix it.", config=generation))
+        parts = [part for chunk in chunks for part in chunk.candidates[0].content.parts]
+        texts = [part.text for part in parts if part.text]
+        assert "".join(texts) == "Checking the tree." and len(texts) > 1
+        calls = [part.function_call for part in parts if part.function_call]
+        assert [(c.name, c.args, c.id) for c in calls] == [("bash", {"cmd": "ls -la"}, "functions.bash:0")]
+    finally:
+        server.stop_thread()
