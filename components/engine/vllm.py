@@ -532,8 +532,8 @@ def with_untied_output_projection(folder: Path) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    config = json.loads((folder / "config.json").read_text())
-    if not config.get("tie_word_embeddings", False):
+    config_path = folder / "config.json"
+    if not config_path.exists() or not json.loads(config_path.read_text()).get("tie_word_embeddings", False):
         return folder
     index_path = folder / "model.safetensors.index.json"
     if index_path.exists():

@@ -41,6 +41,8 @@ API (what the proxy calls)::
                            sampling=SamplingDistribution())   #    stop_token_ids, segment_index, new_segment_reason)
     reply = session.complete(turn, generation_result)         # -> AssistantReply (content, reasoning, tool_calls,
                                                               #    finish_reason, token counts, segment_index)
+    session.reply_deltas(turn, output_ids)                    # the reply as streamed deltas (content, reasoning,
+                                                              #    each tool call once complete), same call ids
     session.count_tokens(messages, tools)                     # prompt length prepare would produce, no recording
     session.segments()                                        # list[Segment], in order of creation
     session.overflowed                                        # True once a prompt reached the context window
