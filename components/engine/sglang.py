@@ -78,6 +78,7 @@ from tenacity import (
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.policy_view import PolicyView
+from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
 from components.protocols import FinishReason, GenerationResult, SamplingParams
 from components.sampling import SamplingDistribution
@@ -150,7 +151,7 @@ class SGLangEngineConfig:
             require_positive(self.routed_experts_top_k, "routed_experts_top_k")
 
 
-class SGLangUnreachableError(EngineError):
+class SGLangUnreachableError(ServerUnreachableError):
     """The server could not be reached (refused, reset, gone) even after the retries: it is down."""
 
 
@@ -159,7 +160,9 @@ class TruncatedSamplingError(ReinError, ValueError):
     training on them would compute importance ratios against the wrong distribution."""
 
 
-def require_untruncated_sampling(sampling: SamplingDistribution, *, source: str = "--top-p / --top-k") -> None:
+def require_untruncated_sampling(
+    sampling: SamplingDistribution, *, source: str = "--top-p / --top-k"
+) -> None:
     """Refuse a sampling distribution SGLang cannot record logprobs for (top-p < 1 or top-k > 0).
 
     ``source`` names where the settings came from, so the message says what to change."""
@@ -179,7 +182,9 @@ def experts_per_token(model_path: str | Path) -> int:
 
     text_config = AutoConfig.from_pretrained(model_path).get_text_config()
     top_k = getattr(text_config, "num_experts_per_tok", None)
-    require(bool(top_k), "record_routed_experts", f"{model_path} is not an MoE model (no num_experts_per_tok)")
+    require(
+        bool(top_k), "record_routed_experts", f"{model_path} is not an MoE model (no num_experts_per_tok)"
+    )
     return int(top_k)
 
 
@@ -414,6 +419,21 @@ class SGLangEngine:
         load = await self._request("GET", "/get_load")
         return load if isinstance(load, list) else [load]
 
+    async def num_requests(self) -> int:
+        """``InferenceServer``: running + waiting requests over every data-parallel rank (``/get_load``)."""
+        return sum(int(rank.get("num_reqs", 0)) for rank in await self.get_load())
+
+    async def load_weights_from_disk(self, model_path: str | Path, version: int) -> dict[str, Any]:
+        """``InferenceServer``: ``/update_weights_from_disk`` of an HF folder as ``version``, no pause around it
+        (the fleet pauses every server first)."""
+        body = {
+            "model_path": str(model_path),
+            "weight_version": str(int(version)),
+            "flush_cache": True,
+            "abort_all_requests": False,
+        }
+        return await self.post_update("/update_weights_from_disk", body, version)
+
     async def tensor_parallel_size(self) -> int:
         """The server's ``tp_size`` (``/get_server_info``, or the older ``/server_info``): its ranks in a
         weight-update group."""
@@ -504,7 +524,9 @@ class SGLangEngine:
         name = Path(lora_path).name
         owners = [owner for owner, (loaded, _) in self._loras.items() if loaded == name and owner != policy]
         if owners:
-            raise EngineError(f"adapter name {name!r} already serves policy {owners[0]!r}; load it under a new name")
+            raise EngineError(
+                f"adapter name {name!r} already serves policy {owners[0]!r}; load it under a new name"
+            )
         async with self.update_lock:
             body = {"lora_name": name, "lora_path": str(lora_path)}
             reply = await self._request("POST", "/load_lora_adapter", json=body, accept_status=(400,))

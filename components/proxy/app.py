@@ -1,14 +1,18 @@
-"""The proxy's HTTP app: OpenAI Chat Completions, OpenAI Responses and Anthropic Messages on one server.
+"""The proxy's HTTP app: OpenAI Chat Completions, OpenAI Responses, Anthropic Messages and Google's Gemini API
+on one server.
 
-Session URL: ``http://HOST:PORT[/ROUTE_PREFIX]/s/{session_id}``. Point an Anthropic client there
-(``ANTHROPIC_BASE_URL``) and an OpenAI client at ``…/s/{session_id}/v1``. The bare paths (``/v1/...``) serve
-the same protocols with the session in an ``X-Session-Id`` header.
+Session URL: ``http://HOST:PORT[/ROUTE_PREFIX]/s/{session_id}``. Point an Anthropic or a Gemini client there
+(``ANTHROPIC_BASE_URL``, ``GOOGLE_GEMINI_BASE_URL``, ``HttpOptions(base_url=...)``) and an OpenAI client at
+``…/s/{session_id}/v1``. The bare paths (``/v1/...``) serve the same protocols with the session in an
+``X-Session-Id`` header.
 
 Routes (each under ``/s/{session_id}`` and bare):
   POST /v1/chat/completions      OpenAI Chat Completions (also ``/chat/completions``)
   POST /v1/responses             OpenAI Responses (also ``/responses``)
   POST /v1/messages              Anthropic Messages (also ``/messages``; ``?beta=true`` ignored)
   POST /v1/messages/count_tokens Anthropic token counting
+  POST /{v}/models/{model}:generateContent   Gemini API (``v`` = v1beta, v1, v1alpha; also
+       :streamGenerateContent[?alt=sse], :countTokens; GET /{v}/models[/{model}])
   GET  /v1/models                the served model
 Session control:
   POST /sessions                 body (optional) {session_id, task_id, group_id, harness, step, policy}
@@ -21,21 +25,26 @@ Session control:
   POST /s/{id}/discard           drop the session
   GET  /health
 
-Auth (``components.proxy.auth``): with ``ProxyConfig.admin_key`` (isolated mode, what ``RunStack`` uses) the
-session-control routes and ``/health`` need the admin key, and a session's model routes need that session's
-capability token (``POST /sessions`` returns it as ``api_key``); a token opens nothing else. With
-``ProxyConfig.api_key`` (shared-key mode) one key opens every route; with neither, every route is open.
+Auth (``components.proxy.auth``): in isolated mode, the default (``ProxyConfig.admin_key``, generated when none
+is given), the session-control routes and ``/health`` need the admin key, and a session's model routes need that
+session's capability token (``POST /sessions`` returns it as ``api_key``); a token opens nothing else. With
+``ProxyConfig.api_key`` (shared-key mode) one key opens every route; only the explicit
+``insecure_open_control_plane`` opens every route to anyone.
+
+Request bounds (``components.proxy.limits``): header and body bytes are checked by an ASGI middleware before the
+body is held, messages and tools once it is parsed, streams by ``max_stream_duration_s``.
 
 Every protocol is parsed into the same ``TurnRequest`` and answered by the same ``SessionRegistry.run_turn``.
-Errors use the protocol's own shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``):
+Errors use the protocol's own shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``,
+Google ``{"error": {"code", "message", "status"}}``):
 bad input 400, unknown session 404, missing API key 401, context overflow 413 with type
 ``context_overflow``; only engine failures (502) and genuine bugs (500) are 5xx.
 
 Streaming is replayed from the finished generation. The server waits up to ``keepalive_interval_s`` for the
 turn before committing to a status code, so errors found while preparing the prompt (overflow, bad history)
 keep their 4xx status; after that it sends keep-alive frames (``: keep-alive`` comments for OpenAI,
-``event: ping`` for Anthropic) every ``keepalive_interval_s`` until the engine answers, and a failure then is
-sent as an in-stream error event.
+``event: ping`` for Anthropic, blank lines for Gemini) every ``keepalive_interval_s`` until the engine answers,
+and a failure then is sent as an in-stream error event.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from components.proxy import anthropic_messages, openai_chat, openai_responses
+from components.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import (
     AuthenticationError,
@@ -63,6 +72,7 @@ from components.proxy.errors import (
     classify_error,
 )
 from components.proxy.json_fields import get_int, get_str, parse_json_object, require_object
+from components.proxy.limits import RequestSizeLimits, check_turn_shape
 from components.proxy.sessions import SessionRegistry, TurnOutcome, trajectory_to_json, validate_session_id
 
 logger = logging.getLogger(__name__)
@@ -81,6 +91,7 @@ class _Protocol:
     error_body: Callable[[int, str, str], dict[str, Any]]
     stream_error_frame: Callable[[str, str], bytes]
     keepalive_frame: bytes
+    messages_field: str  # the body field listing the conversation (bounded by ProxyConfig.max_messages)
 
 
 CHAT = _Protocol(
@@ -92,6 +103,7 @@ CHAT = _Protocol(
     error_body=openai_chat.error_body,
     stream_error_frame=openai_chat.stream_error_frame,
     keepalive_frame=openai_chat.KEEPALIVE_FRAME,
+    messages_field="messages",
 )
 RESPONSES = _Protocol(
     name="openai_responses",
@@ -102,6 +114,7 @@ RESPONSES = _Protocol(
     error_body=openai_responses.error_body,
     stream_error_frame=openai_responses.stream_error_frame,
     keepalive_frame=openai_responses.KEEPALIVE_FRAME,
+    messages_field="input",
 )
 MESSAGES = _Protocol(
     name="anthropic_messages",
@@ -112,7 +125,32 @@ MESSAGES = _Protocol(
     error_body=anthropic_messages.error_body,
     stream_error_frame=anthropic_messages.stream_error_frame,
     keepalive_frame=anthropic_messages.KEEPALIVE_FRAME,
+    messages_field="messages",
 )
+GEMINI = _Protocol(
+    name="gemini_generate_content",
+    id_prefix="",
+    parse=gemini_generate_content.parse_request,
+    render_response=gemini_generate_content.render_response,
+    render_stream=gemini_generate_content.render_stream,
+    error_body=gemini_generate_content.error_body,
+    stream_error_frame=gemini_generate_content.stream_error_frame,
+    keepalive_frame=gemini_generate_content.KEEPALIVE_FRAME,
+    messages_field="contents",
+)
+
+
+def _protocol_of_path(path: str) -> _Protocol:
+    """The protocol whose error shape a path's errors take (for routing errors and unhandled ones)."""
+    if path.endswith("/responses"):
+        return RESPONSES
+    if "/messages" in path:
+        return MESSAGES
+    if any(f"/{version}/models/" in path for version in gemini_generate_content.API_VERSIONS) or any(
+        path.endswith(f"/{version}/models") for version in ("v1beta", "v1alpha")
+    ):
+        return GEMINI
+    return CHAT
 
 
 def _json(payload: Any, status_code: int = 200) -> Response:
@@ -140,7 +178,12 @@ class _ProxyHandlers:
         authorization = request.headers.get("authorization", "")
         if authorization.startswith("Bearer "):
             return authorization.removeprefix("Bearer ")
-        return request.headers.get("x-api-key")
+        # Anthropic's header, then Google's (header or ``?key=``)
+        return (
+            request.headers.get("x-api-key")
+            or request.headers.get("x-goog-api-key")
+            or request.query_params.get("key")
+        )
 
     def _check_api_key(self, request: Request) -> None:
         """Shared-key mode only: the one key opens every route."""
@@ -148,10 +191,14 @@ class _ProxyHandlers:
         if key is None:
             return
         authorization = request.headers.get("authorization", "")
-        if authorization == f"Bearer {key}" or request.headers.get("x-api-key") == key:
+        if authorization == f"Bearer {key}" or key in (
+            request.headers.get("x-api-key"),
+            request.headers.get("x-goog-api-key"),
+            request.query_params.get("key"),
+        ):
             return
         raise AuthenticationError(
-            "missing or wrong API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
+            "missing or wrong API key: send `Authorization: Bearer KEY`, `x-api-key: KEY` or `x-goog-api-key: KEY`"
         )
 
     def _check_admin(self, request: Request) -> None:
@@ -193,6 +240,18 @@ class _ProxyHandlers:
         except InvalidRequestError as error:
             raise SessionNotFoundError(f"unknown session: {error}") from None
 
+    def _bounded(self, body: dict[str, Any], protocol: _Protocol) -> dict[str, Any]:
+        """``body``, once its messages and tools are within the config's limits (400 otherwise)."""
+        config = self.config
+        check_turn_shape(
+            body,
+            protocol.messages_field,
+            max_messages=config.max_messages,
+            max_tools=config.max_tools,
+            max_tool_bytes=config.max_tool_bytes,
+        )
+        return body
+
     @staticmethod
     def _error(protocol: _Protocol, error: BaseException) -> Response:
         status_code, error_type, message = classify_error(error)
@@ -200,10 +259,14 @@ class _ProxyHandlers:
 
     # -- protocol endpoints -------------------------------------------------------------------------------
 
-    async def _turn(self, request: Request, protocol: _Protocol) -> Response:
+    async def _turn(
+        self, request: Request, protocol: _Protocol, parse: Callable[[dict[str, Any]], Any] | None = None
+    ) -> Response:
         try:
             session_id = self._authorized_session_id(request)
-            parsed = protocol.parse(parse_json_object(await request.body()))
+            parsed = (parse or protocol.parse)(
+                self._bounded(parse_json_object(await request.body()), protocol)
+            )
         except Exception as error:
             return self._error(protocol, error)
         response_id = protocol.id_prefix + uuid.uuid4().hex[:24]
@@ -234,8 +297,18 @@ class _ProxyHandlers:
         self, turn: asyncio.Future, protocol: _Protocol, parsed: Any, response_id: str, created: int
     ):
         yield protocol.keepalive_frame
+        deadline = time.monotonic() + self.config.max_stream_duration_s - self.config.keepalive_interval_s
         while True:
-            done, _ = await asyncio.wait({turn}, timeout=self.config.keepalive_interval_s)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                turn.cancel()  # a stream is bounded in time, however long the engine would take
+                message = (
+                    f"the turn did not finish within {self.config.max_stream_duration_s} s "
+                    "(ProxyConfig.max_stream_duration_s)"
+                )
+                yield protocol.stream_error_frame("timeout_error", message)
+                return
+            done, _ = await asyncio.wait({turn}, timeout=min(self.config.keepalive_interval_s, remaining))
             if done:
                 break
             yield protocol.keepalive_frame
@@ -260,11 +333,49 @@ class _ProxyHandlers:
     async def count_tokens(self, request: Request) -> Response:
         try:
             session_id = self._authorized_session_id(request)
-            messages, tools = anthropic_messages.parse_count_tokens(parse_json_object(await request.body()))
+            body = self._bounded(parse_json_object(await request.body()), MESSAGES)
+            messages, tools = anthropic_messages.parse_count_tokens(body)
             num_tokens = await self.registry.count_tokens(session_id, messages, tools)
         except Exception as error:
             return self._error(MESSAGES, error)
         return _json({"input_tokens": num_tokens})
+
+    async def gemini_model_method(self, request: Request) -> Response:
+        """``POST /{version}/models/{model}:{method}``: generateContent, streamGenerateContent, countTokens."""
+        model, _, method = request.path_params["model_method"].rpartition(":")
+        if not model or method not in gemini_generate_content.METHODS:
+            message = (
+                f"POST {request.url.path}: unknown method {method!r}; this proxy serves models/MODEL:"
+                + ", models/MODEL:".join(gemini_generate_content.METHODS)
+            )
+            return self._error(GEMINI, SessionNotFoundError(message))
+        if method == gemini_generate_content.COUNT_TOKENS:
+            try:
+                session_id = self._authorized_session_id(request)
+                body = self._bounded(parse_json_object(await request.body()), GEMINI)
+                messages, tools = gemini_generate_content.parse_count_tokens(body)
+                num_tokens = await self.registry.count_tokens(session_id, messages, tools)
+            except Exception as error:
+                return self._error(GEMINI, error)
+            return _json(gemini_generate_content.render_count_tokens(num_tokens))
+        alt = request.query_params.get("alt")
+        return await self._turn(
+            request,
+            GEMINI,
+            parse=lambda body: gemini_generate_content.parse_request(
+                body, model=model, method=method, alt=alt
+            ),
+        )
+
+    async def gemini_models(self, request: Request) -> Response:
+        """``GET /{version}/models`` and ``GET /{version}/models/{model}``: the served policy as a Model."""
+        try:
+            self._authorized_session_id(request)
+        except Exception as error:
+            return self._error(GEMINI, error)
+        name = request.path_params.get("model") or self.config.served_model_name
+        model = gemini_generate_content.model_resource(name)
+        return _json(model if "model" in request.path_params else {"models": [model]})
 
     async def models(self, request: Request) -> Response:
         try:
@@ -380,13 +491,17 @@ def _not_found_handler(request: Request, error: Exception) -> Response:
     if status_code == 404:
         message += "; protocol routes live under /s/{session_id}/v1/ (chat/completions, responses, messages)"
     error_type = "not_found_error" if status_code == 404 else "invalid_request_error"
-    protocol = MESSAGES if "/messages" in request.url.path else CHAT
+    protocol = _protocol_of_path(request.url.path)
     return _json(protocol.error_body(status_code, error_type, message), status_code)
+
+
+def _limit_error_body(path: str, status_code: int, error_type: str, message: str) -> dict[str, Any]:
+    return _protocol_of_path(path).error_body(status_code, error_type, message)
 
 
 def _internal_error_handler(request: Request, error: Exception) -> Response:
     status_code, error_type, message = classify_error(error)
-    protocol = MESSAGES if "/messages" in request.url.path else CHAT
+    protocol = _protocol_of_path(request.url.path)
     return _json(protocol.error_body(status_code, error_type, message), status_code)
 
 
@@ -406,6 +521,15 @@ def build_app(registry: SessionRegistry, config: ProxyConfig | None = None) -> F
             app.add_route(prefix + path, handlers.messages, methods=["POST"])
         app.add_route(prefix + "/v1/messages/count_tokens", handlers.count_tokens, methods=["POST"])
         app.add_route(prefix + "/v1/models", handlers.models, methods=["GET"])
+        for version in gemini_generate_content.API_VERSIONS:
+            app.add_route(
+                prefix + f"/{version}/models/{{model_method}}", handlers.gemini_model_method, methods=["POST"]
+            )
+            if version != "v1":  # GET /v1/models[/{id}] is OpenAI's
+                app.add_route(prefix + f"/{version}/models", handlers.gemini_models, methods=["GET"])
+                app.add_route(
+                    prefix + f"/{version}/models/{{model}}", handlers.gemini_models, methods=["GET"]
+                )
     app.add_route("/sessions", handlers.open_session, methods=["POST"])
     app.add_route("/s/{session_id}/trajectory", handlers.trajectory, methods=["GET"])
     app.add_route("/s/{session_id}/finalize", handlers.finalize, methods=["POST"])
@@ -413,4 +537,11 @@ def build_app(registry: SessionRegistry, config: ProxyConfig | None = None) -> F
     app.add_route("/health", handlers.health, methods=["GET"])
     app.add_exception_handler(StarletteHTTPException, _not_found_handler)
     app.add_exception_handler(Exception, _internal_error_handler)
+    app.add_middleware(
+        RequestSizeLimits,
+        max_header_bytes=config.max_header_bytes,
+        max_body_bytes=config.max_request_body_bytes,
+        max_discarded_body_bytes=config.max_discarded_body_bytes,
+        error_body=_limit_error_body,
+    )
     return app

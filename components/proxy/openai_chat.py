@@ -8,8 +8,10 @@ types are ignored), ``tool_choice``, ``max_tokens``/``max_completion_tokens``, `
 ``metadata``, ``user`` ...) is accepted and ignored.
 
 ``top_logprobs``: the engine returns only the sampled token's logprob, so each position's ``top_logprobs``
-lists just the sampled token. Streaming is replayed from the finished generation: one role chunk, one content
-chunk, one chunk per tool call, a finish chunk, an optional usage chunk, then ``data: [DONE]``.
+lists just the sampled token. Streaming sends the reply as its sampled tokens make it (``TitoSession.reply_deltas``,
+through the model family's streaming parser): a role chunk, then reasoning and content deltas as the tokens
+settle them and one ``tool_calls`` delta per call as soon as it is complete, a finish chunk, an optional usage
+chunk, then ``data: [DONE]``. With ``logprobs`` the content comes as one chunk carrying them all.
 """
 
 from __future__ import annotations
@@ -178,6 +180,7 @@ def parse_request(body: dict[str, Any]) -> ChatCompletionsRequest:
         stop=get_stop(body, "stop", where),
         seed=get_int(body, "seed", where),
         want_token_logprobs=logprobs,
+        want_deltas=stream and not logprobs,
     )
     model = body.get("model")
     return ChatCompletionsRequest(
@@ -282,13 +285,37 @@ def render_stream(
         )
 
     frames = [chunk({"role": "assistant", "content": ""})]
-    if reply.reasoning:
+    if outcome.deltas is not None:
+        for delta in outcome.deltas:
+            if delta.kind == "reasoning":
+                frames.append(chunk({"reasoning_content": delta.text}))
+            elif delta.kind == "content":
+                frames.append(chunk({"content": delta.text}))
+            elif delta.tool_call is not None:
+                call = delta.tool_call
+                function = {"name": call.name, "arguments": call.arguments}
+                frames.append(
+                    chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": delta.index,
+                                    "id": call.id,
+                                    "type": "function",
+                                    "function": function,
+                                }
+                            ]
+                        }
+                    )
+                )
+    elif reply.reasoning:
         frames.append(chunk({"reasoning_content": reply.reasoning}))
-    logprobs = _logprobs_json(outcome.token_logprobs, request.top_logprobs > 0)
-    if reply.content or logprobs is not None:
-        frames.append(chunk({"content": reply.content}, logprobs=logprobs))
-    for index, call in enumerate(_tool_calls_json(outcome, response_id)):
-        frames.append(chunk({"tool_calls": [{"index": index, **call}]}))
+    if outcome.deltas is None:
+        logprobs = _logprobs_json(outcome.token_logprobs, request.top_logprobs > 0)
+        if reply.content or logprobs is not None:
+            frames.append(chunk({"content": reply.content}, logprobs=logprobs))
+        for index, call in enumerate(_tool_calls_json(outcome, response_id)):
+            frames.append(chunk({"tool_calls": [{"index": index, **call}]}))
     frames.append(chunk({}, finish_reason=reply.finish_reason))
     if request.include_usage:
         frames.append(

@@ -55,6 +55,7 @@ from components.proxy.config import ProxyConfig
 from components.proxy.errors import InvalidRequestError, SessionNotFoundError
 from components.sampling import SamplingDistribution
 from components.tito import AssistantReply, TitoSession
+from components.tito.formats import ReplyDelta
 from components.tito.messages import ChatMessage, ToolSpec
 from components.trajectory import Segment, Trajectory, TrajectoryStatus
 
@@ -76,6 +77,7 @@ class TurnRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     want_token_logprobs: bool = False  # return each sampled token's text and logprob (OpenAI ``logprobs``)
+    want_deltas: bool = False  # return the reply as the deltas its tokens make (streaming responses)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +94,7 @@ class TurnOutcome:
     num_prompt_tokens: int
     num_completion_tokens: int
     token_logprobs: tuple[TokenLogprob, ...] | None = None
+    deltas: tuple[ReplyDelta, ...] | None = None  # with ``want_deltas``: content/reasoning/tool-call deltas
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,6 +195,9 @@ def segment_to_json(segment: Segment) -> dict[str, Any]:
         "logprobs": segment.logprobs.tolist(),
         "weight_versions": segment.weight_versions.tolist(),
         "sampling": dataclasses.asdict(segment.sampling),
+        "parent_segment": segment.parent_segment,
+        "branch_position": segment.branch_position,
+        "branch_kind": segment.branch_kind.value,
         # the routes themselves (large) stay in the stored trajectory; JSON readers get their shape
         "routed_experts_shape": None
         if segment.routed_experts is None
@@ -277,7 +283,12 @@ class LocalSessionRegistry:
             self._store = TrajectoryStore(self.config.run_dir)
 
     def _new_tito(self, session_id: str, engine: InferenceEngine) -> TitoSession:
-        return TitoSession(self.tokenizer, context_window=engine.context_window, session_id=session_id)
+        return TitoSession(
+            self.tokenizer,
+            context_window=engine.context_window,
+            session_id=session_id,
+            config=self.config.tito_config(),
+        )
 
     def _engine_of(self, policy: str) -> InferenceEngine:
         if not policy:
@@ -371,13 +382,16 @@ class LocalSessionRegistry:
                 session.overflowed = True
                 session.overflow_message = str(error)
                 raise
-            except ValueError:  # a request the engine refuses (e.g. sampling it cannot record): the client's 4xx
+            except (
+                ValueError
+            ):  # a request the engine refuses (e.g. sampling it cannot record): the client's 4xx
                 raise
             except Exception as error:
                 session.num_engine_errors += 1
                 session.last_engine_error = f"{type(error).__name__}: {error}"
                 raise
             reply = session.tito.complete(turn, result)
+            deltas = session.tito.reply_deltas(turn, result.output_ids) if request.want_deltas else None
             if reply.finish_reason == "length" and self._cut_by_proxy(request, max_tokens, turn.max_tokens):
                 reply = dataclasses.replace(reply, finish_reason="tool_calls" if reply.tool_calls else "stop")
             session.conversations[reply.segment_index] = (tuple(request.messages), reply)
@@ -393,6 +407,7 @@ class LocalSessionRegistry:
             num_prompt_tokens=reply.num_prompt_tokens,
             num_completion_tokens=reply.num_completion_tokens,
             token_logprobs=token_logprobs,
+            deltas=deltas,
         )
 
     def _sampling_for(self, request: TurnRequest) -> SamplingDistribution:
@@ -430,6 +445,9 @@ class LocalSessionRegistry:
             "status": TrajectoryStatus.CONTEXT_OVERFLOW.value if session.overflowed else "open",
             "num_turns": session.num_turns,
             "num_engine_errors": session.num_engine_errors,
+            "num_malformed_tool_calls": session.tito.num_malformed_tool_calls,
+            "tool_format": session.tito.renderer.tool_format.name,
+            "reasoning_format": session.tito.reply_parser.reasoning_format.name,
             "last_engine_error": session.last_engine_error,
             "num_segments": len(segments),
             "segments": [segment_to_json(s) for s in segments],

@@ -16,13 +16,13 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from components.config import require_positive
-from components.errors import grading_failure_reason
+from components.errors import SandboxBackendDownError, grading_failure_reason
 from components.protocols import (
     GroupReward,
     Harness,
@@ -43,6 +43,8 @@ from components.rollout.log_text import clip_text
 from components.trajectory import TRAINABLE_STATUSES, Trajectory, TrajectoryStatus
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 OPEN_PROXY_API_KEY = "rein"  # what harnesses send to a proxy without per-session tokens (any key is accepted)
 
@@ -105,6 +107,19 @@ class _Rollout:
         self.failure_reason = reason or status.value
 
 
+async def gather_or_cancel(coroutines: Iterable[Awaitable[T]]) -> list[T]:
+    """``asyncio.gather``, except that one raising (rollouts never raise, but a step can stop: a backend that is
+    down) cancels and awaits the rest, so nothing keeps running after the step has failed."""
+    jobs = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    try:
+        return list(await asyncio.gather(*jobs))
+    except BaseException:
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        raise
+
+
 class GroupRollouts:
     """Groups and steps of rollouts over two primitives a subclass provides: ``run_one`` (one rollout, never
     raises) and ``finish_group`` (the group reward over a complete group). ``RolloutRunner`` runs them in this
@@ -119,17 +134,21 @@ class GroupRollouts:
     async def finish_group(self, task: Task, members: list[Trajectory]) -> list[Trajectory]:
         raise NotImplementedError
 
-    async def run(self, tasks: Sequence[Task], step: int) -> list[Trajectory]:
+    async def run(self, tasks: Sequence[Task], step: int, *, first_index: int = 0) -> list[Trajectory]:
         """Roll out every task ``group_size`` times (concurrently, bounded by ``max_concurrency``); one
-        trajectory per rollout, in task order then sample order. A single rollout's failure never raises."""
+        trajectory per rollout, in task order then sample order. A single rollout's failure never raises.
+        Group ids number the tasks from ``first_index`` (more groups for the same step get new ids)."""
         slots = asyncio.Semaphore(self.config.max_concurrency)
         groups = [
             self.run_group(
-                task, group_id=f"{self._run_tag}-s{step}-t{task_index}-{task.task_id}", step=step, slots=slots
+                task,
+                group_id=f"{self._run_tag}-s{step}-t{first_index + task_index}-{task.task_id}",
+                step=step,
+                slots=slots,
             )
             for task_index, task in enumerate(tasks)
         ]
-        return [trajectory for members in await asyncio.gather(*groups) for trajectory in members]
+        return [trajectory for members in await gather_or_cancel(groups) for trajectory in members]
 
     async def run_group(
         self,
@@ -154,7 +173,7 @@ class GroupRollouts:
                     on_member(trajectory)
             return trajectory
 
-        members = await asyncio.gather(*(member() for _ in range(self.config.group_size)))
+        members = await gather_or_cancel(member() for _ in range(self.config.group_size))
         return await self.finish_group(task, list(members))
 
 
@@ -176,7 +195,8 @@ class RolloutRunner(GroupRollouts):
     ) -> None:
         """``session_keys``: the proxy's credentials (``ProxyConfig.session_keys``) when it runs isolated; each
         harness then gets its own session's capability token as its API key, never the admin key. None: the
-        proxy is open (or shared-key) and harnesses get a placeholder key. ``group_reward`` (e.g. a relative
+        proxy runs shared-key or with ``insecure_open_control_plane`` and harnesses get a placeholder key (a
+        default proxy refuses it). ``group_reward`` (e.g. a relative
         judge) scores each complete group after its rollouts, combined with the grader's reward by
         ``reward_weights``."""
         self.config = config
@@ -233,7 +253,10 @@ class RolloutRunner(GroupRollouts):
         rollout = _Rollout()
         try:
             return await self._rollout(task, rollout, group_id=group_id, step=step)
-        except asyncio.CancelledError:  # the caller gave up on this rollout: its proxy session goes too
+        except (
+            asyncio.CancelledError,
+            SandboxBackendDownError,
+        ):  # the caller gave up, or the backend is down
             if rollout.open_session_id is not None:
                 with contextlib.suppress(Exception):
                     await self.sessions.discard(rollout.open_session_id)
@@ -257,6 +280,8 @@ class RolloutRunner(GroupRollouts):
             if isinstance(self.harness, SandboxAwareHarness):
                 spec = self.harness.adapt_sandbox_spec(spec, proxy_url=self.proxy_url)
             sandbox = await asyncio.wait_for(self.sandboxes.acquire(spec), self.config.acquire_timeout_s)
+        except SandboxBackendDownError:
+            raise  # the backend is down: the step stops (``sandboxes.resilient``), no record per rollout
         except Exception as exc:
             rollout.fail(
                 TrajectoryStatus.SANDBOX_ERROR, f"could not get a sandbox: {type(exc).__name__}: {exc}"

@@ -11,11 +11,13 @@ that differ), so one early difference does not count every later token as drifte
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import TYPE_CHECKING, Any
 
+from components.tito.formats import ToolFormat
 from components.tito.messages import ChatMessage, ToolSpec
 from components.tito.rendering import ChatTemplateRenderer
 
@@ -31,6 +33,7 @@ class DriftReport:
     num_mismatched: int  # tokens that differ once TITO ids and the re-render are aligned
     first_mismatch_index: int | None  # first position where the two differ; None when they agree
     num_rerendered_tokens: int
+    segment_reason: str = ""  # why the audited segment started (``audit_session``), e.g. history_rewritten
 
     @property
     def mismatch_rate(self) -> float:
@@ -93,9 +96,10 @@ def drift_audit(
     tools: Sequence[ToolSpec] = (),
     *,
     native_tools: bool | None = None,
+    tool_format: ToolFormat | None = None,
 ) -> DriftReport:
     """Re-render ``messages`` (+ ``tools``) with the template and count how many of the segment's ids differ."""
-    renderer = ChatTemplateRenderer(tokenizer, native_tools=native_tools)
+    renderer = ChatTemplateRenderer(tokenizer, native_tools=native_tools, tool_format=tool_format)
     ends_with_reply = bool(messages) and messages[-1].role == "assistant"
     rerendered = renderer.render_ids(messages, tools, add_generation_prompt=not ends_with_reply)
     truth = [int(t) for t in segment_token_ids]
@@ -111,12 +115,16 @@ def drift_audit(
 def audit_session(session: TitoSession) -> list[DriftReport]:
     """A drift report for every segment of a session, in order."""
     return [
-        drift_audit(
-            session.tokenizer,
-            segment.token_ids,
-            session.segment_messages(index),
-            session.segment_tools(index),
-            native_tools=session.renderer.native_tools,
+        dataclasses.replace(
+            drift_audit(
+                session.tokenizer,
+                segment.token_ids,
+                session.segment_messages(index),
+                session.segment_tools(index),
+                native_tools=session.renderer.native_tools,
+                tool_format=session.renderer.tool_format,
+            ),
+            segment_reason=segment.reason.value,
         )
         for index, segment in enumerate(session.segments())
     ]

@@ -2,8 +2,9 @@
 
 Templates that support tools (they mention ``tools``) get the tools and the messages in the OpenAI form HF
 templates take (``tools=`` of ``apply_chat_template``, ``tool_calls`` with parsed arguments, ``reasoning_content``).
-Templates without tool support (SmolLM2's ChatML) get Hermes/Qwen-style text instead: the tool schemas in the
-system message, past tool calls as ``<tool_call>`` blocks in the assistant content, and each run of
+Templates without tool support (SmolLM2's ChatML) get the tool format's text instead (Hermes/Qwen by default,
+``components/tito/formats``): the tool schemas in the system message, past tool calls written in the assistant
+content as the model wrote them, and each run of
 consecutive tool results as ONE user turn of ``<tool_response>`` blocks. (With tools but no system message,
 the tool instructions become the system message, replacing any default system prompt of the template.)
 
@@ -20,13 +21,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from components.tito.formats import ToolFormat, detect_tool_format
+from components.tito.formats.hermes import tool_responses_text
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
-from components.tito.tool_calls import (
-    assistant_text,
-    template_tool_call,
-    tool_responses_text,
-    tools_system_prompt,
-)
+from components.tito.tool_calls import template_tool_call
 
 _SENTINEL = "\u2063rein-turn-end\u2063"
 _ANCHOR_CACHE_SIZE = 64
@@ -52,11 +50,17 @@ def _template_source(tokenizer: Any) -> str:
 class ChatTemplateRenderer:
     """Canonical messages → the text and token ids the model's chat template makes of them."""
 
-    def __init__(self, tokenizer: Any, *, native_tools: bool | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, *, native_tools: bool | None = None, tool_format: ToolFormat | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         template = _template_source(tokenizer)
+        self.template = template
         # None: decide from the template itself (HF templates with tool support read the ``tools`` variable).
         self.native_tools = ("tools" in template) if native_tools is None else native_tools
+        # How the model writes tool calls: given, else detected from the template (UnknownTemplateFormatError
+        # for a template that renders tools in a format no registered one matches).
+        self.tool_format = tool_format or detect_tool_format(template, renders_tools="tools" in template)
         self._anchor_cache: dict[tuple[Any, ...], str] = {}
         self.end_of_turn_text = self._assistant_turn_closing()
 
@@ -78,15 +82,14 @@ class ChatTemplateRenderer:
                 out.append({"role": "user", "content": tool_responses_text(pending_results)})
                 pending_results = []
             if message.role == "assistant":
-                out.append(
-                    {"role": "assistant", "content": assistant_text(message.content, message.tool_calls)}
-                )
+                text = self.tool_format.render_calls(message.content, message.tool_calls)
+                out.append({"role": "assistant", "content": text})
             else:
                 out.append({"role": message.role, "content": message.content})
         if pending_results:
             out.append({"role": "user", "content": tool_responses_text(pending_results)})
         if tools:
-            tools_text = tools_system_prompt(tools)
+            tools_text = self.tool_format.tools_prompt(tools)
             if out and out[0]["role"] == "system":
                 out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{tools_text}"}
             else:
@@ -162,6 +165,8 @@ class ChatTemplateRenderer:
         ]
         before = self._anchor_text(anchor, anchor_tools)
         after = self.render_text([*anchor, *new_messages], anchor_tools, add_generation_prompt=True)
+        if not after.startswith(before) and after.startswith(before.rstrip()):
+            before = before.rstrip()  # whitespace some templates (DeepSeek V3's) write only at the very end
         if not after.startswith(before):
             raise TemplatePrefixError(
                 "the template renders earlier turns differently once new messages follow"
@@ -178,6 +183,14 @@ class ChatTemplateRenderer:
             self._anchor_cache[key] = text
         return text
 
+    def generation_prompt_opens_reasoning(self, marker: str) -> bool:
+        """Whether the generation prompt ends by opening a reasoning block (``marker``, e.g. ``<think>``)."""
+        try:
+            text = self.render_text([ChatMessage(role="user", content=".")], (), add_generation_prompt=True)
+        except TemplateRenderError:
+            return False
+        return bool(marker) and text.rstrip().endswith(marker)
+
     def _assistant_turn_closing(self) -> str:
         """What the template writes after an assistant turn's content (``<|im_end|>\\n`` for ChatML)."""
         conversation = [
@@ -190,4 +203,15 @@ class ChatTemplateRenderer:
             return ""
         if _SENTINEL not in text:
             return ""
-        return text[text.rindex(_SENTINEL) + len(_SENTINEL) :]
+        closing = text[text.rindex(_SENTINEL) + len(_SENTINEL) :]
+        try:  # only what still follows the turn once another message comes (not whitespace ending the text)
+            followed = self.render_text(
+                [*conversation, ChatMessage(role="user", content=".")], (), add_generation_prompt=False
+            )
+        except TemplateRenderError:
+            return closing
+        after = followed[followed.rindex(_SENTINEL) + len(_SENTINEL) :] if _SENTINEL in followed else ""
+        size = 0
+        while size < min(len(closing), len(after)) and closing[size] == after[size]:
+            size += 1
+        return closing[:size]

@@ -41,6 +41,8 @@ API (what the proxy calls)::
                            sampling=SamplingDistribution())   #    stop_token_ids, segment_index, new_segment_reason)
     reply = session.complete(turn, generation_result)         # -> AssistantReply (content, reasoning, tool_calls,
                                                               #    finish_reason, token counts, segment_index)
+    session.reply_deltas(turn, output_ids)                    # the reply as streamed deltas (content, reasoning,
+                                                              #    each tool call once complete), same call ids
     session.count_tokens(messages, tools)                     # prompt length prepare would produce, no recording
     session.segments()                                        # list[Segment], in order of creation
     session.overflowed                                        # True once a prompt reached the context window
@@ -68,18 +70,24 @@ from components.config import require, require_positive
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError
 from components.protocols import FinishReason, GenerationResult
 from components.sampling import SamplingDistribution
+from components.tito.formats import (
+    REASONING_FORMATS,
+    TOOL_FORMATS,
+    ReplyDelta,
+    ReplyParser,
+    detect_reasoning_format,
+    reasoning_format_named,
+    tool_format_named,
+)
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 from components.tito.rendering import ChatTemplateRenderer, TemplatePrefixError, TemplateRenderError
-from components.tito.tool_calls import (
-    canonical_arguments,
-    parse_assistant_text,
-    squash_whitespace,
-    strip_think,
-)
-from components.trajectory import Segment, SegmentReason
+from components.tito.tool_calls import canonical_arguments, squash_whitespace, strip_think
+from components.trajectory import BranchKind, Segment, SegmentReason
 
 # Engines compute logprobs in float32; a sampled token's logprob may round to a hair above 0.
 _LOGPROB_ROUNDING_SLACK = 1e-3
+# A tool-call argument or a reply shorter than this is too common ("ls", "ok") to identify a branch's origin.
+_MIN_LINEAGE_TEXT_CHARS = 24
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,10 +99,26 @@ class TitoConfig:
     native_tools: bool | None = None
     # How many of the most recently used segments a request may extend or fork from.
     max_open_segments: int = 16
+    # How the model writes tool calls (``components/tito/formats``: hermes, qwen3_coder, llama3_json, mistral,
+    # deepseek_v3, glm45, kimi_k2, harmony); None: detected from the chat template.
+    tool_format: str | None = None
+    # How the model writes reasoning (think, harmony, none); None: detected from the chat template.
+    reasoning_format: str | None = None
 
     def __post_init__(self) -> None:
         require(self.native_tools in (None, True, False), "native_tools", "must be None, True or False")
         require_positive(self.max_open_segments, "max_open_segments")
+        require(
+            self.tool_format is None or self.tool_format in TOOL_FORMATS,
+            "tool_format",
+            f"unknown format {self.tool_format!r}; choose one of {sorted(TOOL_FORMATS)} (or None: detect)",
+        )
+        require(
+            self.reasoning_format is None or self.reasoning_format in REASONING_FORMATS,
+            "reasoning_format",
+            f"unknown format {self.reasoning_format!r}; choose one of {sorted(REASONING_FORMATS)} "
+            "(or None: detect)",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +155,7 @@ class AssistantReply:
     num_completion_tokens: int
     segment_index: int  # the segment this turn was recorded in
     raw_text: str  # the sampled text, special tokens included
+    num_malformed_tool_calls: int = 0  # call-like blocks the format could not parse (they stay content)
 
     def to_message(self) -> ChatMessage:
         """The reply as the canonical assistant message a harness sends back next turn."""
@@ -221,6 +246,9 @@ class _OpenSegment:
     routes: list[np.ndarray] = field(default_factory=list)  # chunks of [positions, layers, top_k] expert ids
     num_routed_positions: int = 0
     last_used: int = 0
+    parent: _OpenSegment | None = None  # lineage: the segment this one branched from,
+    branch_position: int = 0  # after how many of its tokens,
+    branch_kind: BranchKind = BranchKind.ROOT  # and why
 
     def append(self, ids: Sequence[int]) -> None:
         self.token_ids.extend(_interned(ids))
@@ -281,7 +309,24 @@ class TitoSession:
         self.tokenizer = tokenizer
         self.context_window = context_window
         self.session_id = session_id
-        self.renderer = ChatTemplateRenderer(tokenizer, native_tools=self.config.native_tools)
+        self.renderer = ChatTemplateRenderer(
+            tokenizer,
+            native_tools=self.config.native_tools,
+            tool_format=tool_format_named(self.config.tool_format) if self.config.tool_format else None,
+        )
+        reasoning = (
+            reasoning_format_named(self.config.reasoning_format)
+            if self.config.reasoning_format
+            else detect_reasoning_format(self.renderer.template)
+        )
+        self.reply_parser = ReplyParser(
+            self.renderer.tool_format,
+            reasoning,
+            reasoning_opened_by_prompt=self.renderer.generation_prompt_opens_reasoning(
+                reasoning.markers[0] if reasoning.markers else ""
+            ),
+        )
+        self.num_malformed_tool_calls = 0  # over all turns: call-like text the tool format could not parse
         self.stop_token_ids = self._find_stop_token_ids()
         self._stop_texts = {t: tokenizer.decode([t], skip_special_tokens=False) for t in self.stop_token_ids}
         self.overflowed = False
@@ -336,7 +381,7 @@ class TitoSession:
             output_ids[:-1] if ends_with_stop else output_ids, skip_special_tokens=False
         )
         raw_text = text + self._stop_texts[output_ids[-1]] if ends_with_stop else text
-        parsed = parse_assistant_text(text, id_seed=f"{self.session_id}/{turn.turn_id}")
+        parsed = self.reply_parser.parse(text, turn.tools, id_seed=self._id_seed(turn))
         segment = self._segment_for(turn)
         index = self._segments.index(segment)
         finish: Literal["stop", "length", "tool_calls"]
@@ -353,7 +398,9 @@ class TitoSession:
             num_completion_tokens=len(output_ids),
             segment_index=index,
             raw_text=raw_text,
+            num_malformed_tool_calls=parsed.num_malformed_tool_calls,
         )
+        self.num_malformed_tool_calls += parsed.num_malformed_tool_calls
         segment.append_sampled(output_ids, logprobs, versions)
         if routes is not None:
             # positions the segment already routed keep their first record (its tokens were sampled then)
@@ -372,12 +419,39 @@ class TitoSession:
         self._completed_turns.add(turn.turn_id)
         return reply
 
+    def reply_deltas(self, turn: PreparedTurn, output_ids: Sequence[int]) -> tuple[ReplyDelta, ...]:
+        """The reply to ``turn`` as the stream of deltas its sampled ids make, token by token (the same
+        content, reasoning and tool calls, with the same call ids, as ``complete`` parses)."""
+        ids = [int(token) for token in output_ids]
+        if ids and ids[-1] in self.stop_token_ids:
+            ids = ids[:-1]
+        stream = self.reply_parser.stream(turn.tools, id_seed=self._id_seed(turn))
+        deltas: list[ReplyDelta] = []
+        # Incremental detokenization (as inference servers do it): decode from one settled chunk back, and
+        # send only text that ends on a whole character.
+        prefix_offset = read_offset = 0
+        for end in range(1, len(ids) + 1):
+            settled = self.tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens=False)
+            window = self.tokenizer.decode(ids[prefix_offset:end], skip_special_tokens=False)
+            if len(window) > len(settled) and not window.endswith("\ufffd"):
+                deltas.extend(stream.feed(window[len(settled) :]))
+                prefix_offset, read_offset = read_offset, end
+        full = self.tokenizer.decode(ids, skip_special_tokens=False)
+        if full.startswith(stream.text):
+            deltas.extend(stream.feed(full[len(stream.text) :]))
+        deltas.extend(stream.finish())
+        return tuple(deltas)
+
+    def _id_seed(self, turn: PreparedTurn) -> str:
+        return f"{self.session_id}/{turn.turn_id}"
+
     def count_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> int:
         """How many prompt tokens this request would take (what ``prepare`` would send), without recording."""
         return len(self._plan(messages, tools).prompt_ids)
 
     def segments(self) -> list[Segment]:
         """The recorded segments, in order of creation."""
+        index_of = {id(s): index for index, s in enumerate(self._segments)}
         return [
             Segment(
                 token_ids=np.asarray(s.token_ids, dtype=np.int32),
@@ -387,6 +461,9 @@ class TitoSession:
                 reason=s.reason,
                 sampling=s.sampling,
                 routed_experts=np.concatenate(s.routes) if s.routes else None,
+                parent_segment=-1 if s.parent is None else index_of[id(s.parent)],
+                branch_position=s.branch_position,
+                branch_kind=s.branch_kind,
             )
             for s in self._segments
         ]
@@ -533,6 +610,7 @@ class TitoSession:
         checkpoints = (
             [c for c in source.checkpoints if c.num_tokens <= turn.num_reused_tokens] if source else []
         )
+        parent, position, kind = self._lineage(turn, source)
         segment = _OpenSegment(
             reason=turn.new_segment_reason or SegmentReason.HISTORY_REWRITTEN,
             tools_key=_tools_key(turn.tools),
@@ -540,10 +618,85 @@ class TitoSession:
             held=held,
             checkpoints=checkpoints,
             sampling=turn.sampling,
+            parent=parent,
+            branch_position=position,
+            branch_kind=kind,
         )
         segment.append(turn.prompt_ids)  # reused ids included: loss mask 0, trained where first sampled
         self._segments.append(segment)
         return segment
+
+    def _lineage(
+        self, turn: PreparedTurn, source: _OpenSegment | None
+    ) -> tuple[_OpenSegment | None, int, BranchKind]:
+        """Which segment a new one branches from, after how many of its tokens, and why.
+
+        With held ids reused, the source is the parent: the whole of it continued is a ``continuation``, the
+        same request as an earlier turn of it a ``retry``, anything else a ``fork``. A conversation rendered
+        anew is a ``subagent`` when it offers tools and its first prompt is the text of a tool call one of the
+        held replies made (the parent is that reply's segment, branched right after it), a ``compaction`` when it carries a reply
+        the policy wrote (a summary) in a held segment, and otherwise a ``side_call`` beside the segment used
+        last; the session's first segment is the ``root``."""
+        if source is not None:
+            position = turn.num_reused_tokens
+            if position == len(source.token_ids) and turn.num_reused_messages == len(source.held):
+                return source, position, BranchKind.CONTINUATION
+            held_after = source.held[turn.num_reused_messages :]
+            new_messages = turn.messages[turn.num_reused_messages :]
+            same_request = len(held_after) > len(new_messages) and all(
+                held.matches(message) for held, message in zip(held_after, new_messages, strict=False)
+            )
+            if same_request and isinstance(held_after[len(new_messages)], _HeldReply):
+                return source, position, BranchKind.RETRY
+            return source, position, BranchKind.FORK
+        if not self._segments:
+            return None, 0, BranchKind.ROOT
+        prompts = [m.content for m in turn.messages if m.role == "user" and m.content]
+        first_prompt = prompts[0] if prompts else ""
+        recent = sorted(self._segments, key=lambda s: s.last_used, reverse=True)
+        # a sub-agent acts (it has tools); a side call quoting a command (a safety check) does not
+        started_by_call = self._reply_whose_call_started(first_prompt, recent) if turn.tools else None
+        for kind, found in (
+            (BranchKind.SUBAGENT, started_by_call),
+            (BranchKind.COMPACTION, self._reply_quoted_in(prompts, recent)),
+        ):
+            if found is not None:
+                return found[0], found[1], kind
+        parent = self._last_segment or recent[0]
+        return parent, len(parent.token_ids), BranchKind.SIDE_CALL
+
+    @staticmethod
+    def _reply_whose_call_started(prompt: str, segments: Sequence[_OpenSegment]):
+        """(segment, tokens up to the reply) of a held reply with a tool call whose longest text argument is
+        ``prompt`` (or is contained in it): the call that started this conversation."""
+        if len(prompt) < _MIN_LINEAGE_TEXT_CHARS:
+            return None
+        for segment in segments:
+            replies = [h for h in segment.held if isinstance(h, _HeldReply)]
+            for reply, checkpoint in zip(reversed(replies), reversed(segment.checkpoints), strict=False):
+                for call in reply.message.tool_calls:
+                    arguments = call.parsed_arguments()
+                    texts = (
+                        [v for v in arguments.values() if isinstance(v, str)]
+                        if isinstance(arguments, dict)
+                        else []
+                    )
+                    text = max(texts, key=len, default="").strip()
+                    if len(text) >= _MIN_LINEAGE_TEXT_CHARS and text in prompt:
+                        return segment, checkpoint.num_tokens
+        return None
+
+    @staticmethod
+    def _reply_quoted_in(prompts: Sequence[str], segments: Sequence[_OpenSegment]):
+        """(segment, tokens up to the reply) of a held reply whose text one of ``prompts`` carries (a summary
+        the new conversation resumes from)."""
+        for segment in segments:
+            replies = [h for h in segment.held if isinstance(h, _HeldReply)]
+            for reply, checkpoint in zip(reversed(replies), reversed(segment.checkpoints), strict=False):
+                text = reply.message.content.strip()
+                if len(text) >= _MIN_LINEAGE_TEXT_CHARS and any(text in prompt for prompt in prompts):
+                    return segment, checkpoint.num_tokens
+        return None
 
     def _touch(self, segment: _OpenSegment) -> None:
         self._clock += 1
@@ -609,12 +762,16 @@ class TitoSession:
         for token in eos if isinstance(eos, list) else [eos]:
             if token is not None and token not in ids:
                 ids.append(int(token))
+        added = self.tokenizer.get_added_vocab() if hasattr(self.tokenizer, "get_added_vocab") else {}
         closing = self.renderer.end_of_turn_text
         if closing:
             first = self.renderer.encode(closing)[:1]
-            added = self.tokenizer.get_added_vocab() if hasattr(self.tokenizer, "get_added_vocab") else {}
             if first and first[0] not in ids and self.tokenizer.convert_ids_to_tokens(first[0]) in added:
                 ids.append(first[0])
+        for text in self.renderer.tool_format.stop_texts:  # e.g. Llama's <|eom_id|>, harmony's <|call|>
+            token = added.get(text)
+            if token is not None and token not in ids:
+                ids.append(int(token))
         return tuple(ids)
 
     def _closing_after(self, output_ids: Sequence[int]) -> str:

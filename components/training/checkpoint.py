@@ -137,7 +137,9 @@ def write_checkpoint(
         if write_model is not None:
             write_model(temp)
         else:
-            save_hf_model(temp, model_state_dict, model_config=model_config, tokenizer_source=tokenizer_source)
+            save_hf_model(
+                temp, model_state_dict, model_config=model_config, tokenizer_source=tokenizer_source
+            )
         if optimizer_state_dict is not None:
             torch.save(optimizer_state_dict, temp / "optimizer.pt")
         torch.save(rng_state(), temp / "rng.pt")

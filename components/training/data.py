@@ -24,7 +24,8 @@ moe_layers, top_k], -1 where a token has no recorded route); and ``num_tokens`` 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +37,15 @@ import pyarrow.parquet as pq
 
 from components.config import require_non_negative, require_positive
 from components.protocols import Algorithm
-from components.trajectory import TRAINABLE_STATUSES, TRAJECTORY_SCHEMA, Trajectory, trajectories_to_table
+from components.training.distillation import DistillationConfig, token_advantages
+from components.training.overlong import OverlongConfig, length_penalty, overlong_trajectories
+from components.trajectory import (
+    TRAINABLE_STATUSES,
+    TRAJECTORY_SCHEMA,
+    BranchKind,
+    Trajectory,
+    trajectories_to_table,
+)
 
 if TYPE_CHECKING:
     import ray.data
@@ -48,7 +57,7 @@ TRAJECTORY_COLUMNS = ["trajectory_id", "group_id", "status", "reward", "segments
 NO_SAMPLED_VERSION = np.iinfo(np.int32).max
 TOKEN_LIST_COLUMNS = ("token_ids", "loss_mask", "logprobs", "weight_versions")
 # per-segment columns carried from the trajectory schema as they are, with the value an empty row gets
-SEGMENT_LIST_COLUMNS = ("routed_experts", "routed_experts_shape")
+SEGMENT_LIST_COLUMNS = ("routed_experts", "routed_experts_shape", "teacher_logprobs")
 SAMPLING_COLUMNS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
 SEGMENT_SCHEMA = pa.schema(
@@ -56,6 +65,7 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("trajectory_id", pa.string()),
         pa.field("group_id", pa.string()),
         pa.field("reward", pa.float64()),
+        pa.field("status", pa.string()),
         pa.field("trainable", pa.bool_()),
         pa.field("segment_index", pa.int32()),
         pa.field("token_ids", pa.list_(pa.int32())),
@@ -67,9 +77,11 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("top_k", pa.int32()),
         pa.field("routed_experts", pa.list_(pa.int16())),
         pa.field("routed_experts_shape", pa.list_(pa.int32())),
+        pa.field("teacher_logprobs", pa.list_(pa.float32())),  # empty unless a teacher scored the segment
         pa.field("num_tokens", pa.int32()),
         pa.field("num_sampled_tokens", pa.int32()),
         pa.field("min_sampled_version", pa.int32()),
+        pa.field("branch_kind", pa.string()),  # the segment's lineage kind ("root" for trajectory/2 files)
         pa.field("unreadable_shard", pa.string()),  # set (with no tokens) on the one row of a corrupt shard
     ]
 )
@@ -77,11 +89,13 @@ SUMMARY_COLUMNS = [
     "trajectory_id",
     "group_id",
     "reward",
+    "status",
     "trainable",
     "segment_index",
     "num_tokens",
     "num_sampled_tokens",
     "min_sampled_version",
+    "branch_kind",
     "unreadable_shard",
 ]
 
@@ -117,11 +131,28 @@ class SampleBatchConfig:
         None  # drop trajectories with a token sampled more than this many versions ago
     )
     drop_zero_advantage_groups: bool = False  # skip groups with equal rewards (no policy gradient) entirely
+    # Per lineage kind (``BranchKind`` values: subagent, compaction, side_call, retry, …) a factor on the
+    # segments' sample weights; 0 leaves that kind out of training. Kinds not named keep factor 1.
+    branch_weights: Mapping[str, float] = field(default_factory=dict)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated trajectories (overlong.py)
+    # the weights of a teacher's per-token signal and the task advantage, for segments a teacher scored
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
     def __post_init__(self) -> None:
         require_positive(self.max_tokens_per_micro_batch, "max_tokens_per_micro_batch")
         if self.max_staleness is not None:
             require_non_negative(self.max_staleness, "max_staleness")
+        kinds = [k.value for k in BranchKind]
+        for kind, factor in dict(self.branch_weights).items():
+            if kind not in kinds:
+                raise ValueError(f"branch_weights: unknown branch kind {kind!r}; allowed: {kinds}")
+            if (
+                isinstance(factor, bool)
+                or not isinstance(factor, int | float)
+                or not math.isfinite(factor)
+                or factor < 0
+            ):
+                raise ValueError(f"branch_weights.{kind}: must be a finite number >= 0, got {factor!r}")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -180,6 +211,12 @@ def explode_segments(table: pa.Table) -> pa.Table:
         values = flat.field(name)
         defaults = pa.array([default] * len(empty_rows), type=values.type)
         columns[name] = pa.concat_arrays([values, defaults]) if len(empty_rows) else values
+    kinds = pc.fill_null(flat.field("branch_kind"), BranchKind.ROOT.value)  # trajectory/2: roots
+    columns["branch_kind"] = (
+        pa.concat_arrays([kinds, pa.array([BranchKind.ROOT.value] * len(empty_rows), pa.string())])
+        if len(empty_rows)
+        else kinds
+    )
     rows = np.concatenate([parents, empty_rows]).astype(np.int64)
     mask_offsets = _list_offsets(columns["loss_mask"])
     mask_values = _list_values(columns["loss_mask"]).astype(np.int64)
@@ -189,6 +226,7 @@ def explode_segments(table: pa.Table) -> pa.Table:
         "trajectory_id": table["trajectory_id"].take(rows),
         "group_id": table["group_id"].take(rows),
         "reward": rewards.take(rows),
+        "status": table["status"].take(rows),
         "trainable": pa.array(trainable[rows]),
         "segment_index": pa.array(np.concatenate([segment_index, np.full(len(empty_rows), -1)]), pa.int32()),
         **columns,
@@ -267,8 +305,17 @@ def plan_step(
     num_sampled = summary["num_sampled_tokens"].to_numpy(zero_copy_only=False).astype(np.int64)[rows]
     min_version = summary["min_sampled_version"].to_numpy(zero_copy_only=False).astype(np.int64)[rows]
     segment_index = summary["segment_index"].to_numpy(zero_copy_only=False).astype(np.int64)[rows]
+    branch_kinds = summary["branch_kind"].fill_null(BranchKind.ROOT.value).to_numpy(zero_copy_only=False)
+    branch_kinds = branch_kinds.astype(str)[rows]
 
-    trajectory_rewards = rewards[first_row]
+    statuses = summary["status"].to_numpy(zero_copy_only=False).astype(str)[rows]
+    trajectory_sampled = np.bincount(trajectory_index, weights=num_sampled, minlength=len(unique_ids))
+    overlong = overlong_trajectories(config.overlong, statuses[first_row], trajectory_sampled)
+    penalty = length_penalty(config.overlong, overlong, trajectory_sampled)
+    metrics["num_overlong_trajectories"] = float(overlong.sum())
+    metrics["overlong_penalty_mean"] = float(penalty.mean()) if len(penalty) else 0.0
+    raw_rewards = rewards[first_row]
+    trajectory_rewards = raw_rewards + penalty
     trajectory_groups = group_ids[first_row]
     advantages = np.asarray(
         algorithm.advantages(trajectory_rewards, list(trajectory_groups)), dtype=np.float64
@@ -282,7 +329,7 @@ def plan_step(
     zero_advantage_group = group_max == group_min
     metrics["num_groups"] = float(num_groups)
     metrics["num_zero_advantage_groups"] = float(zero_advantage_group.sum())
-    metrics["reward_mean"] = float(trajectory_rewards.mean()) if len(trajectory_rewards) else 0.0
+    metrics["reward_mean"] = float(raw_rewards.mean()) if len(raw_rewards) else 0.0
 
     trajectory_min_version = np.full(len(unique_ids), NO_SAMPLED_VERSION, dtype=np.int64)
     np.minimum.at(trajectory_min_version, trajectory_index, min_version)
@@ -297,11 +344,18 @@ def plan_step(
     keep_trajectory = has_sampled & ~stale
     if config.drop_zero_advantage_groups:
         keep_trajectory &= ~zero_advantage_group[group_index]
+    if config.overlong.mode == "mask":
+        keep_trajectory &= ~overlong
 
-    keep_row = keep_trajectory[trajectory_index] & (num_sampled > 0)
+    branch_factor = np.array([config.branch_weights.get(kind, 1.0) for kind in branch_kinds], np.float64)
+    metrics["num_segments_dropped_by_branch_kind"] = float(((branch_factor == 0) & (num_sampled > 0)).sum())
+    keep_row = keep_trajectory[trajectory_index] & (num_sampled > 0) & (branch_factor > 0)
     weights = np.asarray(
         algorithm.sample_weights(num_sampled[keep_row], trajectory_index[keep_row]), dtype=np.float64
     )
+    weights = weights * branch_factor[keep_row]
+    for kind in np.unique(branch_kinds[keep_row]):
+        metrics[f"num_trained_segments_{kind}"] = float((branch_kinds[keep_row] == kind).sum())
     keys = _segment_keys(ids[keep_row], segment_index[keep_row])
     plan.segment_advantage = dict(zip(keys, advantages[trajectory_index[keep_row]].tolist(), strict=True))
     plan.segment_weight = dict(zip(keys, weights.tolist(), strict=True))
@@ -338,8 +392,16 @@ def first_fit_decreasing(lengths: Sequence[int], budget: int) -> list[list[int]]
     return bins
 
 
-def pack_micro_batches(segments: pa.Table, *, plan: StepPlan, max_tokens: int) -> pa.Table:
-    """Packed micro-batch rows (``MICRO_BATCH_SCHEMA``) of the planned segments in ``segments``."""
+def pack_micro_batches(
+    segments: pa.Table,
+    *,
+    plan: StepPlan,
+    max_tokens: int,
+    distillation: DistillationConfig | None = None,
+) -> pa.Table:
+    """Packed micro-batch rows (``MICRO_BATCH_SCHEMA``) of the planned segments in ``segments``; a segment a
+    teacher scored gets per-token advantages (``distillation.token_advantages``)."""
+    distillation = distillation or DistillationConfig()
     keys = _segment_keys(
         segments["trajectory_id"].to_pylist(),
         segments["segment_index"].fill_null(-1).to_numpy(zero_copy_only=False),
@@ -360,6 +422,8 @@ def pack_micro_batches(segments: pa.Table, *, plan: StepPlan, max_tokens: int) -
     route_offsets = _list_offsets(segments["routed_experts"])
     route_values = _list_values(segments["routed_experts"])
     route_shapes = segments["routed_experts_shape"].to_pylist()
+    teacher_offsets = _list_offsets(segments["teacher_logprobs"])
+    teacher_values = _list_values(segments["teacher_logprobs"])
     lengths = np.diff(offsets).tolist()
     rows: dict[str, list] = {name: [] for name in MICRO_BATCH_SCHEMA.names}
     for bin_indices in first_fit_decreasing(lengths, max_tokens):
@@ -375,8 +439,17 @@ def pack_micro_batches(segments: pa.Table, *, plan: StepPlan, max_tokens: int) -
         rows["loss_mask"].append(mask)
         rows["old_logprobs"].append(np.concatenate([logprobs[p] for p in pieces]))
         rows["advantages"].append(
-            np.repeat(
-                np.array([plan.segment_advantage[keys[i]] for i in bin_indices], np.float32), bin_lengths
+            np.concatenate(
+                [
+                    _segment_advantages(
+                        plan.segment_advantage[keys[i]],
+                        loss_mask=loss_mask[p],
+                        logprobs=logprobs[p],
+                        teacher=teacher_values[teacher_offsets[i] : teacher_offsets[i + 1]],
+                        distillation=distillation,
+                    )
+                    for i, p in zip(bin_indices, pieces, strict=True)
+                ]
             )
         )
         rows["weights"].append(
@@ -395,6 +468,22 @@ def pack_micro_batches(segments: pa.Table, *, plan: StepPlan, max_tokens: int) -
         rows["num_tokens"].append(int(starts[-1]))
         rows["num_sampled_tokens"].append(int(mask.sum()))
     return pa.table(rows, schema=MICRO_BATCH_SCHEMA)
+
+
+def _segment_advantages(
+    advantage: float,
+    *,
+    loss_mask: np.ndarray,
+    logprobs: np.ndarray,
+    teacher: np.ndarray,
+    distillation: DistillationConfig,
+) -> np.ndarray:
+    """The segment's advantage on each token; with a teacher's logprobs, mixed with its per-token signal."""
+    if len(teacher) == 0:
+        return np.full(len(loss_mask), advantage, np.float32)
+    return token_advantages(
+        distillation, advantage, loss_mask=loss_mask, student_logprobs=logprobs, teacher_logprobs=teacher
+    )
 
 
 def _packed_routes(
@@ -478,7 +567,9 @@ def build_micro_batches_locally(
     """The whole pipeline in this process with pyarrow only (no Ray)."""
     segments = read_segments(source)
     plan = plan_step(segments.select(SUMMARY_COLUMNS), algorithm, config, current_version=current_version)
-    packed = pack_micro_batches(segments, plan=plan, max_tokens=config.max_tokens_per_micro_batch)
+    packed = pack_micro_batches(
+        segments, plan=plan, max_tokens=config.max_tokens_per_micro_batch, distillation=config.distillation
+    )
     return LocalStepBatches(
         micro_batches=packed, metrics=dict(plan.metrics, num_micro_batches=packed.num_rows)
     )
@@ -505,8 +596,10 @@ def _summary_columns(block: pa.Table) -> pa.Table:
     return block.select(SUMMARY_COLUMNS)
 
 
-def _pack_batch(batch: pa.Table, plan: StepPlan, max_tokens: int) -> pa.Table:
-    return pack_micro_batches(batch, plan=plan, max_tokens=max_tokens)
+def _pack_batch(
+    batch: pa.Table, plan: StepPlan, max_tokens: int, distillation: DistillationConfig
+) -> pa.Table:
+    return pack_micro_batches(batch, plan=plan, max_tokens=max_tokens, distillation=distillation)
 
 
 def build_micro_batches_with_ray(
@@ -549,7 +642,11 @@ def build_micro_batches_with_ray(
         _pack_batch,
         batch_format="pyarrow",
         batch_size=pack_batch_rows,
-        fn_kwargs={"plan": plan, "max_tokens": config.max_tokens_per_micro_batch},
+        fn_kwargs={
+            "plan": plan,
+            "max_tokens": config.max_tokens_per_micro_batch,
+            "distillation": config.distillation,
+        },
     ).materialize()
     num_micro_batches = packed.count()
     metrics = dict(plan.metrics, num_micro_batches=float(num_micro_batches))

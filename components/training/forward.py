@@ -24,7 +24,7 @@ class SampledTokenView:
     """A micro-batch restricted to its sampled tokens, with the model's logprobs for them."""
 
     logprobs: torch.Tensor  # with gradient when computed with grad enabled
-    entropy: torch.Tensor  # detached
+    entropy: torch.Tensor  # detached unless computed with ``entropy_gradient``
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     weights: torch.Tensor
@@ -43,9 +43,11 @@ def forward_sampled_tokens(
     *,
     device: torch.device | str = "cpu",
     with_entropy: bool = True,
+    entropy_gradient: bool = False,
 ) -> SampledTokenView:
     """Logprobs of the sampled tokens of ``batch`` under each segment's sampling distribution (temperature 1
-    and no truncation when the batch carries none); routes replayed when given."""
+    and no truncation when the batch carries none); routes replayed when given. The entropy is detached unless
+    ``entropy_gradient`` (an entropy bonus in the loss)."""
     targets = sampled_positions(batch.loss_mask)
     placeholder = targets.numel() == 0
     if placeholder:  # every rank must still run forward and backward (FSDP collectives)
@@ -73,8 +75,8 @@ def forward_sampled_tokens(
         keep_tokens=tokens,
     )
     token_logprobs = log_probs.gather(-1, tokens[:, None]).squeeze(-1)
-    if with_entropy:
-        with torch.no_grad():
+    if with_entropy or entropy_gradient:
+        with torch.set_grad_enabled(entropy_gradient and torch.is_grad_enabled()):
             entropy = torch.special.entr(log_probs.exp()).sum(-1)
     else:
         entropy = torch.zeros_like(token_logprobs.detach())

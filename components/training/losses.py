@@ -9,50 +9,77 @@ Three policies meet here (the "decoupled" PPO objective used by slime's TIS and 
 
 PPO clipping bounds the current/proximal ratio - per token (PPO, GRPO), or per sequence (GSPO: the
 length-normalised ratio exp(mean_t log r_t), so that a whole sequence is in or out of the trust region); the
-proximal/behaviour ratio (engine-vs-trainer mismatch, staleness) is corrected with a truncated importance
-weight, per token or per sequence.
+proximal/behaviour ratio (engine-vs-trainer mismatch, staleness) is corrected by an importance weight: truncated,
+masked, per token or per sequence, or IcePop (``components/training/mismatch.py``).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from components.config import require, require_non_negative, require_one_of, require_positive
+from components.recipe_config import option
+from components.training.mismatch import CORRECTIONS, mismatch_correction, per_sequence_sum, rollout_kl
 
-ImportanceSamplingLevel = Literal["token", "sequence", "none"]
+ImportanceSamplingLevel = Literal[
+    "token", "sequence", "geometric", "token_mask", "sequence_mask", "icepop", "none"
+]
 RatioLevel = Literal["token", "sequence"]
+KLEstimator = Literal["k1", "k2", "k3"]
 
 
 @dataclass(kw_only=True, frozen=True)
 class PolicyLossConfig:
     """The clipped, importance-corrected policy-gradient loss."""
 
-    clip_low: float = 0.2  # ratio floor 1 - clip_low
-    clip_high: float = 0.28  # ratio ceiling 1 + clip_high ("clip-higher": > clip_low keeps exploration)
-    importance_sampling: ImportanceSamplingLevel = "token"  # truncated IS against rollout logprobs
-    importance_sampling_cap: float = 2.0  # IS weights are truncated at this value
-    kl_coef: float = 0.0  # weight of the k3 KL estimate to the reference policy (0: no reference model)
-    ratio_level: RatioLevel = "token"  # the clipped ratio: per token, or per sequence (GSPO)
+    clip_low: float = option(0.2, "PPO ratio floor is 1 - clip_low")
+    clip_high: float = option(
+        0.28, "PPO ratio ceiling is 1 + clip_high ('clip-higher': above clip_low keeps exploration)"
+    )
+    importance_sampling: ImportanceSamplingLevel = option(
+        "token",
+        "rollout-vs-trainer mismatch correction (components/training/mismatch.py): token (truncated IS), "
+        "sequence (truncated product), geometric (truncated geometric-mean sequence IS), token_mask / "
+        "sequence_mask (masked IS: outside [floor, cap] dropped), icepop, none",
+    )
+    importance_sampling_cap: float = option(
+        2.0, "IS weights are truncated at this value (token, sequence, geometric); the mask ceiling (*_mask)"
+    )
+    importance_sampling_floor: float = option(
+        0.0, "masked IS (token_mask, sequence_mask): ratios below this are dropped (0: no floor)"
+    )
+    icepop_low: float = option(0.5, "IcePop: tokens whose trainer/rollout ratio is below this are dropped")
+    icepop_high: float = option(5.0, "IcePop: tokens whose trainer/rollout ratio is above this are dropped")
+    kl_coef: float = option(
+        0.0, "weight of the KL penalty to the frozen reference policy (0: no reference model)"
+    )
+    kl_estimator: KLEstimator = option(
+        "k3", "per-token KL estimate: k1 (log ratio), k2 (half squared log ratio), k3 (unbiased, >= 0)"
+    )
+    ratio_level: RatioLevel = option("token", "the clipped ratio: per token, or per sequence (GSPO)")
 
     def __post_init__(self) -> None:
         require(0 <= self.clip_low < 1, "clip_low", f"must be in [0, 1), got {self.clip_low!r}")
         require_non_negative(self.clip_high, "clip_high")
-        require_one_of(self.importance_sampling, "importance_sampling", ("token", "sequence", "none"))
+        require_one_of(self.importance_sampling, "importance_sampling", tuple(CORRECTIONS))
         require_positive(self.importance_sampling_cap, "importance_sampling_cap")
+        require(
+            0 <= self.importance_sampling_floor < self.importance_sampling_cap,
+            "importance_sampling_floor",
+            f"must be in [0, importance_sampling_cap), got {self.importance_sampling_floor!r}",
+        )
+        require_positive(self.icepop_low, "icepop_low")
+        require(
+            self.icepop_high > self.icepop_low,
+            "icepop_high",
+            f"must be > icepop_low ({self.icepop_low!r}), got {self.icepop_high!r}",
+        )
         require_non_negative(self.kl_coef, "kl_coef")
+        require_one_of(self.kl_estimator, "kl_estimator", ("k1", "k2", "k3"))
         require_one_of(self.ratio_level, "ratio_level", ("token", "sequence"))
-
-
-def per_sequence_sum(values: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
-    """The sum of ``values`` over each sequence's tokens, broadcast back to its tokens."""
-    sequence_ids = sequence_ids.long()
-    num_sequences = int(sequence_ids.max().item()) + 1 if sequence_ids.numel() else 0
-    sums = torch.zeros(num_sequences, dtype=values.dtype, device=values.device)
-    return sums.index_add(0, sequence_ids, values)[sequence_ids]
 
 
 def importance_weights(
@@ -63,16 +90,20 @@ def importance_weights(
     cap: float,
     sequence_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Truncated IS weights min(exp(log_ratio), cap) per token, or per sequence (exp of the summed log ratio
-    over the sequence's sampled tokens, broadcast to its tokens)."""
-    if level == "none":
-        return torch.ones_like(log_ratio)
-    log_cap = math.log(cap)
-    if level == "token":
-        return torch.exp(torch.clamp(log_ratio, max=log_cap))
-    if sequence_ids is None:
-        raise ValueError("importance_sampling: 'sequence' needs sequence_ids for the tokens")
-    return torch.exp(torch.clamp(per_sequence_sum(log_ratio * loss_mask, sequence_ids), max=log_cap))
+    """The IS weights of correction ``level`` with cap ``cap`` (the other bands at their defaults)."""
+    config = PolicyLossConfig(importance_sampling=level, importance_sampling_cap=cap)
+    return mismatch_correction(config, log_ratio, loss_mask, sequence_ids).weights
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) from tokens π sampled: k1 = log π − log π_ref, k2 = ½ k1²,
+    k3 = π_ref/π − 1 − log(π_ref/π) (Schulman's estimators)."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio**2
+    return torch.expm1(-log_ratio) + log_ratio
 
 
 def policy_gradient_loss(
@@ -88,11 +119,12 @@ def policy_gradient_loss(
     sequence_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Σ_t weights·mask·(IS·max(-A·r, -A·clip(r)) + β·KL) over 1-D per-token tensors (r per token, or the
-    sequence's ratio broadcast to its tokens).
+    sequence's ratio broadcast to its tokens; IS from the configured mismatch correction).
 
     Returns the weighted *sum* (weights already carry the step's normalisation, so micro-batch and rank
     losses add up to the step loss) and token statistics as sums over masked tokens (``*_sum`` keys) plus
-    ``num_tokens``.
+    ``num_tokens``: the clipped, IS-truncated and IS-masked token counts, and the rollout-vs-trainer KL
+    (``rollout_kl_k1_sum``, ``rollout_kl_k3_sum``).
     """
     mask = loss_mask.to(logprobs.dtype)
     if proximal_logprobs is None:
@@ -109,36 +141,32 @@ def policy_gradient_loss(
     unclipped_loss = -advantages * ratio
     clipped_loss = -advantages * clipped_ratio
     pg_loss = torch.maximum(unclipped_loss, clipped_loss)
-    is_weight = importance_weights(
-        (proximal_logprobs - old_logprobs).detach(),
-        mask,
-        level=config.importance_sampling,
-        cap=config.importance_sampling_cap,
-        sequence_ids=sequence_ids,
-    )
-    token_loss = is_weight * pg_loss
+    rollout_log_ratio = (proximal_logprobs - old_logprobs).detach()
+    correction = mismatch_correction(config, rollout_log_ratio, mask, sequence_ids)
+    token_loss = correction.weights * pg_loss
     stats: dict[str, float] = {}
     if config.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs")
-        log_ref_ratio = ref_logprobs - logprobs
-        kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0  # k3 estimator: unbiased, always >= 0
+        kl = kl_estimate(logprobs, ref_logprobs, config.kl_estimator)
         token_loss = token_loss + config.kl_coef * kl
         stats["kl_sum"] = float((kl.detach() * mask).sum())
     loss = (token_loss * weights * mask).sum()
     with torch.no_grad():
         stats["pg_clip_fraction_sum"] = float(((clipped_loss > unclipped_loss).to(mask.dtype) * mask).sum())
-        untruncated = importance_weights(
-            (proximal_logprobs - old_logprobs).detach(),
-            mask,
-            level=config.importance_sampling,
-            cap=math.inf,
-            sequence_ids=sequence_ids,
-        )
-        stats["is_truncated_fraction_sum"] = float(((is_weight < untruncated).to(mask.dtype) * mask).sum())
-        stats["is_weight_applied_sum"] = float((is_weight * mask).sum())
+        stats["is_truncated_fraction_sum"] = correction.num_truncated
+        stats["is_masked_fraction_sum"] = correction.num_masked
+        stats["is_weight_applied_sum"] = float((correction.weights * mask).sum())
+        stats["rollout_kl_k1_sum"], stats["rollout_kl_k3_sum"] = rollout_kl(rollout_log_ratio, mask)
         stats["num_tokens"] = float(mask.sum())
     return loss, stats
+
+
+def entropy_bonus(
+    entropy: torch.Tensor, *, weights: torch.Tensor, loss_mask: torch.Tensor, coef: float
+) -> torch.Tensor:
+    """−coef·Σ_t weights·mask·entropy: added to the loss, a positive ``coef`` rewards a spread-out policy."""
+    return -coef * (entropy * weights * loss_mask.to(entropy.dtype)).sum()
 
 
 class ClippedPolicyGradient:

@@ -16,27 +16,31 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from components.config import require_non_negative, require_positive
+from components.config import require, require_non_negative, require_positive
 from components.protocols import Algorithm
+from components.recipe_config import option
 from components.training.data import MicroBatch
 from components.training.forward import forward_sampled_tokens
+from components.training.losses import entropy_bonus
 
 
 @dataclass(kw_only=True, frozen=True)
 class OptimizerConfig:
     """AdamW with gradient clipping."""
 
-    learning_rate: float = 1e-6
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    epsilon: float = 1e-8
-    max_grad_norm: float = 1.0  # clip the global gradient norm to this (0: no clipping)
+    learning_rate: float = option(1e-6, "AdamW learning rate")
+    weight_decay: float = option(0.0, "AdamW decoupled weight decay")
+    beta1: float = option(0.9, "AdamW first-moment decay")
+    beta2: float = option(0.999, "AdamW second-moment decay")
+    epsilon: float = option(1e-8, "AdamW denominator epsilon")
+    max_grad_norm: float = option(1.0, "clip the global gradient norm to this (0: no clipping)")
 
     def __post_init__(self) -> None:
         require_positive(self.learning_rate, "learning_rate")
         require_non_negative(self.weight_decay, "weight_decay")
         require_positive(self.epsilon, "epsilon")
+        require(0 <= self.beta1 < 1, "beta1", f"must be in [0, 1), got {self.beta1!r}")
+        require(0 <= self.beta2 < 1, "beta2", f"must be in [0, 1), got {self.beta2!r}")
         require_non_negative(self.max_grad_norm, "max_grad_norm")
 
 
@@ -136,6 +140,7 @@ def run_train_step(
     reference_model: torch.nn.Module | None = None,
     num_updates: int = 1,
     apply_update: bool = True,
+    entropy_coef: float = 0.0,
 ) -> dict[str, float]:
     """Forward/backward every micro-batch, clip, step; return step metrics (reduced over ranks).
 
@@ -147,6 +152,9 @@ def run_train_step(
     (its logprobs come from one extra no-grad pass), so later updates are clipped against it. Each
     mini-batch's loss is scaled by ``num_updates`` so an update sees about a full step's loss scale. Every
     rank must pass the same number of micro-batches.
+
+    ``entropy_coef > 0`` adds the entropy bonus ``entropy_bonus`` (the same weights as the algorithm's loss) to
+    every algorithm's loss; the entropy then carries a gradient.
     """
     started = time.perf_counter()
     model.train()
@@ -171,7 +179,7 @@ def run_train_step(
             batch = micro_batches[index]
             if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: one reduce-scatter per update
                 model.set_requires_gradient_sync(index == indices[-1])
-            view = forward_sampled_tokens(model, batch, device=device)
+            view = forward_sampled_tokens(model, batch, device=device, entropy_gradient=entropy_coef > 0)
             ref_logprobs = None
             if algorithm.needs_reference_logprobs:
                 if reference_model is None:
@@ -190,6 +198,10 @@ def run_train_step(
                 proximal_logprobs=proximal[index],
                 sequence_ids=view.sequence_ids,
             )
+            if entropy_coef > 0:
+                loss = loss + entropy_bonus(
+                    view.entropy, weights=view.weights, loss_mask=view.loss_mask, coef=entropy_coef
+                )
             (loss * (loss_scale * num_updates)).backward()
             totals["loss"] += float(loss.detach())
             for key, value in stats.items():
@@ -204,7 +216,7 @@ def run_train_step(
                     mask=view.loss_mask,
                     train_logprobs=view.logprobs if proximal[index] is None else proximal[index],
                     rollout_logprobs=view.old_logprobs,
-                    entropy=view.entropy,
+                    entropy=view.entropy.detach(),
                 )
         grad_norms.append(_global_grad_norm(model, optimizer_config.max_grad_norm))
         if apply_update:

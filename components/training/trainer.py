@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from components.config import require, require_positive
+from components.config import require, require_non_negative, require_positive
 from components.errors import ReinError
 from components.lora import AdapterGatherer, LoraAdapter, LoraSettings
 from components.protocols import Algorithm
@@ -67,11 +67,14 @@ class TrainerConfig:
     # LoRA (peft): rank 0 trains every weight; rank > 0 trains only the adapter, checkpoints are PEFT adapter
     # folders and a weight sync sends only the adapter (``LoraAdapter``)
     lora: LoraSettings = field(default_factory=LoraSettings)
-    gradient_checkpointing: bool = False  # recompute activations in backward (less memory, ≈ 1/3 more compute)
+    gradient_checkpointing: bool = (
+        False  # recompute activations in backward (less memory, ≈ 1/3 more compute)
+    )
     # the temperature ``score`` computes logprobs at; training recomputes each segment's logprobs under the
     # sampling distribution recorded with it (Segment.sampling)
     temperature: float = 1.0
     num_updates_per_step: int = 1  # optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)
+    entropy_coef: float = 0.0  # entropy bonus added to every algorithm's loss (``losses.entropy_bonus``)
     seed: int = 0
     keep_checkpoints: int = 2  # newest complete checkpoints kept (0: all)
     resume: bool = True  # start from the newest complete checkpoint in run_dir/checkpoints when there is one
@@ -89,6 +92,7 @@ class TrainerConfig:
         require_positive(self.torch_threads_per_worker, "torch_threads_per_worker")
         require_positive(self.temperature, "temperature")
         require_positive(self.num_updates_per_step, "num_updates_per_step")
+        require_non_negative(self.entropy_coef, "entropy_coef")
         require(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
         require_positive(self.start_timeout_s, "start_timeout_s")
         require_positive(self.step_timeout_s, "step_timeout_s")
@@ -355,6 +359,7 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
                 reference_model=reference,
                 num_updates=config.num_updates_per_step,
                 apply_update=command.apply_update,
+                entropy_coef=config.entropy_coef,
             )
             result["num_micro_batches_rank0"] = float(len(batches))
         elif isinstance(command, GatherFullStateDict):
@@ -404,9 +409,7 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
                 broadcaster = broadcaster or RankZeroWeightBroadcaster()
                 result = broadcaster.push(command.servers, command.sync, state_dict, command.version)
         elif isinstance(command, ScoreSequences):
-            scored = _score_sequences(
-                model, command.sequences, temperature=config.temperature, device=device
-            )
+            scored = _score_sequences(model, command.sequences, temperature=config.temperature, device=device)
             result = scored if rank == 0 else None
         else:
             raise TypeError(f"unknown trainer command {command!r}")
@@ -579,7 +582,9 @@ class Trainer:
                 )
                 for index in range(num_shards)
             ]
-            batches = build_micro_batches_with_ray(shards, self.algorithm, self.config.batching, current_version=0)
+            batches = build_micro_batches_with_ray(
+                shards, self.algorithm, self.config.batching, current_version=0
+            )
             rank_shards, per_rank = batches.split_for_ranks(self.config.num_workers)
             # at least one micro-batch per rank (padding when the pipeline kept none): the backward must run
             self._call(
@@ -601,7 +606,9 @@ class Trainer:
     def adapter_ref(self) -> Any:
         """LoRA: a Ray ObjectRef to the current ``LoraAdapter`` (only the adapter's tensors are gathered)."""
         if not self.config.lora.enabled:
-            raise TrainerError("adapter_ref: the trainer does full fine-tuning (lora.rank 0); there is no adapter")
+            raise TrainerError(
+                "adapter_ref: the trainer does full fine-tuning (lora.rank 0); there is no adapter"
+            )
         return self._call(GatherAdapter())[0][0]
 
     def adapter(self) -> LoraAdapter:

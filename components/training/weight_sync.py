@@ -70,7 +70,9 @@ class WeightSync:
     """Pushes a trainer's current policy to one engine with a new version."""
 
     def __init__(
-        self, config: WeightSyncConfig, engine: InferenceEngine | ObjectStoreWeightsEngine | DiskReloadingEngine
+        self,
+        config: WeightSyncConfig,
+        engine: InferenceEngine | ObjectStoreWeightsEngine | DiskReloadingEngine,
     ) -> None:
         if config.mode == "memory" and not isinstance(engine, InferenceEngine | ObjectStoreWeightsEngine):
             raise ValueError(
@@ -116,7 +118,9 @@ class WeightSync:
         if self.config.mode == "memory" and not isinstance(self.engine, AdapterEngine):
             raise ValueError("engine: a LoRA trainer's 'memory' sync needs update_adapter(adapter, version)")
         if self.config.mode == "disk" and not isinstance(self.engine, LoraServingEngine):
-            raise ValueError("engine: a LoRA trainer's 'disk' sync needs load_lora_adapter(lora_path, version)")
+            raise ValueError(
+                "engine: a LoRA trainer's 'disk' sync needs load_lora_adapter(lora_path, version)"
+            )
         if self.config.mode == "distributed":
             raise ValueError("mode: 'distributed' broadcasts full weights; a LoRA trainer syncs with 'disk'")
         adapter = await asyncio.to_thread(trainer.adapter)
@@ -126,7 +130,11 @@ class WeightSync:
         else:
             name = f"{Path(trainer.config.run_dir).name}-v{version}"
             path = await asyncio.to_thread(
-                write_adapter_version, Path(self.config.weights_dir), adapter, name, keep_last=self.config.keep_last
+                write_adapter_version,
+                Path(self.config.weights_dir),
+                adapter,
+                name,
+                keep_last=self.config.keep_last,
             )
             await self.engine.load_lora_adapter(str(path), version)
         return {

@@ -24,8 +24,8 @@ def test_default_bricks_satisfy_their_protocols():
     assert isinstance(bricks.engine, EngineProvider) and isinstance(bricks.engine, EmbeddedEngineProvider)
     assert isinstance(bricks.proxy, ProxyProvider) and isinstance(bricks.proxy, ServeProxyProvider)
     assert isinstance(bricks.algorithm, Algorithm)
-    assert isinstance(bricks.sandboxes, SandboxProvider) and isinstance(bricks.sandboxes, SandboxPool)
-    assert bricks.sandboxes.config.read_only_paths == ("/opt",)
+    assert isinstance(bricks.sandboxes, SandboxProvider) and isinstance(bricks.sandboxes.inner, SandboxPool)
+    assert bricks.sandboxes.inner.config.read_only_paths == ("/opt",)
 
 
 def test_config_names_pick_the_bricks():
@@ -38,7 +38,7 @@ def test_config_names_pick_the_bricks():
     assert isinstance(bricks.engine, SGLangEngineProvider)
     assert isinstance(bricks.proxy, LocalProxyProvider)
     assert isinstance(bricks.algorithm, RLOO)
-    assert isinstance(bricks.sandboxes, E2BSandboxProvider)
+    assert isinstance(bricks.sandboxes.inner, E2BSandboxProvider)
 
 
 async def test_providers_close_safely_when_never_started():

@@ -18,7 +18,7 @@ COMMANDS = re.findall(
 
 
 def test_the_readme_shows_one_command_per_example():
-    assert len(COMMANDS) == 6  # one per contract suite
+    assert len(COMMANDS) == 7  # one per contract suite
 
 
 @pytest.mark.parametrize("command", COMMANDS)

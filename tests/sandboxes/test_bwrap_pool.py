@@ -235,8 +235,8 @@ async def test_pool_close_closes_everything():
 
 
 def test_make_sandbox_provider_selects_the_backend():
-    assert isinstance(make_sandbox_provider(SandboxBackendConfig(backend="bwrap")), SandboxPool)
-    assert isinstance(make_sandbox_provider(SandboxBackendConfig(backend="e2b")), E2BSandboxProvider)
+    assert isinstance(make_sandbox_provider(SandboxBackendConfig(backend="bwrap")).inner, SandboxPool)
+    assert isinstance(make_sandbox_provider(SandboxBackendConfig(backend="e2b")).inner, E2BSandboxProvider)
     with pytest.raises(ValueError, match="backend"):
         SandboxBackendConfig(backend="docker")
     with pytest.raises(ValueError, match="read_only_paths"):

@@ -12,6 +12,12 @@ class DrGRPO(GRPO):
     """Dr.GRPO: ``GRPO`` with ``GRPOConfig.dr_grpo()`` (implements ``components.protocols.Algorithm``)."""
 
     def __init__(
-        self, *, constant_normalizer_tokens: int = 1024, loss: PolicyLossConfig | None = None
+        self,
+        config: GRPOConfig | None = None,
+        *,
+        constant_normalizer_tokens: int = 1024,
+        loss: PolicyLossConfig | None = None,
     ) -> None:
-        super().__init__(GRPOConfig.dr_grpo(constant_normalizer_tokens=constant_normalizer_tokens, loss=loss))
+        super().__init__(
+            config or GRPOConfig.dr_grpo(constant_normalizer_tokens=constant_normalizer_tokens, loss=loss)
+        )

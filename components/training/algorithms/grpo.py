@@ -6,12 +6,13 @@ clipped, importance-corrected token-level loss. Dr.GRPO (``dr_grpo.py``) is a co
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from components.config import require_non_negative, require_one_of, require_positive
+from components.recipe_config import option
 from components.training.algorithms.weighting import trajectory_mean_weights
 from components.training.losses import ClippedPolicyGradient, PolicyLossConfig
 
@@ -25,9 +26,10 @@ SampleWeighting = Literal["trajectory", "token", "constant"]
 class GRPOConfig:
     """Group Relative Policy Optimisation."""
 
-    # Divide (reward - group mean) by the group's sample std (+ std_epsilon). False: Dr.GRPO.
-    normalize_advantages_by_std: bool = True
-    std_epsilon: float = 1e-6
+    normalize_advantages_by_std: bool = option(
+        True, "divide (reward - group mean) by the group's sample std (+ std_epsilon); false: Dr.GRPO"
+    )
+    std_epsilon: float = option(1e-6, "added to the group std before dividing")
     # How a sampled token's loss is weighted in the step (every option gives each trajectory the same total
     # weight however many segments it was split into):
     #   "trajectory": each trajectory's loss is the mean over its sampled tokens, trajectories averaged
@@ -35,9 +37,14 @@ class GRPOConfig:
     #   "token":      every sampled token in the step counts the same (DAPO token-level mean).
     #   "constant":   token losses summed per trajectory and divided by ``constant_normalizer_tokens``,
     #                 trajectories averaged (Dr.GRPO: no length normalisation).
-    sample_weighting: SampleWeighting = "trajectory"
-    constant_normalizer_tokens: int = 1024
-    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    sample_weighting: SampleWeighting = option(
+        "trajectory",
+        "loss aggregation: trajectory (mean over each trajectory's tokens, trajectories averaged), token "
+        "(every token of the step counts the same, DAPO), constant (sum over a trajectory / "
+        "constant_normalizer_tokens, Dr.GRPO)",
+    )
+    constant_normalizer_tokens: int = option(1024, "the divisor of sample_weighting constant")
+    loss: PolicyLossConfig = option(PolicyLossConfig(), "the clipped, importance-corrected loss")
 
     def __post_init__(self) -> None:
         require_non_negative(self.std_epsilon, "std_epsilon")

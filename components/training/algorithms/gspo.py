@@ -16,38 +16,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from components.config import require_non_negative
+from components.config import require, require_non_negative
+from components.recipe_config import option
 from components.training.algorithms.grpo import GroupRelativeAdvantages
 from components.training.algorithms.weighting import trajectory_mean_weights
-from components.training.losses import ClippedPolicyGradient, ImportanceSamplingLevel, PolicyLossConfig
+from components.training.losses import ClippedPolicyGradient, PolicyLossConfig
+
+
+def gspo_loss(**overrides) -> PolicyLossConfig:
+    """The shared loss with GSPO's sequence-level ratio, its ~1e-4-wide clip range and sequence-level IS."""
+    return PolicyLossConfig(
+        **{"clip_low": 3e-4, "clip_high": 4e-4, "importance_sampling": "sequence", **overrides},
+        ratio_level="sequence",
+    )
 
 
 @dataclass(kw_only=True, frozen=True)
 class GSPOConfig:
     """GSPO: sequence-level ratio and clipping (the paper's clip range is ~1e-4 wide, not PPO's 0.2)."""
 
-    clip_low: float = 3e-4  # sequence ratio floor 1 - clip_low
-    clip_high: float = 4e-4  # sequence ratio ceiling 1 + clip_high
-    normalize_advantages_by_std: bool = True
-    std_epsilon: float = 1e-6
-    importance_sampling: ImportanceSamplingLevel = "sequence"  # truncated IS against rollout logprobs
-    importance_sampling_cap: float = 2.0
-    kl_coef: float = 0.0  # k3 KL to a frozen reference policy, per token (0: no reference model)
+    normalize_advantages_by_std: bool = option(True, "divide (reward - group mean) by the group's std")
+    std_epsilon: float = option(1e-6, "added to the group std before dividing")
+    loss: PolicyLossConfig = option(gspo_loss(), "the clipped policy-gradient loss (ratio_level sequence)")
 
     def __post_init__(self) -> None:
         require_non_negative(self.std_epsilon, "std_epsilon")
-        self.policy_loss()  # checks the loss fields, naming the bad one
-
-    def policy_loss(self) -> PolicyLossConfig:
-        """The shared policy-gradient loss with GSPO's sequence-level ratio and clip range."""
-        return PolicyLossConfig(
-            clip_low=self.clip_low,
-            clip_high=self.clip_high,
-            importance_sampling=self.importance_sampling,
-            importance_sampling_cap=self.importance_sampling_cap,
-            kl_coef=self.kl_coef,
-            ratio_level="sequence",
-        )
+        require(self.loss.ratio_level == "sequence", "loss.ratio_level", "GSPO clips the sequence ratio")
 
 
 class GSPO(GroupRelativeAdvantages, ClippedPolicyGradient):
@@ -56,7 +50,7 @@ class GSPO(GroupRelativeAdvantages, ClippedPolicyGradient):
 
     def __init__(self, config: GSPOConfig | None = None) -> None:
         self.config = config or GSPOConfig()
-        self.loss_config = self.config.policy_loss()
+        self.loss_config = self.config.loss
 
     def sample_weights(self, num_sampled_tokens: np.ndarray, trajectory_index: np.ndarray) -> np.ndarray:
         """1 / (trajectories · the trajectory's sampled tokens): a sequence loss spread over its tokens sums

@@ -6,10 +6,11 @@ token-level policy-gradient loss as GRPO's (one optimizer update per step makes 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from components.recipe_config import option
 from components.training.algorithms.weighting import trajectory_mean_weights
 from components.training.losses import ClippedPolicyGradient, PolicyLossConfig
 
@@ -18,7 +19,7 @@ from components.training.losses import ClippedPolicyGradient, PolicyLossConfig
 class RLOOConfig:
     """RLOO: leave-one-out baseline, per-trajectory token mean (each trajectory weighs the same)."""
 
-    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    loss: PolicyLossConfig = option(PolicyLossConfig(), "the clipped, importance-corrected loss")
 
 
 def leave_one_out_advantages(rewards: np.ndarray, group_ids: Sequence[str]) -> np.ndarray:

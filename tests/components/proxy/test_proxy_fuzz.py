@@ -136,7 +136,10 @@ def fuzz_target(tokenizer):
     server = ProxyServer(registry, config)
     server.start_in_thread()
     session_id = server.call(lambda: registry.open_session())
-    with httpx.Client(base_url=server.session_url(session_id), timeout=30) as client:
+    token = config.session_keys.session_token(session_id)  # the closed default: the session's own token
+    with httpx.Client(
+        base_url=server.session_url(session_id), headers={"Authorization": f"Bearer {token}"}, timeout=30
+    ) as client:
         yield client
     server.stop_thread()
 
@@ -167,3 +170,92 @@ def test_structured_bodies_never_5xx(fuzz_target, endpoint, body):
 @given(endpoint=st.sampled_from(ENDPOINTS), raw=st.binary(max_size=64))
 def test_raw_bytes_never_5xx(fuzz_target, endpoint, raw):
     _check(fuzz_target.post(endpoint, content=raw), endpoint)
+
+
+GEMINI_PARTS = st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "text": TEXT | JSON_VALUES,
+            "thought": JSON_VALUES,
+            "functionCall": st.fixed_dictionaries(
+                {"name": TEXT | JSON_VALUES}, optional={"id": CALL_IDS, "args": JSON_VALUES}
+            )
+            | JSON_VALUES,
+            "functionResponse": st.fixed_dictionaries(
+                {"name": TEXT | JSON_VALUES},
+                optional={"id": CALL_IDS, "response": JSON_VALUES, "parts": JSON_VALUES},
+            )
+            | JSON_VALUES,
+            "inlineData": JSON_VALUES,
+            "executableCode": JSON_VALUES,
+        },
+    ),
+    max_size=3,
+)
+GEMINI_BODIES = (
+    st.fixed_dictionaries(
+        {
+            "contents": st.lists(
+                st.fixed_dictionaries(
+                    {"parts": GEMINI_PARTS | JSON_VALUES}, optional={"role": ROLES | st.just("model")}
+                ),
+                max_size=4,
+            )
+        },
+        optional={
+            "systemInstruction": st.fixed_dictionaries({"parts": GEMINI_PARTS | JSON_VALUES}) | JSON_VALUES,
+            "tools": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "functionDeclarations": st.lists(
+                            st.fixed_dictionaries(
+                                {"name": TEXT},
+                                optional={"parameters": JSON_VALUES, "parametersJsonSchema": JSON_VALUES},
+                            ),
+                            max_size=2,
+                        )
+                        | JSON_VALUES
+                    }
+                ),
+                max_size=2,
+            )
+            | JSON_VALUES,
+            "generationConfig": st.fixed_dictionaries(
+                {},
+                optional={
+                    "maxOutputTokens": st.integers(-2, 40) | JSON_VALUES,
+                    "temperature": st.floats(-1, 3) | JSON_VALUES,
+                    "topP": JSON_VALUES,
+                    "topK": JSON_VALUES,
+                    "stopSequences": JSON_VALUES,
+                    "candidateCount": JSON_VALUES,
+                    "responseLogprobs": JSON_VALUES,
+                },
+            )
+            | JSON_VALUES,
+        },
+    )
+    | JSON_VALUES
+)
+GEMINI_ENDPOINTS = [
+    "/v1beta/models/m:generateContent",
+    "/v1beta/models/m:streamGenerateContent?alt=sse",
+    "/v1beta/models/m:countTokens",
+]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(endpoint=st.sampled_from(GEMINI_ENDPOINTS), body=GEMINI_BODIES)
+def test_gemini_bodies_never_5xx(fuzz_target, endpoint, body):
+    response = fuzz_target.post(
+        endpoint, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    assert response.status_code < 500, (endpoint, response.status_code, response.text[:500])
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert error["code"] == response.status_code and error["message"] and error["status"]

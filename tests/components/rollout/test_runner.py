@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from components.engine.scripted_policies import step_policy, tool_call
-from components.errors import SandboxError
+from components.errors import SandboxBackendDownError, SandboxError
 from components.protocols import HarnessOutcome, RewardResult, Sandbox, SandboxSpec, Task
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
 from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
 from harnesses.wrap import AgentContext, agent_harness
+from sandboxes.resilient import ResilientSandboxProvider, SandboxResilienceConfig
 from tests.failing_bricks import FailingEngine
 from tests.harnesses.harness_fixtures import running_proxy
 
@@ -235,3 +236,45 @@ def test_config_validation_names_the_field():
         RolloutConfig(group_size=0)
     with pytest.raises(ValueError, match="max_concurrency"):
         RolloutConfig(max_concurrency=0)
+
+
+async def test_a_backend_that_stays_down_stops_the_step_instead_of_every_rollout(
+    scripted_proxy, slugify_task, swe_grader
+):
+    """With the breaker (``sandboxes.resilient``) the step raises one clear error after ``breaker_threshold``
+    failed acquires; the weakened variant (no breaker) tries the dead backend for every rollout."""
+
+    class DeadBackend:
+        num_acquires = 0
+
+        async def acquire(self, spec: SandboxSpec) -> Sandbox:
+            DeadBackend.num_acquires += 1
+            raise SandboxError("backend unreachable")
+
+        async def release(self, sandbox: Sandbox) -> None:
+            raise AssertionError("nothing was acquired")
+
+        async def close(self) -> None:
+            pass
+
+    quick = {"max_attempts": 2, "backoff_initial_s": 0.0, "backoff_max_s": 0.0, "breaker_cooldown_s": 600.0}
+    async with scripted_proxy(["hi"]) as proxy:
+        weakened = ResilientSandboxProvider(
+            DeadBackend(), SandboxResilienceConfig(breaker_threshold=0, **quick)
+        )
+        trajectories = await _runner(
+            proxy, mixed_agent, weakened, swe_grader, group_size=6, max_concurrency=1
+        ).run([slugify_task], step=0)
+        assert Counter(t.status for t in trajectories) == {TrajectoryStatus.SANDBOX_ERROR: 6}
+        assert DeadBackend.num_acquires == 12  # every rollout burned its tries on the dead backend
+
+        DeadBackend.num_acquires = 0
+        guarded = ResilientSandboxProvider(
+            DeadBackend(), SandboxResilienceConfig(breaker_threshold=2, **quick)
+        )
+        with pytest.raises(SandboxBackendDownError, match="backend unreachable"):
+            await _runner(proxy, mixed_agent, guarded, swe_grader, group_size=6, max_concurrency=1).run(
+                [slugify_task], step=0
+            )
+        assert DeadBackend.num_acquires == 4  # two acquires of two tries, then the breaker refused
+        assert proxy.registry.num_open_sessions == 0

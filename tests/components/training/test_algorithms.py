@@ -10,6 +10,8 @@ import torch
 
 from components.protocols import Algorithm
 from components.training.algorithms import ALGORITHMS, GRPO, GSPO, RLOO, DrGRPO, GSPOConfig, make_algorithm
+from components.training.algorithms.gspo import gspo_loss
+from components.training.losses import PolicyLossConfig
 
 GROUPS = ["a", "a", "b", "b", "b"]
 REWARDS = np.array([1.0, 0.0, 1.0, 0.0, 0.0])
@@ -81,7 +83,7 @@ def _gspo_loss(config: GSPOConfig):
 
 
 def test_gspo_ratio_and_clipping_are_per_sequence():
-    loss, grad, stats = _gspo_loss(GSPOConfig(clip_low=0.2, clip_high=0.28))
+    loss, grad, stats = _gspo_loss(GSPOConfig(loss=gspo_loss(clip_low=0.2, clip_high=0.28)))
     s0 = math.exp(0.1)
     assert loss == pytest.approx(2 * 0.25 * -s0 + 0.5 * -1.28, abs=1e-9)  # −1.192585
     # d/dlogprob_t of −0.25·2·s0 where s0 = exp(mean of the two log ratios): −0.5·s0·(1/2) per token.
@@ -108,7 +110,9 @@ def test_gspo_needs_sequence_ids_and_validates_its_config():
             weights=torch.ones(2),
         )
     with pytest.raises(ValueError, match="clip_low"):
-        GSPOConfig(clip_low=1.5)
+        gspo_loss(clip_low=1.5)
+    with pytest.raises(ValueError, match="loss.ratio_level"):
+        GSPOConfig(loss=PolicyLossConfig())
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -144,7 +148,7 @@ def test_every_algorithm_trains_on_packed_micro_batches(name, tiny_model_dir):
     assert any(not torch.equal(before[key], value) for key, value in model.state_dict().items())
 
 
-@pytest.mark.parametrize("recipe", ["swe_grpo", "claude_code_grpo", "tictactoe_grpo"])
+@pytest.mark.parametrize("recipe", ["swe_grpo", "claude_code_grpo", "tictactoe_grpo", "temporal_clue_grpo"])
 def test_every_recipe_takes_algorithm_gspo(recipe):
     import importlib
 
@@ -159,3 +163,43 @@ def test_every_recipe_takes_algorithm_gspo(recipe):
     )
     config = parse_config(config_class, ["--algorithm", "gspo"])
     assert isinstance(Bricks.from_config(config).algorithm, GSPO)
+
+
+def test_every_loss_knob_reaches_the_algorithm_from_flags_and_errors_name_the_dotted_field(capsys):
+    from components.launch import Bricks, RunConfig
+    from components.recipe_config import parse_config
+
+    flags = [
+        "--algorithm", "gspo", "--algorithms-gspo-loss-clip-low", "0.01", "--algorithms-gspo-loss-clip-high", "0.02",
+        "--algorithms-gspo-loss-importance-sampling", "icepop", "--algorithms-gspo-loss-icepop-high", "3",
+        "--algorithms-gspo-loss-kl-coef", "0.05", "--algorithms-gspo-loss-kl-estimator", "k2",
+        "--trainer-weight-decay", "0.1", "--trainer-max-grad-norm", "0.5", "--trainer-num-updates-per-step", "2",
+        "--trainer-entropy-coef", "0.01",
+    ]  # fmt: skip
+    config = parse_config(RunConfig, flags)
+    algorithm = Bricks.from_config(config).algorithm
+    assert isinstance(algorithm, GSPO) and algorithm.needs_reference_logprobs
+    loss = algorithm.loss_config
+    assert (loss.clip_low, loss.clip_high, loss.importance_sampling, loss.icepop_high) == (
+        0.01,
+        0.02,
+        "icepop",
+        3,
+    )
+    assert (loss.kl_coef, loss.kl_estimator, loss.ratio_level) == (0.05, "k2", "sequence")
+    optimizer = config.trainer.optimizer()
+    assert (optimizer.weight_decay, optimizer.max_grad_norm, optimizer.learning_rate) == (0.1, 0.5, 1e-5)
+    assert (config.trainer.num_updates_per_step, config.trainer.entropy_coef) == (2, 0.01)
+    # the other algorithms keep their own defaults; Dr.GRPO's aggregation is its own
+    dr_grpo = Bricks.from_config(parse_config(RunConfig, ["--algorithm", "dr_grpo"])).algorithm
+    assert isinstance(dr_grpo, DrGRPO) and dr_grpo.config.sample_weighting == "constant"
+    aggregated = parse_config(RunConfig, ["--algorithms-grpo-sample-weighting", "token"])
+    assert Bricks.from_config(aggregated).algorithm.config.sample_weighting == "token"
+    for bad, field in (
+        (["--algorithms-grpo-loss-clip-low", "1.5"], "algorithms.grpo.loss.clip_low"),
+        (["--trainer-max-grad-norm", "-1"], "trainer.max_grad_norm"),
+        (["--trainer-num-updates-per-step", "0"], "trainer.num_updates_per_step"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_config(RunConfig, bad)
+        assert f"{field}:" in capsys.readouterr().err

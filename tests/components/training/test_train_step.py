@@ -3,6 +3,7 @@ policy, the step is deterministic on CPU, and a step without update (the trainer
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from components.training.data import SampleBatchConfig, build_micro_batches_locally, micro_batches_from_table
@@ -11,7 +12,9 @@ from components.training.step import OptimizerConfig, build_optimizer, run_train
 from tests.components.training.training_synthetic import random_batch
 
 
-def step_metrics(model_dir, *, num_updates: int, learning_rate: float, update: bool = True) -> tuple[dict, dict]:
+def step_metrics(
+    model_dir, *, num_updates: int, learning_rate: float, update: bool = True
+) -> tuple[dict, dict]:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -65,7 +68,9 @@ def test_a_step_without_update_computes_the_step_and_leaves_the_weights(tiny_mod
     metrics, updated = step_metrics(tiny_model_dir, num_updates=1, learning_rate=5e-2)
     assert dry_metrics["loss"] == metrics["loss"] and dry_metrics["grad_norm"] == metrics["grad_norm"] > 0
     assert all(torch.equal(tensor, initial[name]) for name, tensor in dry.items())
-    assert not all(torch.equal(tensor, initial[name]) for name, tensor in updated.items())  # an update moves them
+    assert not all(
+        torch.equal(tensor, initial[name]) for name, tensor in updated.items()
+    )  # an update moves them
 
 
 def test_kl_to_the_reference_policy_grows_once_the_policy_moves(tiny_model_dir):
@@ -94,3 +99,31 @@ def test_kl_to_the_reference_policy_grows_once_the_policy_moves(tiny_model_dir):
         model, optimizer, batches, algorithm, optimizer_config=config, reference_model=reference
     )
     assert first["kl"] == 0 and second["kl"] > 0
+
+
+def test_an_entropy_bonus_lowers_the_loss_and_changes_the_update(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    results = []
+    for coef in (0.0, 0.5):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        config = OptimizerConfig(learning_rate=1e-2)
+        batches = build_micro_batches_locally(
+            random_batch(num_groups=2, group_size=4, seed=3), GRPO(), SampleBatchConfig(), current_version=0
+        )
+        metrics = run_train_step(
+            model,
+            build_optimizer(model, config),
+            micro_batches_from_table(batches.micro_batches),
+            GRPO(),
+            optimizer_config=config,
+            entropy_coef=coef,
+        )
+        results.append((metrics, model.state_dict()))
+    (plain, plain_weights), (bonus, bonus_weights) = results
+    # GRPO's weights sum to 1 over the step's sampled tokens, so the bonus is at most -coef * max entropy
+    assert plain["entropy"] == pytest.approx(bonus["entropy"])  # measured before the update
+    assert bonus["loss"] < plain["loss"]
+    assert not all(torch.equal(tensor, bonus_weights[name]) for name, tensor in plain_weights.items())

@@ -1,0 +1,427 @@
+"""``InferenceEngine`` over one or several inference servers (SGLang, vLLM): session affinity, least-loaded
+placement, failover, and weight updates that reach every server with one version.
+
+The fleet is engine-neutral: it drives each server through a small adapter (``InferenceServer``: SGLang's is
+``components/engine/sglang.py``, vLLM's ``components/engine/vllm.py``). Routing is done here, in the process that
+calls ``generate`` (each proxy session shard holds a copy):
+
+- *Affinity by token prefix.* Every turn of a TITO session sends the previous turn's prompt + output ids
+  followed by the new tokens, so a prompt that extends a sequence this fleet generated before belongs to that
+  session: it goes to the server that generated it, whose prefix cache still holds its KV. The lookup keys are
+  digests of whole sequences (no token lists kept), found through the lengths recorded under the prompt's first
+  ``anchor_tokens`` tokens; the table keeps the newest ``affinity_entries``.
+- *Least-loaded placement.* A prompt that extends nothing known is a new session: it goes to the live server
+  with the fewest requests (as the servers report them, so every proxy shard's requests count; then the fewest
+  sessions placed from here, then order).
+- *Failover.* A server that cannot be reached (``ServerUnreachableError``, after the adapter's retries) is taken
+  out for the rest of the run with the reason recorded (``status()``, ``failovers``); the request, and later
+  every turn of its sessions, goes to another live server (same prompt, so nothing is lost but cached KV). A
+  server taken out is never put back: it may hold stale weights. With no live server left ``generate`` raises
+  ``EngineError``, which the rollout runner records as an engine failure.
+- *Weight updates.* Generation is paused on every live server, the new weights are loaded on all of them (from
+  one folder every server reads), each with the same version, and generation continues on all. A server that
+  fails the update is taken out, so live servers never disagree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from components.config import require, require_positive
+from components.errors import EngineError
+from components.protocols import GenerationResult, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+
+class ServerUnreachableError(EngineError):
+    """A server could not be reached (refused, reset, gone) even after the retries: it is down."""
+
+
+@runtime_checkable
+class InferenceServer(Protocol):
+    """One inference server as the fleet drives it (an adapter over the server's own HTTP API).
+
+    Contract: ``generate`` raises ``ServerUnreachableError`` when the server is gone (any other ``EngineError``
+    is the request's own failure); ``num_requests`` is the server's own count of running + waiting requests
+    (every client's); ``load_weights_from_disk`` loads an HF folder as ``version`` without pausing (the fleet
+    pauses around it); after ``load_lora_adapter`` returns, the server's new requests use that adapter."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def context_window(self) -> int: ...
+
+    @property
+    def weight_version(self) -> int: ...
+
+    async def wait_until_healthy(self) -> None: ...
+
+    async def refresh(self) -> None: ...
+
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult: ...
+
+    async def num_requests(self) -> int: ...
+
+    async def pause_generation(self) -> None: ...
+
+    async def continue_generation(self) -> None: ...
+
+    async def load_weights_from_disk(self, model_path: str | Path, version: int) -> Any: ...
+
+    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+def parse_server_urls(text: str, *, field: str = "url") -> tuple[str, ...]:
+    """``"http://a:30000,http://b:30000"`` → both URLs (spaces and a trailing slash ignored); a bad list fails
+    naming ``field``."""
+    urls = tuple(part.strip().rstrip("/") for part in text.split(",") if part.strip())
+    require(len(urls) > 0, field, "needs at least one http(s) URL")
+    for url in urls:
+        require(url.startswith(("http://", "https://")), field, f"{url!r} is not an http(s) URL")
+    require(len(set(urls)) == len(urls), field, f"lists a server twice: {text!r}")
+    return urls
+
+
+@dataclass(kw_only=True, frozen=True)
+class FleetRoutingConfig:
+    """How the fleet places sessions on its servers."""
+
+    affinity_entries: int = 65536  # remembered sequences (one digest + length each)
+    anchor_tokens: int = 64  # prompt prefix under which candidate sequence lengths are filed
+    # New sessions go where the servers report the fewest requests (one call per server and new session; it
+    # counts every proxy shard's requests). False: this process's own requests in flight only.
+    placement_by_server_load: bool = True
+
+    def __post_init__(self) -> None:
+        require_positive(self.affinity_entries, "affinity_entries")
+        require_positive(self.anchor_tokens, "anchor_tokens")
+
+
+@dataclass(frozen=True)
+class FailoverEvent:
+    """A request (and its session) moved off a server that was taken out."""
+
+    from_url: str
+    to_url: str
+    reason: str
+
+
+class ServerFleet:
+    """``InferenceEngine`` (and ``DiskReloadingEngine``, ``LoraServingEngine``) over ``servers``. Create with
+    ``await ServerFleet.connect(servers)`` (or a subclass's ``connect``), which waits for every server."""
+
+    server_kind = "inference"  # how messages name the servers ("SGLang", "vLLM")
+
+    def __init__(
+        self,
+        servers: Sequence[InferenceServer],
+        *,
+        routing: FleetRoutingConfig | None = None,
+        initial_weight_version: int = 0,
+        context_window: int | None = None,
+    ) -> None:
+        require(len(servers) > 0, "servers", "needs at least one server")
+        self.routing = routing or FleetRoutingConfig()
+        self.servers = list(servers)
+        self._context_window = context_window
+        self._weight_version = initial_weight_version
+        self._down: dict[int, str] = {}  # server index → why it was taken out
+        self._in_flight = [0] * len(self.servers)
+        self._sessions = [0] * len(self.servers)
+        # digest of a generated sequence → (server index, anchor, length); newest last
+        self._affinity: OrderedDict[bytes, tuple[int, bytes, int]] = OrderedDict()
+        self._lengths: dict[bytes, Counter[int]] = {}  # anchor → lengths of remembered sequences
+        self.failovers: list[FailoverEvent] = []
+        self._update_lock: asyncio.Lock | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy in another process (a proxy session shard) routes its own sessions; the lock belongs here.
+        state = dict(self.__dict__)
+        state.update(_update_lock=None)
+        return state
+
+    @classmethod
+    async def connect(cls, servers: Sequence[InferenceServer], **options: Any) -> ServerFleet:
+        """Wait for ``/health`` on every server, then read the context window and the weight version."""
+        fleet = cls(servers, **options)
+        await fleet.start()
+        return fleet
+
+    async def start(self) -> None:
+        """Wait for every server, then read their state (closing the clients if that fails)."""
+        try:
+            await asyncio.gather(*(server.wait_until_healthy() for server in self.servers))
+            await self.read_server_state()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def read_server_state(self) -> None:
+        """Read every live server's context window and weight version; they must agree."""
+        live = self.live_servers()
+        await asyncio.gather(*(server.refresh() for server in live))
+        self._context_window = min(server.context_window for server in live)
+        versions = {server.url: server.weight_version for server in live}
+        if len(set(versions.values())) > 1:
+            raise EngineError(
+                f"the {self.server_kind} servers hold different weight versions {versions}: start them from the "
+                "same checkpoint (or let Rein push one version to all of them)"
+            )
+        self._weight_version = next(iter(versions.values()))
+
+    async def refresh(self) -> dict[str, Any]:
+        """The live servers' requests (summed) as ``num_running``; a server that does not answer counts as idle
+        here (generation, not this probe, takes it out)."""
+        loads = await asyncio.gather(
+            *(server.num_requests() for server in self.live_servers()), return_exceptions=True
+        )
+        running = sum(load for load in loads if not isinstance(load, BaseException))
+        return {"num_running": running, "num_waiting": 0, "num_prefilling": 0}
+
+    async def aclose(self) -> None:
+        """Close every server's HTTP client."""
+        await asyncio.gather(*(server.aclose() for server in self.servers))
+
+    # --- InferenceEngine ---------------------------------------------------------------------------------
+
+    @property
+    def context_window(self) -> int:
+        if self._context_window is None:
+            raise EngineError("the context window is unknown: create the fleet with `await ...connect()`")
+        return self._context_window
+
+    @property
+    def weight_version(self) -> int:
+        return self._weight_version
+
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
+        """Generate on the session's server (or the least-loaded live one), failing over when it is down."""
+        prompt = np.asarray(input_ids, dtype=np.int64)
+        index = self._session_server(prompt)
+        if index is None:  # a new session
+            index = await self._place_new_session()
+        tried: set[int] = set()
+        while True:
+            attempt = index
+            self._in_flight[attempt] += 1
+            try:
+                result = await self.servers[attempt].generate(prompt.tolist(), params)
+            except ServerUnreachableError as error:
+                tried.add(attempt)
+                index = self._fail_over(attempt, f"unreachable: {error}", exclude=tried)
+                continue
+            finally:
+                self._in_flight[attempt] -= 1
+            self._remember(prompt, result.output_ids, index)
+            if result.weight_versions:
+                self._weight_version = max(self._weight_version, result.weight_versions[-1])
+            return result
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Write ``state_dict`` where every server reads it and load it as ``version`` on all of them."""
+        folder = await asyncio.to_thread(self.write_weights, state_dict, int(version))
+        await self.update_weights_from_disk(folder, version)
+
+    def write_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Path:
+        """An HF folder of ``state_dict`` that every server can read (a subclass says where)."""
+        raise ValueError(
+            f"{type(self).__name__}.update_weights: no weight folder the servers can read is configured "
+            "(use a disk WeightSync, which writes RUN_DIR/weights)"
+        )
+
+    async def update_weights_from_disk(self, model_path: str | Path, version: int) -> None:
+        """Load the HF folder ``model_path`` as ``version`` on every live server, generation paused on all."""
+
+        async def load(live: list[int]) -> None:
+            await self._on_each(
+                live,
+                lambda server: server.load_weights_from_disk(model_path, version),
+                f"weight update to version {version}",
+            )
+
+        await self._paused_on_all(version, load)
+
+    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> None:
+        """``LoraServingEngine``: every live server loads the PEFT folder ``lora_path`` under its own new name and
+        unloads the previous version. No pause: each request names its adapter, so one request never mixes
+        versions; a server that fails is taken out."""
+        async with self.update_lock:
+            await self._on_each(
+                self._live(),
+                lambda server: server.load_lora_adapter(lora_path, version),
+                f"LoRA adapter version {version}",
+            )
+            self._weight_version = int(version)
+
+    # --- operations --------------------------------------------------------------------------------------
+
+    def live_servers(self) -> list[Any]:
+        """Servers still in the fleet."""
+        return [self.servers[index] for index in self._live()]
+
+    def status(self) -> dict[str, Any]:
+        """Per server: live or why it was taken out, requests in flight, sessions placed; failovers so far."""
+        return {
+            "servers": [
+                {
+                    "url": server.url,
+                    "live": index not in self._down,
+                    "down_reason": self._down.get(index, ""),
+                    "in_flight": self._in_flight[index],
+                    "sessions": self._sessions[index],
+                    "weight_version": server.weight_version,
+                }
+                for index, server in enumerate(self.servers)
+            ],
+            "num_failovers": len(self.failovers),
+            "weight_version": self._weight_version,
+        }
+
+    # --- routing -----------------------------------------------------------------------------------------
+
+    def _live(self) -> list[int]:
+        return [index for index in range(len(self.servers)) if index not in self._down]
+
+    def _digest(self, tokens: np.ndarray) -> bytes:
+        return hashlib.blake2b(tokens.tobytes(), digest_size=16).digest()
+
+    def _anchor(self, tokens: np.ndarray) -> bytes:
+        return self._digest(tokens[: self.routing.anchor_tokens])
+
+    def _session_server(self, prompt: np.ndarray) -> int | None:
+        """The server of the session ``prompt`` continues (another live one if it was taken out); None when
+        ``prompt`` extends no sequence generated here: a new session."""
+        lengths = self._lengths.get(self._anchor(prompt))
+        if lengths:
+            for length in sorted((n for n in lengths if n <= len(prompt)), reverse=True):
+                entry = self._affinity.get(self._digest(prompt[:length]))
+                if entry is None:
+                    continue
+                index = entry[0]
+                if index not in self._down:
+                    return index
+                return self._fail_over(index, self._down[index], exclude={index})
+        return None
+
+    async def _place_new_session(self) -> int:
+        """The least-loaded live server. Load = the requests the server reports (every proxy shard's, not only
+        this process's) beyond this process's own at the time of asking, plus this process's own now - so
+        sessions placed concurrently here still spread."""
+        live = self._live()
+        if not live:
+            raise EngineError(f"every {self.server_kind} server is down: {self._down_summary()}")
+        others = dict.fromkeys(live, 0)
+        if self.routing.placement_by_server_load and len(live) > 1:
+            mine = {index: self._in_flight[index] for index in live}
+            loads = await asyncio.gather(
+                *(self.servers[index].num_requests() for index in live), return_exceptions=True
+            )
+            for index, load in zip(live, loads, strict=True):
+                if not isinstance(load, BaseException):
+                    others[index] = max(int(load) - mine[index], 0)
+        candidates = [index for index in self._live() if index in others]
+        if not candidates:
+            raise EngineError(f"every {self.server_kind} server is down: {self._down_summary()}")
+        index = min(candidates, key=lambda i: (others[i] + self._in_flight[i], self._sessions[i], i))
+        self._sessions[index] += 1
+        return index
+
+    def _least_loaded(self, *, exclude: set[int]) -> int | None:
+        candidates = [index for index in self._live() if index not in exclude]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda index: (self._in_flight[index], self._sessions[index], index))
+
+    def _fail_over(self, index: int, reason: str, *, exclude: set[int]) -> int:
+        """Take server ``index`` out (if not yet) and pick another live one for the request."""
+        self._take_out(index, reason)
+        target = self._least_loaded(exclude=exclude)
+        if target is None:
+            raise EngineError(f"every {self.server_kind} server is down: {self._down_summary()}")
+        self._sessions[target] += 1
+        self.failovers.append(
+            FailoverEvent(from_url=self.servers[index].url, to_url=self.servers[target].url, reason=reason)
+        )
+        return target
+
+    def _take_out(self, index: int, reason: str) -> None:
+        if index not in self._down:
+            self._down[index] = reason
+            logger.warning("%s server %s taken out: %s", self.server_kind, self.servers[index].url, reason)
+
+    def _remember(self, prompt: np.ndarray, output_ids: Sequence[int], index: int) -> None:
+        sequence = np.concatenate([prompt, np.asarray(output_ids, dtype=np.int64)])
+        anchor = self._anchor(sequence)
+        key = self._digest(sequence)
+        if key not in self._affinity:
+            self._lengths.setdefault(anchor, Counter())[len(sequence)] += 1
+        self._affinity[key] = (index, anchor, len(sequence))
+        self._affinity.move_to_end(key)
+        while len(self._affinity) > self.routing.affinity_entries:
+            _, (_, old_anchor, old_length) = self._affinity.popitem(last=False)
+            counter = self._lengths[old_anchor]
+            counter[old_length] -= 1
+            if counter[old_length] <= 0:
+                del counter[old_length]
+            if not counter:
+                del self._lengths[old_anchor]
+
+    def _down_summary(self) -> str:
+        return "; ".join(f"{self.servers[index].url}: {reason}" for index, reason in self._down.items())
+
+    # --- weight updates ----------------------------------------------------------------------------------
+
+    @property
+    def update_lock(self) -> asyncio.Lock:
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        return self._update_lock
+
+    async def _paused_on_all(self, version: int, load: Callable[[list[int]], Any]) -> None:
+        """Pause every live server, ``await load(live)``, continue them all; the fleet's version is ``version``
+        only when at least one server holds it (servers that failed were taken out)."""
+        async with self.update_lock:
+            live = self._live()
+            if not live:
+                raise EngineError(f"every {self.server_kind} server is down: {self._down_summary()}")
+            await self._on_each(live, lambda server: server.pause_generation(), "pause")
+            try:
+                await load(self._live())
+            finally:
+                await self._on_each(self._live(), lambda server: server.continue_generation(), "continue")
+            if not self._live():
+                raise EngineError(
+                    f"no {self.server_kind} server took version {version}: {self._down_summary()}"
+                )
+            self._weight_version = int(version)
+
+    async def _on_each(self, indices: list[int], call: Any, what: str) -> None:
+        """``call(server)`` on every listed server at once; a server that fails is taken out (reason kept)."""
+        results = await asyncio.gather(
+            *(call(self.servers[index]) for index in indices), return_exceptions=True
+        )
+        for index, result in zip(indices, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):
+                if not isinstance(result, EngineError | OSError):
+                    raise result
+                self._take_out(index, f"{what} failed: {result}")
+        if not self._live():
+            raise EngineError(f"{what} failed on every {self.server_kind} server: {self._down_summary()}")

@@ -1,0 +1,480 @@
+"""Model families end to end: multi-turn tool conversations through the proxy with the official openai SDK,
+for each family under its real chat template (vLLM's ``examples/tool_chat_template_*.jinja``, downloaded by
+``make setup-test`` into ``.templates/``), with a scripted policy writing that family's tool-call format.
+
+GLM-4.5, Kimi K2 and gpt-oss harmony have no template in that sdist: they run on SmolLM2's ChatML template
+(no tool support) with ``tool_format`` named, so Rein renders tools and past calls in the family's format.
+
+Each conversation checks: the format is detected from the template (or the named one is used); every turn's
+prompt extends the previous prompt + sampled ids exactly (one segment); the sampled ids are exactly the
+policy's; the SDK gets the calls the policy wrote, whole and streamed as deltas; the drift audit says how far a
+naive re-render of the history would be (templates that drop a turn's content next to its calls, or move the
+system prompt, rewrite history).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from components.engine.scripted import ScriptedEngine
+from components.proxy.config import ProxyConfig
+from components.proxy.server import ProxyServer
+from components.proxy.sessions import LocalSessionRegistry
+from components.tito.drift_audit import audit_session
+from components.tito.formats import tool_format_named
+from components.tito.messages import ToolCall
+from tests.components.proxy.proxy_helpers import assert_one_segment_record
+
+TEMPLATES = Path(__file__).resolve().parents[3] / ".templates"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+        },
+    }
+]
+
+
+@dataclass(frozen=True)
+class Family:
+    tool_format: str
+    template_file: str | None  # None: SmolLM2's ChatML, tool_format named
+    special_tokens: tuple[str, ...] = ()
+    bos: str | None = None
+    eos: str | None = None
+    parallel: bool = True  # the template takes several calls in one turn
+    extra: dict = field(default_factory=dict)
+
+
+LLAMA = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>")
+MISTRAL = ("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]")
+DEEPSEEK = (
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁outputs▁begin｜>",
+    "<｜tool▁outputs▁end｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+)
+FAMILIES = {
+    "hermes": Family("hermes", "tool_chat_template_hermes.jinja"),
+    "qwen3_coder": Family("qwen3_coder", "tool_chat_template_qwen3coder.jinja"),
+    "llama3_json": Family(
+        "llama3_json",
+        "tool_chat_template_llama3.1_json.jinja",
+        LLAMA,
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        False,
+    ),
+    "mistral": Family(
+        "mistral",
+        "tool_chat_template_mistral_parallel.jinja",
+        (*MISTRAL, "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+        "<s>",
+        "</s>",
+    ),
+    "deepseek_v3": Family(
+        "deepseek_v3", "tool_chat_template_deepseekv3.jinja", DEEPSEEK, DEEPSEEK[0], DEEPSEEK[1]
+    ),
+    "llama3.2_json": Family(
+        "llama3_json",
+        "tool_chat_template_llama3.2_json.jinja",
+        LLAMA,
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        False,
+    ),
+    "deepseek_r1": Family(
+        "deepseek_v3", "tool_chat_template_deepseekr1.jinja", DEEPSEEK, DEEPSEEK[0], DEEPSEEK[1]
+    ),
+    "glm45": Family("glm45", None),
+    "kimi_k2": Family("kimi_k2", None),
+    "harmony": Family("harmony", None),
+}
+
+
+_TOKENIZERS: dict[str, object] = {}
+
+
+def family_tokenizer(tokenizer, family: Family):
+    """The SmolLM2 tokenizer with the family's real template and its special tokens (built once per family)."""
+    if family.template_file is None:
+        return tokenizer
+    if family.template_file not in _TOKENIZERS:
+        _TOKENIZERS[family.template_file] = _build_family_tokenizer(tokenizer, family)
+    return _TOKENIZERS[family.template_file]
+
+
+def _build_family_tokenizer(tokenizer, family: Family):
+    path = TEMPLATES / family.template_file
+    assert path.is_file(), f"{path} is missing: run `make setup-test` (it downloads vLLM's templates)"
+    clone = copy.deepcopy(tokenizer)
+    clone.add_special_tokens({"additional_special_tokens": list(family.special_tokens)})
+    if family.bos:
+        clone.bos_token = family.bos
+    if family.eos:
+        clone.eos_token = family.eos
+    clone.chat_template = path.read_text()
+    return clone
+
+
+def scripted_turns(family: Family) -> list[tuple[str, list[ToolCall]]]:
+    """(content, calls) of each policy turn: a call, (parallel) calls, a final answer."""
+    fmt = tool_format_named(family.tool_format)
+    first = [ToolCall(id="callAAAA00001", name="bash", arguments='{"cmd": "ls -la"}')]
+    second = [ToolCall(id="callBBBB00002", name="bash", arguments='{"cmd": "cat é.txt | grep 中"}')]
+    if family.parallel:
+        second.append(ToolCall(id="callCCCC00003", name="bash", arguments='{"cmd": "pytest -q"}'))
+    content = "Let me look." if fmt.keeps_content_with_calls else ""
+    return [(content, first), ("", second), ("All tests pass: é 中 🙂.", [])]
+
+
+def policy_texts(family: Family) -> list[str]:
+    fmt = tool_format_named(family.tool_format)
+    return [fmt.render_calls(content, calls) for content, calls in scripted_turns(family)]
+
+
+def run_conversation(
+    client: OpenAI, family: Family, *, stream: bool
+) -> list[tuple[str, list[tuple[str, dict]]]]:
+    """Three policy turns with tool results between them; what the SDK returned each turn."""
+    messages: list[dict] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing test."},
+    ]
+    seen = []
+    for _ in scripted_turns(family):
+        if stream:
+            content, calls = "", {}
+            for chunk in client.chat.completions.create(
+                model="policy", messages=messages, tools=TOOLS, stream=True
+            ):
+                delta = chunk.choices[0].delta if chunk.choices else None
+                if delta is None:
+                    continue
+                content += delta.content or ""
+                for call in delta.tool_calls or []:
+                    calls[call.index] = {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.function.name, "arguments": call.function.arguments},
+                    }
+            tool_calls = [calls[i] for i in sorted(calls)]
+        else:
+            message = (
+                client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+                .choices[0]
+                .message
+            )
+            content = message.content or ""
+            tool_calls = [c.model_dump() for c in message.tool_calls or []]
+        seen.append(
+            (content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in tool_calls])
+        )
+        assistant = {"role": "assistant", "content": content}
+        if tool_calls:
+            assistant["tool_calls"] = tool_calls
+        messages.append(assistant)
+        messages += [
+            {"role": "tool", "tool_call_id": c["id"], "content": f"output {i}: ok"}
+            for i, c in enumerate(tool_calls)
+        ]
+    return seen
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_conversation_keeps_tito_exact(tokenizer, name, stream):
+    family = FAMILIES[name]
+    family_tok = family_tokenizer(tokenizer, family)
+    replies = policy_texts(family)
+    engine = ScriptedEngine(family_tok, replies)
+    config = ProxyConfig(port=0, tool_format=family.tool_format if family.template_file is None else None)
+    registry = LocalSessionRegistry(engine, family_tok, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = OpenAI(
+            base_url=server.session_url(session_id) + "/v1",
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
+        seen = run_conversation(client, family, stream=stream)
+        record = server.call(lambda: registry.describe(session_id))
+        assert record["tool_format"] == family.tool_format  # detected from the real template (or named)
+        assert record["num_malformed_tool_calls"] == 0
+        expected = [
+            (content, [(c.name, json.loads(c.arguments)) for c in calls])
+            for content, calls in scripted_turns(family)
+        ]
+        assert [calls for _, calls in seen] == [calls for _, calls in expected]
+        assert seen[-1][0] == expected[-1][0]
+        # every prompt extends the previous prompt + sampled ids; the sampled ids are exactly the policy's
+        assert_one_segment_record(record, engine, replies, family_tok)
+        reports = audit_session(registry._sessions[session_id].tito)
+        assert [r.segment_reason for r in reports] == ["start"]
+        if name in ("hermes", "mistral"):
+            # hermes' template drops the content next to calls, mistral's moves the system prompt: a naive
+            # re-render of the history differs from what the model saw; TITO's ids do not
+            assert reports[0].num_mismatched > 0
+    finally:
+        server.stop_thread()
+
+
+def test_a_template_that_moves_history_starts_a_segment_with_its_reason(tokenizer):
+    """Mistral's template writes the system prompt and the tool list into the LAST user turn: a new user turn
+    rewrites the earlier ones, so TITO starts a ``prefix_mismatch`` segment and the drift audit reports both."""
+    family = FAMILIES["mistral"]
+    family_tok = family_tokenizer(tokenizer, family)
+    fmt = tool_format_named("mistral")
+    call = ToolCall(id="callAAAA00001", name="bash", arguments='{"cmd": "ls"}')
+    replies = [fmt.render_calls("", [call]), " Listed.", " Bye."]
+    engine = ScriptedEngine(family_tok, replies)
+    config = ProxyConfig(port=0)
+    registry = LocalSessionRegistry(engine, family_tok, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = OpenAI(
+            base_url=server.session_url(session_id) + "/v1",
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List files."}]
+        first = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
+        assert first.tool_calls[0].id == "AAAA00001"  # the 9 characters the model wrote are the call's id
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [c.model_dump() for c in first.tool_calls]},
+            {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "a.py"},
+        ]
+        second = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
+        assert second.content == "Listed."
+        record = server.call(lambda: registry.describe(session_id))
+        assert record["num_segments"] == 1  # tool results extend the conversation exactly
+        messages += [{"role": "assistant", "content": second.content}, {"role": "user", "content": "Thanks."}]
+        client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
+        record = server.call(lambda: registry.describe(session_id))
+        assert [s["reason"] for s in record["segments"]] == ["start", "prefix_mismatch"]
+        reports = audit_session(registry._sessions[session_id].tito)
+        assert [r.segment_reason for r in reports] == ["start", "prefix_mismatch"]
+        # a naive re-render of either segment's history differs from the ids the model saw (its system prompt
+        # and tools sit in whichever user turn is last); the segments' TITO ids are what was sampled on
+        assert all(report.num_mismatched > 0 for report in reports)
+    finally:
+        server.stop_thread()
+
+
+def test_an_unknown_tool_template_is_refused_naming_the_formats(tokenizer):
+    from components.tito import TitoConfig, TitoSession
+    from components.tito.formats import TOOL_FORMATS, UnknownTemplateFormatError
+
+    clone = copy.deepcopy(tokenizer)
+    clone.chat_template = (TEMPLATES / "tool_chat_template_gemma3_pythonic.jinja").read_text()
+    with pytest.raises(UnknownTemplateFormatError) as refused:
+        TitoSession(clone, context_window=4096)
+    assert "--tool-format" in str(refused.value) and all(name in str(refused.value) for name in TOOL_FORMATS)
+    forced = TitoSession(clone, context_window=4096, config=TitoConfig(tool_format="hermes"))
+    assert forced.renderer.tool_format.name == "hermes"
+
+
+def test_the_cli_flags_name_formats_and_refuse_unknown_ones(capsys):
+    from components.proxy.cli import _parser, main
+
+    args = _parser().parse_args(["--tool-format", "qwen3_coder", "--reasoning-format", "none"])
+    assert (args.tool_format, args.reasoning_format) == ("qwen3_coder", "none")
+    assert main(["--tool-format", "gemma"]) == 2
+    error = capsys.readouterr().err
+    assert "tool_format: unknown format 'gemma'" in error and "qwen3_coder" in error
+    assert main(["--reasoning-format", "deep"]) == 2
+    assert "reasoning_format" in capsys.readouterr().err
+
+
+def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
+    """Claude Code's protocol: under Qwen3-Coder's real template, the text block grows delta by delta and the
+    tool_use block comes whole once its XML call is complete; the conversation stays one exact segment."""
+    import anthropic
+
+    family = FAMILIES["qwen3_coder"]
+    family_tok = family_tokenizer(tokenizer, family)
+    replies = policy_texts(family)[:1] + policy_texts(family)[2:]
+    engine = ScriptedEngine(family_tok, replies)
+    config = ProxyConfig(port=0)
+    registry = LocalSessionRegistry(engine, family_tok, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = anthropic.Anthropic(
+            base_url=server.session_url(session_id),
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
+        tools = [{"name": "bash", "description": "Run.", "input_schema": TOOLS[0]["function"]["parameters"]}]
+        messages: list[dict] = [{"role": "user", "content": "Fix the failing test."}]
+        turns = []
+        for _ in range(2):
+            events = list(
+                client.messages.create(
+                    model="claude-x", max_tokens=256, messages=messages, tools=tools, stream=True
+                )
+            )
+            text_deltas = [
+                e.delta.text
+                for e in events
+                if e.type == "content_block_delta" and e.delta.type == "text_delta"
+            ]
+            uses = [
+                e.content_block
+                for e in events
+                if e.type == "content_block_start" and e.content_block.type == "tool_use"
+            ]
+            inputs = [
+                json.loads(e.delta.partial_json)
+                for e in events
+                if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+            ]
+            turns.append((text_deltas, [(u.name, i) for u, i in zip(uses, inputs, strict=True)]))
+            content: list[dict] = [{"type": "text", "text": "".join(text_deltas)}]
+            content += [
+                {"type": "tool_use", "id": u.id, "name": u.name, "input": i}
+                for u, i in zip(uses, inputs, strict=True)
+            ]
+            messages.append({"role": "assistant", "content": content})
+            if uses:
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "ok"}],
+                    }
+                )
+        (first_text, first_calls), (final_text, final_calls) = turns
+        assert "".join(first_text) == "Let me look." and len(first_text) > 1  # sent as the tokens came
+        assert first_calls == [("bash", {"cmd": "ls -la"})] and final_calls == []
+        assert "".join(final_text) == "All tests pass: é 中 🙂." and len(final_text) > 1
+        record = server.call(lambda: registry.describe(session_id))
+        assert_one_segment_record(record, engine, replies, family_tok)
+    finally:
+        server.stop_thread()
+
+
+def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
+    """Codex's protocol: the message text comes as one ``output_text.delta`` per settled piece, the call as a
+    ``function_call`` item (GLM-4.5 format, named, on SmolLM2's ChatML)."""
+    family = FAMILIES["glm45"]
+    fmt = tool_format_named("glm45")
+    call = ToolCall(id="c1", name="bash", arguments='{"cmd": "ls -la"}')
+    replies = [fmt.render_calls("Looking at the files first.", [call])]
+    engine = ScriptedEngine(tokenizer, replies)
+    config = ProxyConfig(port=0, tool_format=family.tool_format)
+    registry = LocalSessionRegistry(engine, tokenizer, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = OpenAI(
+            base_url=server.session_url(session_id) + "/v1",
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
+        tools = [{"type": "function", **TOOLS[0]["function"]}]
+        events = list(client.responses.create(model="m", input="Fix it.", tools=tools, stream=True))
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert "".join(deltas) == "Looking at the files first." and len(deltas) > 1
+        done = [
+            e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
+        ]
+        assert [(item.name, json.loads(item.arguments)) for item in done] == [("bash", {"cmd": "ls -la"})]
+    finally:
+        server.stop_thread()
+
+
+def test_a_malformed_call_stays_content_and_is_counted(tokenizer):
+    """A call the policy botched (broken JSON) is served as content, counted per turn and per session."""
+    from components.protocols import FinishReason, GenerationResult
+    from components.tito import ChatMessage, TitoSession, ToolSpec
+
+    tito = TitoSession(tokenizer, context_window=4096)
+    tools = (ToolSpec(name="bash", parameters=TOOLS[0]["function"]["parameters"]),)
+    turn = tito.prepare([ChatMessage(role="user", content="Go.")], tools, max_tokens=64)
+    text = 'Trying.\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"\n</tool_call>'
+    ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+    result = GenerationResult(
+        output_ids=tuple(ids),
+        logprobs=(-0.5,) * len(ids),
+        weight_versions=(0,) * len(ids),
+        finish_reason=FinishReason.STOP,
+        num_prompt_tokens=len(turn.prompt_ids),
+    )
+    reply = tito.complete(turn, result)
+    assert reply.tool_calls == () and reply.content == text and reply.finish_reason == "stop"
+    assert reply.num_malformed_tool_calls == 1 and tito.num_malformed_tool_calls == 1
+
+
+def test_gemini_streams_text_chunks_as_tokens_arrive(tokenizer):
+    """Gemini CLI's protocol: one text chunk per settled piece, then the calls (Kimi K2 format on ChatML)."""
+    from google import genai
+    from google.genai import types
+
+    fmt = tool_format_named("kimi_k2")
+    call = ToolCall(id="functions.bash:0", name="bash", arguments='{"cmd": "ls -la"}')
+    engine = ScriptedEngine(tokenizer, [fmt.render_calls("Checking the tree.", [call])])
+    config = ProxyConfig(port=0, tool_format="kimi_k2")
+    registry = LocalSessionRegistry(engine, tokenizer, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = genai.Client(
+            api_key=config.session_keys.session_token(session_id),
+            http_options=types.HttpOptions(base_url=server.session_url(session_id), api_version="v1beta"),
+        )
+        declaration = types.FunctionDeclaration(
+            name="bash",
+            description="Run.",
+            parameters=types.Schema(type="OBJECT", properties={"cmd": types.Schema(type="STRING")}),
+        )
+        generation = types.GenerateContentConfig(
+            tools=[types.Tool(function_declarations=[declaration])],
+            automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+        )
+        chunks = list(client.models.generate_content_stream(model="m", contents="Fix it.", config=generation))
+        parts = [part for chunk in chunks for part in chunk.candidates[0].content.parts]
+        texts = [part.text for part in parts if part.text]
+        assert "".join(texts) == "Checking the tree." and len(texts) > 1
+        calls = [part.function_call for part in parts if part.function_call]
+        assert [(c.name, c.args, c.id) for c in calls] == [("bash", {"cmd": "ls -la"}, "functions.bash:0")]
+    finally:
+        server.stop_thread()
+
+
+def test_recipes_name_the_formats_on_their_proxy_brick(capsys):
+    from components.recipe_config import parse_config
+    from recipes.swe_grpo import SweGrpoConfig
+
+    config = parse_config(
+        SweGrpoConfig, ["--proxy-tool-format", "llama3_json", "--proxy-reasoning-format", "none"]
+    )
+    assert (config.proxy.tool_format, config.proxy.reasoning_format) == ("llama3_json", "none")
+    assert parse_config(SweGrpoConfig, []).proxy.tool_format is None  # detected from the template
+    with pytest.raises(SystemExit):
+        parse_config(SweGrpoConfig, ["--proxy-tool-format", "gemma"])
+    assert "unknown format 'gemma'" in capsys.readouterr().err

@@ -1,0 +1,63 @@
+"""The algorithm options end to end on the toy recipe (tiny model, real Ray, engine, proxy, bubblewrap, FSDP2
+trainer), in one sync run: a teacher (another tiny model, same tokenizer) scores every trained rollout and its
+logprobs are in the shards; dynamic sampling replaces groups whose rewards are all equal (capped); the overlong
+penalty and a mismatch correction (IcePop) run and report their metrics every step."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.recipes.recipe_runs import latest_trainer_state, run_recipe
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run(tmp_path, tiny_model_dir):
+    from components.models.tiny import build_tiny_model
+
+    teacher = build_tiny_model(tmp_path / "teacher", tokenizer_dir=tiny_model_dir, seed=1)
+    run_dir = tmp_path / "run"
+    run_recipe(
+        "tictactoe_grpo",
+        "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", "2", "--group-size", "2",
+        "--games-per-step", "2", "--max-tokens", "24", "--trainer-workers", "1", "--wandb-mode", "offline",
+        "--distillation-teachers", str(teacher), "--distillation-kl-weight", "0.5",
+        "--rollout-dynamic-sampling-enabled", "true", "--rollout-dynamic-sampling-max-extra-groups", "2",
+        "--trainer-overlong-mode", "penalty", "--trainer-overlong-max-sampled-tokens", "40",
+        "--trainer-overlong-buffer-tokens", "20",
+        *ALGORITHM_FLAGS,
+        timeout_s=480,
+    )  # fmt: skip
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    assert [row["step"] for row in rows] == [0, 1]
+    for row in rows:
+        assert 0 <= row["dynamic_sampling/extra_groups"] <= 2
+        assert row["dynamic_sampling/kept_groups"] + row["dynamic_sampling/dropped_groups"] == (
+            2 + row["dynamic_sampling/extra_groups"]
+        )
+        if row["train/trained"]:
+            for key in ("rollout_kl_k1", "rollout_kl_k3", "is_masked_fraction", "is_truncated_fraction"):
+                assert f"train/{key}" in row, key
+            assert row["train/rollout_kl_k3"] >= 0 and 0 <= row["train/is_masked_fraction"] <= 1
+            assert row["train/overlong_penalty_mean"] <= 0
+    scored = 0
+    for path in sorted((run_dir / "trajectories").glob("shard-*.parquet")):
+        for trajectory in pq.read_table(path).to_pylist():
+            for segment in trajectory["segments"]:
+                teacher_logprobs, mask = segment["teacher_logprobs"], segment["loss_mask"]
+                assert len(teacher_logprobs) == len(mask)  # every stored rollout was scored
+                assert all(lp < 0 for lp, m in zip(teacher_logprobs, mask, strict=True) if m)
+                scored += 1
+        groups: dict[str, set] = {}
+        for trajectory in pq.read_table(path, columns=["group_id", "reward", "step"]).to_pylist():
+            groups.setdefault(trajectory["group_id"], set()).add(trajectory["reward"])
+        if rows[trajectory["step"]]["dynamic_sampling/kept_groups"] > 0:  # else the step kept its flat groups
+            assert all(len(rewards) > 1 for rewards in groups.values()), groups
+    assert latest_trainer_state(run_dir)["step"] == 2
+    assert scored > 0 or all(row["dynamic_sampling/kept_groups"] == 0 for row in rows)
+
+
+ALGORITHM_FLAGS = ("--algorithms-grpo-loss-importance-sampling", "icepop")
