@@ -478,16 +478,21 @@ class SweBenchGrader:
                 f"eval script printed no test-output markers (exit {result.exit_code}): {output[-800:]}",
                 kind="data",
             )
-        if END_TEST_OUTPUT not in output:  # the tests ran and never let the script reach its end marker
-            log.append(
-                f"eval script: reward 0: the tests started but the script never printed its end marker (killed, "
-                f"exited or output past the cap; exit {result.exit_code}): {output[-800:]}"
-            )
-            return RewardResult(reward=0.0, log="\n".join(log))
+        if END_TEST_OUTPUT not in output:
+            return self._unfinished_eval_script(output, result.exit_code, log)
         section = output.split(START_TEST_OUTPUT)[1].split(END_TEST_OUTPUT)[0]
         resolved, summary = self._resolution(task, parse_test_log(task, section))
         log.append("eval_script: " + summary)
         return RewardResult(reward=1.0 if resolved else 0.0, log="\n".join(log))
+
+    def _unfinished_eval_script(self, output: str, exit_code: int, log: list[str]) -> RewardResult:
+        """The tests started (the start marker is there) and never let the script reach its end marker: the code
+        under test killed or exited it, or printed past the output cap. Its 0, not a grading error."""
+        log.append(
+            "eval script: reward 0: the tests started but the script never printed its end marker (killed, "
+            f"exited or output past the cap; exit {exit_code}): {output[-800:]}"
+        )
+        return RewardResult(reward=0.0, log="\n".join(log))
 
     async def _patched_paths(self, sandbox: Sandbox, grader_dir: str) -> list[str]:
         """Every path the agent's patch creates, changes or deletes, as ``git apply --numstat -z`` reads it."""

@@ -6,6 +6,7 @@ log parsing)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,11 +24,18 @@ LOGGED = OBSERVED + " || true"  # shell syntax: the log-parsing path
 pytestmark = pytest.mark.slow
 
 
-def calc_task(tmp_path: Path, test_cmd: str) -> SweBenchTask:
+def calc_task(tmp_path: Path, test_cmd: str, **changes) -> SweBenchTask:
     snapshot = tmp_path / "repo"
     snapshot.mkdir(exist_ok=True)
     (snapshot / "calc.py").write_text(BUGGY)
-    row = _row("calc-attack", test_cmd=test_cmd, FAIL_TO_PASS=json.dumps(["tests/test_calc.py::test_add"]))
+    fields = {"test_cmd": test_cmd, "FAIL_TO_PASS": json.dumps(["tests/test_calc.py::test_add"]), **changes}
+    if "eval_script" in changes:  # SWE-bench's eval scripts run on the repository's own history
+        git = ["git", "-C", str(snapshot), "-c", "user.name=t", "-c", "user.email=t@t"]
+        for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+            subprocess.run([*git, *command], check=True)
+        head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+        fields["base_commit"] = head.stdout.strip()
+    row = _row("calc-attack", **fields)
     return SweBenchTask(
         instance=instance_from_row(row),
         image=None,
@@ -138,3 +146,42 @@ async def test_a_conftest_the_diff_header_regex_cannot_see(tmp_path: Path) -> No
     real = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, diff)
     assert real.reward == 0.0 and not real.error, real
     assert "restored to the base: tests/more cases/conftest.py" in real.log
+
+
+# -- an honest zero stays a zero (#28.4) ----------------------------------------------------------------------
+
+KILL_THE_EVAL_SCRIPT = """import os
+import signal
+
+os.kill(os.getppid(), signal.SIGKILL)
+
+
+def add(a, b):
+    return a - b
+"""
+
+
+class MissingEndMarkerIsTheDatasGrader(SweBenchGrader):
+    """The weakened variant: an eval script without its end marker is a broken row (a grading error)."""
+
+    def _unfinished_eval_script(self, output, exit_code, log):
+        from components.errors import GradingError
+
+        raise GradingError("eval script printed no end marker", kind="data")
+
+
+async def test_killing_the_eval_script_is_a_zero_not_a_grading_error(tmp_path: Path) -> None:
+    from tests.components.tasks.test_swebench_loader import TEST_PATCH
+
+    script = "\n".join(
+        ["#!/bin/bash", "set -uxo pipefail", "git apply -v - <<'EOF_1'", TEST_PATCH.rstrip("\n"),
+         "EOF_1", ": '>>>>> Start Test Output'", OBSERVED, ": '>>>>> End Test Output'"]
+    )  # fmt: skip
+    task = calc_task(tmp_path, OBSERVED, eval_script=script)
+    assert task.instance.eval_script
+    diff = replacing_calc(KILL_THE_EVAL_SCRIPT)
+    weak = await MissingEndMarkerIsTheDatasGrader(BwrapSandbox.create).grade_patch(task, diff)
+    assert weak.reward is None and weak.error_kind == "data", weak
+    real = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, diff)
+    assert real.reward == 0.0 and not real.error, real
+    assert "never printed its end marker" in real.log
