@@ -11,6 +11,8 @@ Keys (every count key is present even when zero, so charts line up across steps)
   ``agent/tool_calls/<name>`` is the mean number of calls of each tool per trajectory. ``turns`` falls back to
   the proxy's ``num_policy_calls``, then to the conversation; tool calls are counted from the conversation
   when the harness did not report them. Durations (metrics ending in ``_s``) go to ``time/<metric>``.
+- ``harness/<name>/…`` when the step mixes harnesses (``components/rollout/mixture.py``): per harness, its
+  ``num_trajectories``, ``reward_mean``, ``pass_rate``, ``turns_mean`` and ``failures`` (non-ok count).
 - ``groups/num``, ``groups/zero_variance_fraction`` (GRPO groups whose rewards are all equal: no signal).
 - ``drift/tokens_total``, ``drift/trajectories_with_drift`` when trajectories report ``drift_tokens``.
 - ``throughput/rollouts_per_min``, ``throughput/sampled_tokens_per_s`` when ``wall_time_s`` is given;
@@ -51,6 +53,7 @@ def rollout_metrics(
     metrics.update(failure_counts(trajectories))
     metrics.update(segment_metrics(trajectories))
     metrics.update(agent_behaviour_metrics(trajectories))
+    metrics.update(harness_metrics(trajectories))
     metrics.update(group_metrics(trajectories))
     metrics.update(drift_metrics(trajectories))
     metrics.update(throughput_metrics(trajectories, wall_time_s=wall_time_s, sandbox_wait_s=sandbox_wait_s))
@@ -162,6 +165,25 @@ def agent_behaviour_metrics(trajectories: Sequence[Trajectory]) -> dict[str, flo
     tool_names = sorted({name for counts in tool_calls_per_trajectory for name in counts})
     for name in tool_names:  # a trajectory that never called a tool counts as zero calls of it
         out[f"agent/{TOOL_CALL_PREFIX}{name}"] = _mean([float(c[name]) for c in tool_calls_per_trajectory])
+    return out
+
+
+def harness_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """``harness/<name>/…`` reward, turn and failure figures per harness, when more than one harness ran."""
+    by_harness: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        by_harness[trajectory.harness].append(trajectory)
+    if len(by_harness) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for name, members in sorted(by_harness.items()):
+        rewards = reward_metrics(members)
+        turns = agent_behaviour_metrics(members).get("agent/turns", math.nan)
+        out[f"harness/{name}/num_trajectories"] = float(len(members))
+        out[f"harness/{name}/reward_mean"] = rewards["rollout/reward_mean"]
+        out[f"harness/{name}/pass_rate"] = rewards["rollout/pass_rate"]
+        out[f"harness/{name}/turns_mean"] = turns
+        out[f"harness/{name}/failures"] = failure_counts(members)["failures/total"]
     return out
 
 

@@ -220,3 +220,31 @@ def test_metrics_of_the_realistic_run_read_back_from_parquet(run_dir):
     assert metrics["segments/history_rewritten"] == 1
     assert metrics["agent/tool_calls/str_replace"] > 0
     assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_harness_metrics_appear_per_harness_only_when_harnesses_mix():
+    import dataclasses
+
+    ran = [segment(3, 2)]
+    one = [
+        trajectory("a", reward=1.0, metrics={"turns": 2}, segments=ran),
+        trajectory("b", reward=0.0, metrics={"turns": 4}, segments=ran),
+    ]
+    assert not any(key.startswith("harness/") for key in rollout_metrics(one))
+    mixed = [
+        dataclasses.replace(one[0], harness="codex"),
+        dataclasses.replace(one[1], harness="opencode"),
+        dataclasses.replace(
+            trajectory(
+                "c", status=TrajectoryStatus.AGENT_ERROR, reward=None, metrics={"turns": 1}, segments=ran
+            ),
+            harness="opencode",
+        ),
+    ]
+    metrics = rollout_metrics(mixed)
+    assert metrics["harness/codex/num_trajectories"] == 1 and metrics["harness/codex/reward_mean"] == 1.0
+    assert (
+        metrics["harness/opencode/num_trajectories"] == 2 and metrics["harness/opencode/reward_mean"] == 0.0
+    )
+    assert metrics["harness/opencode/failures"] == 1 and metrics["harness/codex/failures"] == 0
+    assert metrics["harness/opencode/turns_mean"] == 2.5 and metrics["harness/codex/pass_rate"] == 1.0

@@ -1,0 +1,95 @@
+"""OpenClaw, opencode and Qwen Code, unmodified, each fix a built-in task in a real bubblewrap sandbox through
+the real proxy: a scripted policy (the tiny model cannot fix anything) applies the reference patch with the
+agent's own shell tool, then keeps working until the agent's turn bound stops it (OpenClaw has none: it answers
+"Done." instead). The real grader gives the fix 1; the run's status comes from the agent's exit; every model call
+asked for at most the run's output bound; the trajectory is recorded under the agent's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from components.engine.scripted import ScriptedEngine
+from components.engine.scripted_policies import step_policy, tool_call
+from components.rollout import RolloutConfig, RolloutRunner
+from components.trajectory import TrajectoryStatus
+from harnesses.agent_spec import AgentSpec
+from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
+from harnesses.openclaw import OPENCLAW
+from harnesses.opencode import OPENCODE
+from harnesses.qwen_code import QWEN_CODE
+from tests.harnesses.harness_fixtures import running_proxy
+from tests.required_tools import require_tool
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+MAX_TURNS = 2
+MAX_OUTPUT_TOKENS = 1024
+
+
+class RecordingEngine(ScriptedEngine):
+    """The scripted policy, keeping the ``max_tokens`` of every call."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_tokens_seen: list[int] = []
+
+    async def generate(self, input_ids, params):
+        self.max_tokens_seen.append(params.max_tokens)
+        return await super().generate(input_ids, params)
+
+
+def apply_patch_command(patch: str) -> str:
+    return f"patch -p1 <<'REIN_EOF'\n{patch}REIN_EOF\necho patched"
+
+
+@dataclass(frozen=True)
+class Case:
+    agent: AgentSpec
+    shell_tool: str  # the agent's own shell tool and its argument
+    shell_argument: str
+    expected_status: TrajectoryStatus
+    last_reply: str = ""  # after the fix; "": keep calling the shell tool (the turn bound ends the run)
+
+
+CASES = {
+    "opencode": Case(OPENCODE, "bash", "command", TrajectoryStatus.TURN_LIMIT),
+    "qwen-code": Case(QWEN_CODE, "run_shell_command", "command", TrajectoryStatus.TURN_LIMIT),
+    "openclaw": Case(OPENCLAW, "exec", "command", TrajectoryStatus.OK, last_reply="Done: the fix is in."),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_node_agent_fixes_a_builtin_task(name, slugify_task, sandbox_pool, swe_grader, tokenizer):
+    case = CASES[name]
+    require_tool(case.agent.argv[0], "run `make .agents/.node-agents`")
+    call = lambda command: tool_call(case.shell_tool, **{case.shell_argument: command})  # noqa: E731
+    replies = [
+        "Let me fix it.\n" + call(apply_patch_command(slugify_task.reference_patch)),
+        case.last_reply or call("grep -n 'strip(separator)' minilib/text.py"),
+    ]
+    engine = RecordingEngine(tokenizer, step_policy(replies), context_window=65536)
+    harness = BlackBoxHarness(
+        case.agent,
+        BlackBoxConfig(max_turns=MAX_TURNS, wall_time_s=300, max_output_tokens=MAX_OUTPUT_TOKENS),
+    )
+    async with running_proxy(engine, tokenizer, default_max_tokens=8192) as proxy:
+        runner = RolloutRunner(
+            RolloutConfig(group_size=1, max_concurrency=1, harness_timeout_s=400),
+            harness=harness,
+            sandboxes=sandbox_pool,
+            sessions=proxy.registry,
+            proxy_url=proxy.url,
+            grader=swe_grader,
+        )
+        [trajectory] = await runner.run([slugify_task], step=0)
+    detail = f"{trajectory.failure_reason}\n{trajectory.log[-4000:]}"
+    assert trajectory.reward == 1.0, detail
+    assert trajectory.status == case.expected_status, detail
+    assert trajectory.harness == case.agent.name and trajectory.trainable
+    # The agent ran the policy's command with its own tool.
+    assert "patched" in trajectory.log + str(trajectory.messages), detail
+    assert engine.max_tokens_seen and max(engine.max_tokens_seen) <= MAX_OUTPUT_TOKENS, engine.max_tokens_seen
+    assert trajectory.segments and sum(s.num_sampled_tokens for s in trajectory.segments) > 0
