@@ -61,6 +61,10 @@ END_TO_END = {
     "-- python recipes/swe_grpo.py --run-dir /shared/runs/x": (
         "tests/recipes/test_ray_job.py::test_ray_job_submit_runs_one_swe_step"
     ),
+    "python recipes/swe_grpo.py --model M --run-dir RUN_DIR --engine vllm --vllm-url http://GPU:8000 "
+    "--num-steps 1 --num-tasks 1 --group-size 2 --max-turns 2": (
+        "tests/recipes/test_swe_grpo_vllm.py::test_swe_grpo_one_step_on_a_real_vllm_server"
+    ),
     "python recipes/swe_grpo.py --model M --run-dir RUN_DIR --engine sglang --sglang-url http://GPU:30000 "
     "--sglang-api-key KEY --sglang-admin-api-key ADMIN_KEY --num-steps 2 --num-tasks 1 --group-size 2 "
     "--max-turns 2": "tests/recipes/test_swe_grpo_sglang.py::test_swe_grpo_on_sglang_behind_the_default_serve_proxy",
