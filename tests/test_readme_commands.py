@@ -42,10 +42,10 @@ END_TO_END = {
     "python recipes/swe_grpo.py --algorithm dr_grpo": (
         "tests/recipes/test_judge_recipe.py::test_swe_recipe_trains_on_judge_rewards"
     ),
-    "python recipes/tictactoe_grpo.py --model tiny --distillation-teachers M --distillation-kl-weight 0.5": (
+    "python recipes/temporal_clue_grpo.py --model tiny --distillation-teachers M --distillation-kl-weight 0.5": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
     ),
-    "python recipes/tictactoe_grpo.py --model tiny --algorithms-grpo-loss-importance-sampling icepop "
+    "python recipes/temporal_clue_grpo.py --model tiny --algorithms-grpo-loss-importance-sampling icepop "
     "--rollout-dynamic-sampling-enabled true --trainer-overlong-mode penalty": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
     ),
