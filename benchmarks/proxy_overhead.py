@@ -88,15 +88,24 @@ def _direct_latencies(engine, tokenizer, conversations, loop) -> tuple[list[floa
     return with_template, bare
 
 
-def _proxy_latencies(base_url: str, conversations, open_session) -> list[float]:
+def _admin(config: ProxyConfig) -> dict[str, str]:
+    """The host's credential for session control (the proxy's control plane is closed by default)."""
+    return {"Authorization": f"Bearer {config.admin_key}"}
+
+
+def _proxy_latencies(base_url: str, conversations, open_session, config: ProxyConfig) -> list[float]:
     latencies = []
     with httpx.Client(timeout=60) as client:
         for requests in conversations:
-            session_url = f"{base_url}/s/{open_session(client)}"
+            session_id = open_session(client)
+            session_url = f"{base_url}/s/{session_id}"
+            token = {"Authorization": f"Bearer {config.session_keys.session_token(session_id)}"}
             for messages in requests:
                 start = time.perf_counter()
                 response = client.post(
-                    f"{session_url}/v1/chat/completions", json={"model": "m", "messages": messages}
+                    f"{session_url}/v1/chat/completions",
+                    json={"model": "m", "messages": messages},
+                    headers=token,
                 )
                 response.json()
                 latencies.append(time.perf_counter() - start)
@@ -125,10 +134,10 @@ def echo_overhead(tokenizer, *, num_sessions: int, num_turns: int, with_serve: b
     url = server.start_in_thread()
 
     def open_local(client: httpx.Client) -> str:
-        return client.post(f"{url}/sessions").json()["session_id"]
+        return client.post(f"{url}/sessions", headers=_admin(config)).json()["session_id"]
 
-    _proxy_latencies(url, [warmup], open_local)
-    standalone = _proxy_latencies(url, conversations, open_local)
+    _proxy_latencies(url, [warmup], open_local, config)
+    standalone = _proxy_latencies(url, conversations, open_local, config)
     server.stop_thread()
     out = {
         "direct": direct,
@@ -157,10 +166,10 @@ def echo_overhead(tokenizer, *, num_sessions: int, num_turns: int, with_serve: b
         )
 
         def open_sharded(client: httpx.Client) -> str:
-            return client.post(f"{serve_url}/sessions").json()["session_id"]
+            return client.post(f"{serve_url}/sessions", headers=_admin(config)).json()["session_id"]
 
-        _proxy_latencies(serve_url, [warmup], open_sharded)
-        on_serve = _proxy_latencies(serve_url, conversations, open_sharded)
+        _proxy_latencies(serve_url, [warmup], open_sharded, config)
+        on_serve = _proxy_latencies(serve_url, conversations, open_sharded, config)
         serve.shutdown()
         ray.shutdown()
         out["serve"] = on_serve
@@ -223,7 +232,9 @@ def model_ratio(model_dir: Path, *, num_pairs: int, max_tokens: int, seed: int =
         return elapsed
 
     def proxy(index: int) -> float:
-        session_url = f"{url}/s/{client.post(f'{url}/sessions').json()['session_id']}"  # not timed
+        session_id = client.post(f"{url}/sessions", headers=_admin(config)).json()["session_id"]  # not timed
+        session_url = f"{url}/s/{session_id}"
+        token = {"Authorization": f"Bearer {config.session_keys.session_token(session_id)}"}
         body = {
             "model": "m",
             "messages": messages(index),
@@ -232,7 +243,7 @@ def model_ratio(model_dir: Path, *, num_pairs: int, max_tokens: int, seed: int =
             "temperature": 1.0,
         }
         start = time.perf_counter()
-        response = client.post(f"{session_url}/v1/chat/completions", json=body)
+        response = client.post(f"{session_url}/v1/chat/completions", json=body, headers=token)
         response.raise_for_status()
         completion = response.json()
         elapsed = time.perf_counter() - start

@@ -68,6 +68,7 @@ async def measure(args: argparse.Namespace) -> tuple[list[float], list[float]]:
                     sessions=registry,
                     proxy_url=server.url,
                     grader=SweGrader(BwrapSandbox.create),
+                    session_keys=config.session_keys,  # closed proxy: each agent gets its session's token
                 )
                 started = time.perf_counter()
                 trajectories = await runner.run(tasks, step=repeat)

@@ -180,7 +180,7 @@ class SandboxBrickConfig:
         require_non_negative(self.num_warm, "num_warm")
 
 
-ENGINE_KINDS = ("embedded", "sglang")
+ENGINE_KINDS = ("embedded", "sglang", "vllm")
 PROXY_KINDS = ("serve", "local")
 
 
@@ -189,8 +189,8 @@ class EngineBrickConfig:
     """The inference engine: the embedded torch engine in one Ray actor (the fields below), or SGLang servers
     outside Ray (configured by the ``sglang`` brick)."""
 
-    kind: Literal["embedded", "sglang"] = option(
-        "embedded", "inference engine: embedded torch actor or SGLang", flag="engine"
+    kind: Literal["embedded", "sglang", "vllm"] = option(
+        "embedded", "inference engine: embedded torch actor, SGLang or vLLM servers", flag="engine"
     )
     num_cpus: float = option(1.0, "Ray CPUs reserved for the embedded engine actor")
     num_gpus: float = option(0.0, "Ray GPUs for the embedded engine actor (device cuda when > 0)")
@@ -237,6 +237,33 @@ class SGLangBrickConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
+class VLLMBrickConfig:
+    """vLLM servers outside Ray (``--engine vllm``), reached over HTTP (``components/engine/vllm.py``)."""
+
+    url: str = option("", "vLLM server URL(s) (engine=vllm), comma-separated, e.g. http://10.0.0.5:8000")
+    api_key: str = option("", "the servers' --api-key ('' = none)")
+    startup_timeout_s: float = option(600.0, "how long to wait for every server's /health at start")
+    request_timeout_s: float = option(600.0, "bound of one generate call")
+    context_window: int = option(0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)")
+    logprobs_mode: str = option(
+        "", "the servers' --logprobs-mode; '' = read it from /server_info (VLLM_SERVER_DEV_MODE=1)"
+    )
+    pause_mode: Literal["wait", "keep", "abort"] = option(
+        "wait", "weight updates: running requests finish on the old weights (wait), freeze (keep) or abort"
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("startup_timeout_s", "request_timeout_s"):
+            require_positive(getattr(self, name), name)
+        require_non_negative(self.context_window, "context_window")
+        require_one_of(self.pause_mode, "pause_mode", ("wait", "keep", "abort"))
+        if self.logprobs_mode:
+            from components.engine.vllm import LOGPROBS_MODES
+
+            require_one_of(self.logprobs_mode, "logprobs_mode", LOGPROBS_MODES)
+
+
+@dataclass(kw_only=True, frozen=True)
 class ProxyBrickConfig:
     """The inference proxy the agents talk to (OpenAI / Anthropic APIs over the engine)."""
 
@@ -244,10 +271,22 @@ class ProxyBrickConfig:
         "serve", "inference proxy: Ray Serve deployment or in the driver", flag="proxy"
     )
     replicas: int = option(2, "Ray Serve replicas of the proxy (proxy=serve)")
+    tool_format: str | None = option(
+        None,
+        "the policy's tool-call format (hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, glm45, kimi_k2, "
+        "harmony); default: detected from the chat template",
+    )
+    reasoning_format: str | None = option(
+        None,
+        "how the policy writes reasoning (think, harmony, none); default: detected from the chat template",
+    )
 
     def __post_init__(self) -> None:
+        from components.tito import TitoConfig
+
         require_one_of(self.kind, "kind", PROXY_KINDS)
         require_positive(self.replicas, "replicas")
+        TitoConfig(tool_format=self.tool_format, reasoning_format=self.reasoning_format)  # names the options
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -377,6 +416,7 @@ class RunConfig:
     seed: int = option(0, "seed of the trainer and of task selection")
     engine: EngineBrickConfig = option(EngineBrickConfig(), "the inference engine")
     sglang: SGLangBrickConfig = option(SGLangBrickConfig(), "the SGLang servers (engine=sglang)")
+    vllm: VLLMBrickConfig = option(VLLMBrickConfig(), "the vLLM servers (engine=vllm)")
     proxy: ProxyBrickConfig = option(ProxyBrickConfig(), "the inference proxy")
     rollout: RolloutBrickConfig = option(RolloutBrickConfig(), "rollout scheduling")
     sampling: SamplingBrickConfig = option(SamplingBrickConfig(), "the policy's sampling")
@@ -403,6 +443,13 @@ class RunConfig:
             parse_server_urls(self.sglang.url, field="sglang.url")
             # SGLang's logprobs ignore top-p / top-k truncation
             require_untruncated_sampling(self.sampling.distribution)
+        if self.engine.kind == "vllm":
+            from components.engine.server_fleet import parse_server_urls as parse_urls
+            from components.engine.vllm import require_matching_logprobs
+
+            parse_urls(self.vllm.url, field="vllm.url")
+            if self.vllm.logprobs_mode:  # else checked against the servers' own mode at start
+                require_matching_logprobs(self.sampling.distribution, self.vllm.logprobs_mode)
         require(
             not self.sglang.colocated or (self.engine.kind == "sglang" and self.rollout.mode == "sync"),
             "sglang.colocated",
@@ -575,6 +622,45 @@ class SGLangEngineProvider:
             self._engine = None
 
 
+class VLLMEngineProvider:
+    """``EngineProvider``: vLLM servers outside Ray (the ``vllm`` brick), reached over HTTP; new weights via
+    ``RUN_DIR/weights`` (an HF folder each server reloads in place)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self._engine: Any = None
+
+    async def start(
+        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
+    ) -> tuple[InferenceEngine, WeightSync]:
+        from components.engine.vllm import require_matching_logprobs
+        from components.engine.vllm_fleet import VLLMFleet, vllm_fleet_config
+        from components.training import WeightSync, WeightSyncConfig
+
+        config = self.config
+        engine = self._engine = await VLLMFleet.connect(
+            vllm_fleet_config(config.vllm, initial_weight_version=weight_version)
+        )
+        for server in engine.servers:  # the run's sampling against each server's own --logprobs-mode
+            require_matching_logprobs(config.sampling.distribution, server.logprobs_mode)
+        if resumed or engine.weight_version != weight_version:  # the servers serve what they last loaded
+            await engine.update_weights_from_disk(str(model_path), weight_version)
+        return engine, WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.aclose()
+            self._engine = None
+
+
+# The engine seam's registry: --engine NAME → the provider that starts that engine from the run's config.
+ENGINE_PROVIDERS: dict[str, Callable[[RunConfig], EngineProvider]] = {
+    "embedded": lambda config: EmbeddedEngineProvider(config.engine),
+    "sglang": SGLangEngineProvider,
+    "vllm": VLLMEngineProvider,
+}
+
+
 class LocalProxyProvider:
     """``ProxyProvider``: the proxy in the driver process (one fewer moving part, no Serve start-up)."""
 
@@ -661,11 +747,7 @@ class Bricks:
                 ),
             )
         )
-        engine = (
-            EmbeddedEngineProvider(config.engine)
-            if config.engine.kind == "embedded"
-            else SGLangEngineProvider(config)
-        )
+        engine = ENGINE_PROVIDERS[config.engine.kind](config)
         proxy = (
             LocalProxyProvider()
             if config.proxy.kind == "local"
@@ -838,6 +920,8 @@ class RunStack:
             agent_sampling=self.config.sampling.agent_sampling,
             record_routed_experts=self.config.sampling.record_routed_experts,
             admin_key=generate_admin_key(),
+            tool_format=self.config.proxy.tool_format,
+            reasoning_format=self.config.proxy.reasoning_format,
         )
         self.session_keys = proxy_config.session_keys
         url, registry = await self.bricks.proxy.start(

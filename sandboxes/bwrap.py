@@ -80,6 +80,7 @@ from sandboxes.cgroups import (
 )
 from sandboxes.errors import SandboxFileRefusedError, SandboxLeaseEndedError
 from sandboxes.proxy_bridge import ProxyBridge, parse_loopback_proxy_url
+from sandboxes.rootfs_paths import ImageLayoutError, in_root_path, resolve_in_root
 
 logger = logging.getLogger(__name__)
 SUPERVISOR_SOURCE = Path(__file__).with_name("supervisor.py")
@@ -269,6 +270,19 @@ def _child_pids(pid: int) -> list[int]:
         return []
 
 
+def _refuse_binds_into_image(host_binds: Sequence[str], image_paths: Sequence[str]) -> None:
+    """``ImageLayoutError`` for a host bind whose destination lies in a directory the image provides."""
+    inside = [
+        p for p in host_binds if any(p == top or p.startswith(top.rstrip("/") + "/") for top in image_paths)
+    ]
+    if inside:
+        raise ImageLayoutError(
+            f"host paths {inside} would be mounted inside the image's own entries "
+            f"({sorted({top for top in image_paths if any(p.startswith(top) for p in inside)})}); "
+            "the image's layout collides with the host's Python or read_only_paths"
+        )
+
+
 def _python_prefix(python: str) -> str:
     """The installation prefix of a Python executable (``.../bin/python3.11`` -> ``...``)."""
     return str(Path(python).resolve().parent.parent)
@@ -381,19 +395,20 @@ class BwrapSandbox:
         ]  # fmt: skip
         root = config.root_dir.rstrip("/")  # "" = the host's own root
         for path in config.host_paths:
-            source = root + path
+            # An image's paths are resolved inside its root filesystem, never through the host (rootfs_paths).
+            source = str(self._source(path))
             if path.count("/") > 1:  # a nested image path (/opt/conda): its parent readable, not 0700
                 argv += ["--perms", "0755", "--dir", os.path.dirname(path)]
-            if os.path.islink(source):
+            if os.path.islink(source):  # recreated inside, where it resolves in the sandbox's own root
                 argv += ["--symlink", os.readlink(source), path]
             elif os.path.isdir(source):
                 argv += ["--ro-bind", source, path]
         for path in MASKED_ETC_FILES:
-            if os.path.isfile(root + path):
-                argv += ["--ro-bind", "/dev/null", path]
+            if os.path.isfile(self._source(path, follow_last=True)):
+                argv += ["--ro-bind", "/dev/null", self._inside(path)]
         for path in MASKED_ETC_DIRS:
-            if os.path.isdir(root + path):
-                argv += ["--tmpfs", path]
+            if os.path.isdir(self._source(path, follow_last=True)):
+                argv += ["--tmpfs", self._inside(path)]
         size = str(self.workspace_mb * 1024 * 1024)
         argv += [
             "--proc", "/proc", "--dev", "/dev",
@@ -409,7 +424,12 @@ class BwrapSandbox:
         # After the tmpfs mounts, so that a read-only path under /tmp (say) is not hidden by them.
         existing = {*config.host_paths, WORKSPACE, "/tmp", HOME, "/home", "/run", "/opt", "/dev", "/proc"}
         made_dirs: set[str] = set()
-        for path in dict.fromkeys((_python_prefix(config.python), *self.read_only_paths)):
+        host_binds = tuple(dict.fromkeys((_python_prefix(config.python), *self.read_only_paths)))
+        if root:
+            # bubblewrap creates these under the new root while the host's is still reachable: none may pass
+            # through an image-provided entry (a symlink there would lead the mount onto the host).
+            _refuse_binds_into_image(host_binds, config.host_paths)
+        for path in host_binds:
             # bwrap creates missing parents 0700 (unreadable for the sandbox user): make them 0755 first.
             for parent in reversed(Path(path).parents[:-1]):
                 name = str(parent)
@@ -433,6 +453,16 @@ class BwrapSandbox:
             str(config.max_inodes),
         ]
         return argv
+
+    def _source(self, path: str, *, follow_last: bool = False) -> Path:
+        """The host path of ``path``: the host's own, or the image's resolved inside its root filesystem."""
+        if not self.config.root_dir:
+            return Path(path)
+        return resolve_in_root(self.config.root_dir, path, follow_last=follow_last)
+
+    def _inside(self, path: str) -> str:
+        """Where ``path`` really is in the sandbox (an image's ``/etc`` may be a link to ``/private/etc``)."""
+        return in_root_path(self.config.root_dir, path) if self.config.root_dir else path
 
     def _launch_argv(self) -> list[str]:
         """``bwrap_argv``, started inside this sandbox's cgroup: a tiny shell writes its own pid into every

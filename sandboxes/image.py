@@ -15,6 +15,10 @@ memory and process limits, the supervisor as PID 1, reset on release, the warm p
 image). The image's own ``/root``, ``/home``, ``/tmp``, ``/run``, ``/proc``, ``/dev`` and ``/sys`` are not
 used (fresh tmpfs / kernel mounts instead), nor any top-level path listed in ``hidden_paths``.
 
+An image is data, not trust: every path the host touches in it (the entries it binds, ``/opt``'s children, the
+repository it copies, the files it masks) is resolved inside the root filesystem (``sandboxes/rootfs_paths.py``),
+and an image whose symlinks would lead out of it is refused with ``ImageLayoutError``.
+
 The supervisor is the host's Python, bound read-only at its own path, running on the image's C library: the
 image needs a glibc at least as new as the one that Python was built against (2.35 for this project's
 interpreter: Debian 12, Ubuntu 22.04 and the SWE-bench images qualify). ``prlimit`` comes from the image's
@@ -45,6 +49,7 @@ from components.errors import SandboxError
 from components.protocols import Sandbox, SandboxSpec
 from sandboxes.bwrap import BwrapSandbox, BwrapSandboxConfig
 from sandboxes.pool import SandboxPool, SandboxPoolConfig
+from sandboxes.rootfs_paths import resolve_in_root
 
 DEFAULT_IMAGE_CACHE = Path.home() / ".cache" / "rein" / "images"
 # Top-level entries of an image never bound into a sandbox: kernel file systems and per-sandbox tmpfs come
@@ -69,6 +74,11 @@ class UnpackedImage:
     rootfs: Path
     env: dict[str, str]
     workdir: str
+
+    def path(self, inside: str) -> Path:
+        """The host path of ``inside`` (a path as the sandbox names it), resolved within the root filesystem:
+        the image's symlinks never lead the host out of it (``ImageLayoutError`` where they would)."""
+        return resolve_in_root(self.rootfs, inside)
 
 
 def parse_reference(reference: str) -> tuple[str, Path, str]:
@@ -230,10 +240,13 @@ def image_bwrap_config(
     for name in sorted(os.listdir(unpacked.rootfs)):
         if name in _NOT_FROM_IMAGE or name in hidden or f"/{name}" == repo_path:
             continue
-        if name in _SHARED_WITH_SUPERVISOR and os.path.isdir(unpacked.rootfs / name):
-            # /opt also holds the supervisor (/opt/rein): bind the image's entries one by one instead.
-            children = sorted(os.listdir(unpacked.rootfs / name))
-            entries += [f"/{name}/{child}" for child in children if child != "rein"]
+        if name in _SHARED_WITH_SUPERVISOR:
+            # /opt also holds the supervisor (/opt/rein): bind the image's entries one by one instead, listed
+            # where /opt really is inside the image (it may be a link), never through the host's /opt. A link
+            # to nothing inside the image leaves /opt the supervisor's alone.
+            shared = unpacked.path(f"/{name}")
+            if shared.is_dir():
+                entries += [f"/{name}/{child}" for child in sorted(os.listdir(shared)) if child != "rein"]
         else:
             entries.append(f"/{name}")
     return replace(

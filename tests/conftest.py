@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import vllm_fixture
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -75,3 +77,19 @@ def tokenizer(default_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(default_model_dir)
+
+
+# One real vLLM server per test run, spawned right after collection so its start-up overlaps other tests.
+vllm_server = vllm_fixture.vllm_server
+
+
+def pytest_collection_modifyitems(config, items):
+    vllm_fixture.order_server_killers_last(items)
+
+
+def pytest_collection_finish(session):
+    vllm_fixture.start_vllm_server_early(session)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    vllm_fixture.stop_vllm_server()

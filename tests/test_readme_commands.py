@@ -45,6 +45,13 @@ END_TO_END = {
     "python recipes/swe_grpo.py --algorithm dr_grpo": (
         "tests/recipes/test_judge_recipe.py::test_swe_recipe_trains_on_judge_rewards"
     ),
+    "python recipes/tictactoe_grpo.py --model tiny --distillation-teachers M --distillation-kl-weight 0.5": (
+        "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
+    ),
+    "python recipes/tictactoe_grpo.py --model tiny --algorithms-grpo-loss-importance-sampling icepop "
+    "--rollout-dynamic-sampling-enabled true --trainer-overlong-mode penalty": (
+        "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
+    ),
     "python recipes/tictactoe_grpo.py --model tiny --rollout-mode async --max-staleness 2": (
         "tests/recipes/test_async_loop.py::test_async_run_trains_every_committed_group_exactly_once"
     ),
@@ -63,6 +70,10 @@ END_TO_END = {
     "rein proxy --engine sglang --sglang-url http://GPU:30000 --sglang-api-key KEY --sglang-admin-api-key "
     "ADMIN_KEY --model M --port 0 --run-dir RUN_DIR": (
         "tests/components/engine/test_sglang_operations.py::test_rein_proxy_engine_sglang_serves_an_agent_request"
+    ),
+    "rein proxy --model M --port 0 --admin-key-file KEY_FILE": (
+        "tests/components/proxy/test_proxy_cli_admin.py::"
+        "test_rein_proxy_without_a_key_is_closed_and_hands_the_key_to_the_host_only"
     ),
     "rein proxy --model M --port 0 --run-dir RUN_DIR --temperature 0.6 --top-p 0.9 --top-k 20 "
     "--record-routed-experts": (

@@ -13,9 +13,10 @@ A ``system`` role inside ``messages`` (Claude Code sends mid-conversation notes 
 system message at that position.
 
 Tool results inside a user message become canonical ``tool`` messages (in order) followed by one ``user``
-message with the remaining text, if any. Streaming replays the finished generation as ``message_start``, one
-``content_block_start``/``content_block_delta``/``content_block_stop`` triple per block (thinking, text,
-tool_use with one ``input_json_delta``), ``message_delta`` (stop_reason end_turn/tool_use/max_tokens and usage)
+message with the remaining text, if any. Streaming sends ``message_start``, then the reply's
+blocks as its sampled tokens make them (``TitoSession.reply_deltas``: thinking and text blocks grow by one
+``content_block_delta`` per settled piece, each tool_use block comes whole with one ``input_json_delta`` once
+its call is complete), ``message_delta`` (stop_reason end_turn/tool_use/max_tokens and usage)
 and ``message_stop``; ``event: ping`` frames keep the connection alive while the engine works.
 """
 
@@ -190,12 +191,13 @@ def parse_request(body: dict[str, Any]) -> MessagesRequest:
         top_p=get_number(body, "top_p", "body", default=1.0, minimum=0.0, maximum=1.0, open_low=True),
         top_k=get_int(body, "top_k", "body", default=0, minimum=0),
         stop=get_stop(body, "stop_sequences", "body"),
+        want_deltas=get_bool(body, "stream", "body"),
     )
     model = body.get("model")
     return MessagesRequest(
         turn=turn,
         model=model if isinstance(model, str) and model else "rein-policy",
-        stream=get_bool(body, "stream", "body"),
+        stream=turn.want_deltas,
     )
 
 
@@ -258,6 +260,51 @@ def _event(event_type: str, payload: dict[str, Any]) -> bytes:
     )
 
 
+def _stream_block(block: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A finished content block as its empty start form and its deltas."""
+    if block["type"] == "text":
+        return {"type": "text", "text": ""}, [{"type": "text_delta", "text": block["text"]}]
+    if block["type"] == "thinking":
+        empty = {"type": "thinking", "thinking": "", "signature": ""}
+        return empty, [
+            {"type": "thinking_delta", "thinking": block["thinking"]},
+            {"type": "signature_delta", "signature": ""},
+        ]
+    return {**block, "input": {}}, [
+        {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+    ]
+
+
+def _stream_blocks(
+    outcome: TurnOutcome, content: list[dict[str, Any]]
+) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """The blocks to stream: each finished block whole, or (with the reply's token deltas) thinking and text
+    blocks growing delta by delta and each tool_use block as soon as its call is complete."""
+    if outcome.deltas is None:
+        return [_stream_block(block) for block in content]
+    tool_blocks = iter(block for block in content if block["type"] == "tool_use")
+    blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    kind = None
+    for delta in outcome.deltas:
+        if delta.kind == "tool_call":
+            blocks.append(_stream_block(next(tool_blocks)))
+            kind = "tool_call"
+            continue
+        if delta.kind != kind:
+            empty, closing = _stream_block(
+                {"type": "thinking", "thinking": ""}
+                if delta.kind == "reasoning"
+                else {"type": "text", "text": ""}
+            )
+            blocks.append((empty, closing[1:]))  # the thinking block's signature delta closes it
+            kind = delta.kind
+        if delta.kind == "reasoning":
+            blocks[-1][1].insert(len(blocks[-1][1]) - 1, {"type": "thinking_delta", "thinking": delta.text})
+        else:
+            blocks[-1][1].append({"type": "text_delta", "text": delta.text})
+    return blocks or [_stream_block(block) for block in content]
+
+
 def render_stream(
     outcome: TurnOutcome, request: MessagesRequest, *, response_id: str, created: int
 ) -> list[bytes]:
@@ -270,36 +317,15 @@ def render_stream(
         "usage": {**message["usage"], "output_tokens": 0},
     }
     frames = [_event("message_start", {"type": "message_start", "message": start})]
-    for index, block in enumerate(message["content"]):
-        if block["type"] == "text":
-            empty, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
-        elif block["type"] == "thinking":
-            empty = {"type": "thinking", "thinking": "", "signature": ""}
-            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
-        else:
-            empty = {**block, "input": {}}
-            delta = {
-                "type": "input_json_delta",
-                "partial_json": json.dumps(block["input"], ensure_ascii=False),
-            }
+    for index, (empty, deltas) in enumerate(_stream_blocks(outcome, message["content"])):
         frames.append(
             _event(
                 "content_block_start", {"type": "content_block_start", "index": index, "content_block": empty}
             )
         )
-        frames.append(
-            _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-        )
-        if block["type"] == "thinking":
+        for delta in deltas:
             frames.append(
-                _event(
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {"type": "signature_delta", "signature": ""},
-                    },
-                )
+                _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
             )
         frames.append(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
     frames.append(

@@ -25,10 +25,14 @@ Session control:
   POST /s/{id}/discard           drop the session
   GET  /health
 
-Auth (``components.proxy.auth``): with ``ProxyConfig.admin_key`` (isolated mode, what ``RunStack`` uses) the
-session-control routes and ``/health`` need the admin key, and a session's model routes need that session's
-capability token (``POST /sessions`` returns it as ``api_key``); a token opens nothing else. With
-``ProxyConfig.api_key`` (shared-key mode) one key opens every route; with neither, every route is open.
+Auth (``components.proxy.auth``): in isolated mode, the default (``ProxyConfig.admin_key``, generated when none
+is given), the session-control routes and ``/health`` need the admin key, and a session's model routes need that
+session's capability token (``POST /sessions`` returns it as ``api_key``); a token opens nothing else. With
+``ProxyConfig.api_key`` (shared-key mode) one key opens every route; only the explicit
+``insecure_open_control_plane`` opens every route to anyone.
+
+Request bounds (``components.proxy.limits``): header and body bytes are checked by an ASGI middleware before the
+body is held, messages and tools once it is parsed, streams by ``max_stream_duration_s``.
 
 Every protocol is parsed into the same ``TurnRequest`` and answered by the same ``SessionRegistry.run_turn``.
 Errors use the protocol's own shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``,
@@ -68,6 +72,7 @@ from components.proxy.errors import (
     classify_error,
 )
 from components.proxy.json_fields import get_int, get_str, parse_json_object, require_object
+from components.proxy.limits import RequestSizeLimits, check_turn_shape
 from components.proxy.sessions import SessionRegistry, TurnOutcome, trajectory_to_json, validate_session_id
 
 logger = logging.getLogger(__name__)
@@ -86,6 +91,7 @@ class _Protocol:
     error_body: Callable[[int, str, str], dict[str, Any]]
     stream_error_frame: Callable[[str, str], bytes]
     keepalive_frame: bytes
+    messages_field: str  # the body field listing the conversation (bounded by ProxyConfig.max_messages)
 
 
 CHAT = _Protocol(
@@ -97,6 +103,7 @@ CHAT = _Protocol(
     error_body=openai_chat.error_body,
     stream_error_frame=openai_chat.stream_error_frame,
     keepalive_frame=openai_chat.KEEPALIVE_FRAME,
+    messages_field="messages",
 )
 RESPONSES = _Protocol(
     name="openai_responses",
@@ -107,6 +114,7 @@ RESPONSES = _Protocol(
     error_body=openai_responses.error_body,
     stream_error_frame=openai_responses.stream_error_frame,
     keepalive_frame=openai_responses.KEEPALIVE_FRAME,
+    messages_field="input",
 )
 MESSAGES = _Protocol(
     name="anthropic_messages",
@@ -117,6 +125,7 @@ MESSAGES = _Protocol(
     error_body=anthropic_messages.error_body,
     stream_error_frame=anthropic_messages.stream_error_frame,
     keepalive_frame=anthropic_messages.KEEPALIVE_FRAME,
+    messages_field="messages",
 )
 GEMINI = _Protocol(
     name="gemini_generate_content",
@@ -127,11 +136,14 @@ GEMINI = _Protocol(
     error_body=gemini_generate_content.error_body,
     stream_error_frame=gemini_generate_content.stream_error_frame,
     keepalive_frame=gemini_generate_content.KEEPALIVE_FRAME,
+    messages_field="contents",
 )
 
 
 def _protocol_of_path(path: str) -> _Protocol:
     """The protocol whose error shape a path's errors take (for routing errors and unhandled ones)."""
+    if path.endswith("/responses"):
+        return RESPONSES
     if "/messages" in path:
         return MESSAGES
     if any(f"/{version}/models/" in path for version in gemini_generate_content.API_VERSIONS) or any(
@@ -228,6 +240,18 @@ class _ProxyHandlers:
         except InvalidRequestError as error:
             raise SessionNotFoundError(f"unknown session: {error}") from None
 
+    def _bounded(self, body: dict[str, Any], protocol: _Protocol) -> dict[str, Any]:
+        """``body``, once its messages and tools are within the config's limits (400 otherwise)."""
+        config = self.config
+        check_turn_shape(
+            body,
+            protocol.messages_field,
+            max_messages=config.max_messages,
+            max_tools=config.max_tools,
+            max_tool_bytes=config.max_tool_bytes,
+        )
+        return body
+
     @staticmethod
     def _error(protocol: _Protocol, error: BaseException) -> Response:
         status_code, error_type, message = classify_error(error)
@@ -240,7 +264,9 @@ class _ProxyHandlers:
     ) -> Response:
         try:
             session_id = self._authorized_session_id(request)
-            parsed = (parse or protocol.parse)(parse_json_object(await request.body()))
+            parsed = (parse or protocol.parse)(
+                self._bounded(parse_json_object(await request.body()), protocol)
+            )
         except Exception as error:
             return self._error(protocol, error)
         response_id = protocol.id_prefix + uuid.uuid4().hex[:24]
@@ -271,8 +297,18 @@ class _ProxyHandlers:
         self, turn: asyncio.Future, protocol: _Protocol, parsed: Any, response_id: str, created: int
     ):
         yield protocol.keepalive_frame
+        deadline = time.monotonic() + self.config.max_stream_duration_s - self.config.keepalive_interval_s
         while True:
-            done, _ = await asyncio.wait({turn}, timeout=self.config.keepalive_interval_s)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                turn.cancel()  # a stream is bounded in time, however long the engine would take
+                message = (
+                    f"the turn did not finish within {self.config.max_stream_duration_s} s "
+                    "(ProxyConfig.max_stream_duration_s)"
+                )
+                yield protocol.stream_error_frame("timeout_error", message)
+                return
+            done, _ = await asyncio.wait({turn}, timeout=min(self.config.keepalive_interval_s, remaining))
             if done:
                 break
             yield protocol.keepalive_frame
@@ -297,7 +333,8 @@ class _ProxyHandlers:
     async def count_tokens(self, request: Request) -> Response:
         try:
             session_id = self._authorized_session_id(request)
-            messages, tools = anthropic_messages.parse_count_tokens(parse_json_object(await request.body()))
+            body = self._bounded(parse_json_object(await request.body()), MESSAGES)
+            messages, tools = anthropic_messages.parse_count_tokens(body)
             num_tokens = await self.registry.count_tokens(session_id, messages, tools)
         except Exception as error:
             return self._error(MESSAGES, error)
@@ -315,9 +352,8 @@ class _ProxyHandlers:
         if method == gemini_generate_content.COUNT_TOKENS:
             try:
                 session_id = self._authorized_session_id(request)
-                messages, tools = gemini_generate_content.parse_count_tokens(
-                    parse_json_object(await request.body())
-                )
+                body = self._bounded(parse_json_object(await request.body()), GEMINI)
+                messages, tools = gemini_generate_content.parse_count_tokens(body)
                 num_tokens = await self.registry.count_tokens(session_id, messages, tools)
             except Exception as error:
                 return self._error(GEMINI, error)
@@ -459,6 +495,10 @@ def _not_found_handler(request: Request, error: Exception) -> Response:
     return _json(protocol.error_body(status_code, error_type, message), status_code)
 
 
+def _limit_error_body(path: str, status_code: int, error_type: str, message: str) -> dict[str, Any]:
+    return _protocol_of_path(path).error_body(status_code, error_type, message)
+
+
 def _internal_error_handler(request: Request, error: Exception) -> Response:
     status_code, error_type, message = classify_error(error)
     protocol = _protocol_of_path(request.url.path)
@@ -497,4 +537,11 @@ def build_app(registry: SessionRegistry, config: ProxyConfig | None = None) -> F
     app.add_route("/health", handlers.health, methods=["GET"])
     app.add_exception_handler(StarletteHTTPException, _not_found_handler)
     app.add_exception_handler(Exception, _internal_error_handler)
+    app.add_middleware(
+        RequestSizeLimits,
+        max_header_bytes=config.max_header_bytes,
+        max_body_bytes=config.max_request_body_bytes,
+        max_discarded_body_bytes=config.max_discarded_body_bytes,
+        error_body=_limit_error_body,
+    )
     return app

@@ -1,13 +1,19 @@
 """``rein proxy``: the inference proxy standalone (uvicorn + the embedded engine or SGLang servers), for
 debugging and local use.
 
-    rein proxy --model tiny --port 8000 --run-dir runs/debug
+    rein proxy --model tiny --port 8000 --run-dir runs/debug --admin-key-file runs/admin.key
     rein proxy --engine sglang --sglang-url http://GPU:30000 --model M   # M: the served model's tokenizer
+    rein proxy --engine vllm --vllm-url http://GPU:8000 --model M       # one or several vLLM servers
     rein proxy --model tiny --temperature 0.7 --top-p 0.95 --top-k 50    # the run's sampling distribution
-    curl -X POST http://127.0.0.1:8000/sessions      # → {"session_id": ..., "base_url": ".../s/ID"}
-    ANTHROPIC_BASE_URL=http://127.0.0.1:8000/s/ID claude -p "hi"
+    curl -H "Authorization: Bearer $(cat runs/admin.key)" -X POST http://127.0.0.1:8000/sessions
+        # → {"session_id": ..., "base_url": ".../s/ID", "api_key": TOKEN}
+    ANTHROPIC_BASE_URL=http://127.0.0.1:8000/s/ID ANTHROPIC_API_KEY=TOKEN claude -p "hi"
 
-Finalize a session with ``POST /s/ID/finalize`` to write its trajectory to ``RUN_DIR/trajectories``.
+The control plane is closed by default: without ``--admin-key`` a random admin key is generated and given to
+the host only, written to ``--admin-key-file`` (mode 0600) or else printed once to stderr. Each session's model
+routes take only that session's token. ``--insecure-open-control-plane`` opens every route to anyone who can
+reach the port. Finalize a session with ``POST /s/ID/finalize`` (admin key) to write its trajectory to
+``RUN_DIR/trajectories``.
 """
 
 from __future__ import annotations
@@ -43,8 +49,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--admin-key",
         default=os.environ.get("REIN_PROXY_ADMIN_KEY") or None,
-        help="isolated mode: this key (default $REIN_PROXY_ADMIN_KEY) guards session control; each session's "
-        "model routes take only its own token (POST /sessions returns it as api_key)",
+        help="this key (default $REIN_PROXY_ADMIN_KEY; none: a random one is generated) guards session control; "
+        "each session's model routes take only its own token (POST /sessions returns it as api_key)",
+    )
+    parser.add_argument(
+        "--admin-key-file",
+        type=Path,
+        default=None,
+        help="write the admin key to this file (mode 0600) instead of printing a generated one to stderr",
+    )
+    parser.add_argument(
+        "--insecure-open-control-plane",
+        action="store_true",
+        help="INSECURE: no keys at all; anyone who reaches the port can open, read, finalize or discard any "
+        "session and use its model routes",
     )
     parser.add_argument(
         "--keepalive-s", type=float, default=5.0, help="keep-alive frame interval while streaming"
@@ -54,7 +72,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-completion-tokens", type=int, default=None, help="cap on any one completion")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
-    parser.add_argument("--engine", choices=("embedded", "sglang"), default="embedded", help="who generates")
+    parser.add_argument(
+        "--engine", choices=("embedded", "sglang", "vllm"), default="embedded", help="who generates"
+    )
+    parser.add_argument("--vllm-url", default="", help="vLLM server URL(s), comma-separated (--engine vllm)")
+    parser.add_argument("--vllm-api-key", default=None, help="the vLLM servers' --api-key")
+    parser.add_argument(
+        "--vllm-startup-timeout-s", type=float, default=600.0, help="wait this long for every vLLM /health"
+    )
     parser.add_argument(
         "--sglang-url", default="", help="SGLang server URL(s), comma-separated (--engine sglang)"
     )
@@ -109,6 +134,24 @@ async def _start_engine(args: argparse.Namespace, model_path: Path) -> tuple[Any
         return engine, engine.tokenizer
     from transformers import AutoTokenizer
 
+    if args.engine == "vllm":
+        from components.engine.server_fleet import parse_server_urls
+        from components.engine.vllm import VLLMEngineConfig, require_matching_logprobs
+        from components.engine.vllm_fleet import VLLMFleet, VLLMFleetConfig
+
+        urls = parse_server_urls(args.vllm_url, field="--vllm-url")
+        server = VLLMEngineConfig(
+            base_url=urls[0],
+            api_key=args.vllm_api_key,
+            startup_timeout_s=args.vllm_startup_timeout_s,
+            context_window=args.context_window,
+        )
+        fleet = await VLLMFleet.connect(VLLMFleetConfig(urls=urls, server=server))
+        sampling = SamplingDistribution(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+        for member in fleet.servers:  # the run's sampling against each server's own --logprobs-mode
+            require_matching_logprobs(sampling, member.logprobs_mode)
+        return fleet, AutoTokenizer.from_pretrained(model_path)
+
     from components.engine.sglang import SGLangEngineConfig, experts_per_token
     from components.engine.sglang_fleet import SGLangFleet, SGLangFleetConfig, parse_server_urls
 
@@ -137,16 +180,61 @@ async def _serve(args: argparse.Namespace, config: ProxyConfig) -> None:
     try:
         server = ProxyServer(LocalSessionRegistry(engine, tokenizer, config), config)
         url = await server.start()
-        backend = f"SGLang {args.sglang_url}" if args.engine == "sglang" else str(model_path)
+        backend = {"sglang": f"SGLang {args.sglang_url}", "vllm": f"vLLM {args.vllm_url}"}.get(
+            args.engine, str(model_path)
+        )
+        auth = "" if config.session_keys is None else '-H "Authorization: Bearer ADMIN_KEY" '
         print(
             f"rein proxy: {backend} at {url} (context window {engine.context_window})\n"
-            f"  create a session: curl -X POST {url}/sessions  → base_url {url}/s/SESSION_ID\n"
+            f"  create a session: curl {auth}-X POST {url}/sessions  → base_url {url}/s/SESSION_ID\n"
             f"  trajectories: {config.run_dir / 'trajectories' if config.run_dir else 'not written (no --run-dir)'}",
             flush=True,
         )
         await server.wait_closed()  # until Ctrl-C / SIGTERM
     finally:
         await engine.aclose()
+
+
+def _hand_admin_key_to_host(config: ProxyConfig, args: argparse.Namespace) -> None:
+    """Give the admin key to the host user only: into ``--admin-key-file`` (0600), or a generated one printed
+    once to stderr (never to stdout, which logs collect; never into any sandbox)."""
+    if config.insecure_open_control_plane:
+        print(
+            "rein proxy: WARNING --insecure-open-control-plane: anyone who can reach the port can open, read, "
+            "finalize and discard any session",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    if config.admin_key is None:  # shared-key mode (--api-key)
+        return
+    if args.admin_key_file is not None:
+        try:
+            write_private_file(args.admin_key_file, config.admin_key)
+        except OSError as error:
+            raise ValueError(f"--admin-key-file {args.admin_key_file}: cannot write it ({error})") from None
+        print(
+            f"rein proxy: admin key written to {args.admin_key_file} (mode 0600)", file=sys.stderr, flush=True
+        )
+    elif args.admin_key is None:
+        print(
+            f"rein proxy: generated admin key (control routes): {config.admin_key}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600, also when the file already existed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(
+            descriptor, 0o600
+        )  # before the key is written: an existing file keeps its old mode otherwise
+        os.write(descriptor, text.encode() + b"\n")
+    finally:
+        os.close(descriptor)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             api_key=args.api_key,
             admin_key=args.admin_key,
+            insecure_open_control_plane=args.insecure_open_control_plane,
             keepalive_interval_s=args.keepalive_s,
             default_max_tokens=args.max_tokens,
             max_completion_tokens=args.max_completion_tokens,
@@ -170,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.engine == "sglang":  # before any server is contacted
             require_untruncated_sampling(config.sampling)
+        _hand_admin_key_to_host(config, args)
         asyncio.run(_serve(args, config))
     except (ValueError, FileNotFoundError) as error:
         print(f"rein proxy: {error}", file=sys.stderr)

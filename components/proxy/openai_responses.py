@@ -186,6 +186,7 @@ def parse_request(body: dict[str, Any]) -> ResponsesRequest:
         max_tokens=get_int(body, "max_output_tokens", "body", minimum=1),
         temperature=get_number(body, "temperature", "body", default=1.0, minimum=0.0, maximum=2.0),
         top_p=get_number(body, "top_p", "body", default=1.0, minimum=0.0, maximum=1.0, open_low=True),
+        want_deltas=get_bool(body, "stream", "body"),
     )
     model = body.get("model")
     instructions = body.get("instructions")
@@ -313,6 +314,15 @@ def render_response(
     )
 
 
+def _text_pieces(outcome: TurnOutcome, text: str) -> list[str]:
+    """The message text as the stream's deltas: the reply's token-by-token content deltas when they make up
+    exactly that text, else the text in one piece."""
+    pieces = [d.text for d in outcome.deltas or () if d.kind == "content"]
+    if pieces and "".join(pieces) == text:
+        return pieces
+    return [text] if text else []
+
+
 def render_stream(
     outcome: TurnOutcome, request: ResponsesRequest, *, response_id: str, created: int
 ) -> list[bytes]:
@@ -342,8 +352,8 @@ def render_stream(
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             ids = {"item_id": item["id"], "output_index": output_index, "content_index": 0}
             emit("response.content_part.added", **ids, part=part)
-            if text:
-                emit("response.output_text.delta", **ids, delta=text, logprobs=[])
+            for piece in _text_pieces(outcome, text):  # as the sampled tokens settled them
+                emit("response.output_text.delta", **ids, delta=piece, logprobs=[])
             emit("response.output_text.done", **ids, text=text, logprobs=[])
             emit("response.content_part.done", **ids, part={**part, "text": text})
         elif item["type"] == "function_call":

@@ -195,7 +195,8 @@ class RolloutRunner(GroupRollouts):
     ) -> None:
         """``session_keys``: the proxy's credentials (``ProxyConfig.session_keys``) when it runs isolated; each
         harness then gets its own session's capability token as its API key, never the admin key. None: the
-        proxy is open (or shared-key) and harnesses get a placeholder key. ``group_reward`` (e.g. a relative
+        proxy runs shared-key or with ``insecure_open_control_plane`` and harnesses get a placeholder key (a
+        default proxy refuses it). ``group_reward`` (e.g. a relative
         judge) scores each complete group after its rollouts, combined with the grader's reward by
         ``reward_weights``."""
         self.config = config

@@ -60,6 +60,7 @@ from components.tasks.swe import (
     python_tool_paths,
 )
 from sandboxes.image import ImageCache, ImageError, UnpackedImage, parse_reference
+from sandboxes.rootfs_paths import ImageLayoutError
 
 SWEBENCH_COLUMNS = (
     "instance_id",
@@ -364,7 +365,7 @@ class SweBenchTask:
         if source is None:
             unpacked = self.unpacked_image()
             assert unpacked is not None  # a task without image has a snapshot (loader invariant)
-            source = unpacked.rootfs / self.repo_path.lstrip("/")
+            source = unpacked.path(self.repo_path)  # resolved inside the image, never through the host
             if not source.is_dir():
                 raise ValueError(f"{self.task_id}: image {self.image} has no repository at {self.repo_path}")
         return _materialise(
@@ -378,7 +379,7 @@ class SweBenchTask:
             env = {key: value for key, value in unpacked.env.items() if key not in ("HOME", "USER")}
             # SWE-bench / SWE-Gym images keep the repository's environment in the conda env "testbed", which
             # their own scripts activate; leading PATH with it gives agents and tests the same interpreter.
-            if (unpacked.rootfs / SWEBENCH_CONDA_ENV.lstrip("/") / "bin").is_dir():
+            if unpacked.path(f"{SWEBENCH_CONDA_ENV}/bin").is_dir():
                 env["PATH"] = f"{SWEBENCH_CONDA_ENV}/bin:{env.get('PATH', SYSTEM_PATH)}"
         else:
             env = {"PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}"}
@@ -415,6 +416,7 @@ def _materialise(task_id: str, source: Path, cache_dir: Path, *, keep_history: b
             if keep_history:
                 if not (source / ".git").is_dir():
                     raise ValueError(f"{task_id}: eval_script needs the repository's git history at {source}")
+                _require_self_contained_git(task_id, source / ".git")
                 shutil.copytree(source, building / "workspace", symlinks=True)
                 base_commit = _prune_to_head(building / "workspace")
             else:
@@ -429,6 +431,21 @@ def _materialise(task_id: str, source: Path, cache_dir: Path, *, keep_history: b
         finally:
             shutil.rmtree(building, ignore_errors=True)
     return TaskSnapshot(workspace_dir=target / "workspace", base_commit=commit_file.read_text().strip())
+
+
+def _require_self_contained_git(task_id: str, git_dir: Path) -> None:
+    """The host runs git on a copy of an image's repository: its git directory must be a plain directory that
+    names no other place (a symlink, ``commondir`` or ``objects/info/alternates`` would have the host's git read
+    or rewrite a repository outside the image)."""
+    outside = [
+        str(path)
+        for path in (git_dir, git_dir / "commondir", git_dir / "objects" / "info" / "alternates")
+        if path.is_symlink() or (path != git_dir and path.exists())
+    ]
+    if outside:
+        raise ImageLayoutError(
+            f"{task_id}: the repository's git directory points outside the image: {outside}"
+        )
 
 
 def _prune_to_head(workspace: Path) -> str:

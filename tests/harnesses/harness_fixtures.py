@@ -37,6 +37,10 @@ class RunningProxy:
 @contextlib.asynccontextmanager
 async def running_proxy(engine: Any, tokenizer: Any, **config_fields: Any) -> AsyncIterator[RunningProxy]:
     """A proxy on a free loopback port, serving ``engine``, in the running event loop."""
+    if not {"api_key", "admin_key", "insecure_open_control_plane"} & config_fields.keys():
+        # These tests exercise protocols and harnesses, not auth: they opt out of the closed default
+        # explicitly (the control plane and session tokens are attacked in test_control_plane.py).
+        config_fields["insecure_open_control_plane"] = True
     config = ProxyConfig(port=0, **config_fields)
     registry = LocalSessionRegistry(engine, tokenizer, config)
     server = ProxyServer(registry, config)

@@ -25,6 +25,7 @@ from components.errors import EngineError
 from components.protocols import SamplingParams
 from components.trajectory_store import TrajectoryStore
 from tests.components.engine.fake_sglang import FakeSGLangProcess, FakeSGLangServer
+from tests.components.proxy.proxy_helpers import read_rein_proxy_start
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -134,18 +135,19 @@ def test_rein_proxy_engine_sglang_serves_an_agent_request(tiny_model_dir, tmp_pa
         ]  # fmt: skip
         proxy = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            first_line = proxy.stdout.readline()
-            match = re.search(r"at (http://\S+) \(context window (\d+)\)", first_line)
-            assert match, first_line + proxy.stdout.read(2000) if proxy.poll() is not None else first_line
-            url = match.group(1)
-            assert int(match.group(2)) > 0 and f"SGLang {server.url}" in first_line
-            session = httpx.post(f"{url}/sessions").json()
-            client = OpenAI(base_url=f"{session['base_url']}/v1", api_key="unused", max_retries=0)
+            url, admin_key, banner = read_rein_proxy_start(proxy)
+            match = re.search(r"\(context window (\d+)\)", banner)
+            assert int(match.group(1)) > 0 and f"SGLang {server.url}" in banner
+            # Closed by default: session control takes the admin key it printed once to stderr.
+            admin = {"Authorization": f"Bearer {admin_key}"}
+            assert httpx.post(f"{url}/sessions").status_code == 401
+            session = httpx.post(f"{url}/sessions", headers=admin).json()
+            client = OpenAI(base_url=f"{session['base_url']}/v1", api_key=session["api_key"], max_retries=0)
             reply = client.chat.completions.create(
                 model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=5
             )
             assert reply.usage.completion_tokens == 5
-            finalized = httpx.post(f"{url}/s/{session['session_id']}/finalize", json={}).json()
+            finalized = httpx.post(f"{url}/s/{session['session_id']}/finalize", headers=admin, json={}).json()
             assert finalized["status"] == "ok"
             log = httpx.get(
                 f"{server.url}/_fake/requests", headers={"Authorization": "Bearer user-key"}

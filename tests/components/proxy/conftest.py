@@ -43,6 +43,10 @@ def start_proxy(tokenizer) -> Iterator[Callable[..., RunningProxy]]:
         engine: Any = None, *, script: Any = ("Hello from the policy.",), **config_fields: Any
     ) -> RunningProxy:
         engine = engine if engine is not None else ScriptedEngine(tokenizer, script)
+        if not {"api_key", "admin_key", "insecure_open_control_plane"} & config_fields.keys():
+            # These tests exercise protocols and harnesses, not auth: they opt out of the closed default
+            # explicitly (the control plane and session tokens are attacked in test_control_plane.py).
+            config_fields["insecure_open_control_plane"] = True
         config = ProxyConfig(port=0, **config_fields)
         registry = LocalSessionRegistry(engine, tokenizer, config)
         server = ProxyServer(registry, config)

@@ -75,3 +75,21 @@ def assert_one_segment_record(
     assert np.all(np.asarray(segment["logprobs"])[mask == 0] == 0)
     assert np.all(np.asarray(segment["weight_versions"])[mask == 1] == 0)
     assert np.all(np.asarray(segment["weight_versions"])[mask == 0] == -1)
+
+
+def read_rein_proxy_start(proxy: Any) -> tuple[str, str, str]:
+    """Read a ``rein proxy`` subprocess's merged output until it serves: (URL, generated admin key, banner line).
+
+    The admin key is the one it printed once to stderr (the closed default when no key is given)."""
+    import re
+
+    lines: list[str] = []
+    admin_key = ""
+    while True:  # library warnings may come first (stderr is merged)
+        line = proxy.stdout.readline()
+        assert line, "".join(lines)[-3000:]  # it exited without serving
+        lines.append(line)
+        if key := re.search(r"^rein proxy: generated admin key \(control routes\): (\S+)$", line):
+            admin_key = key.group(1)
+        if served := re.search(r"^rein proxy: .* at (http://\S+) \(context window", line):
+            return served.group(1), admin_key, line

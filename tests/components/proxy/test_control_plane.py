@@ -4,7 +4,8 @@ An agent in a real bubblewrap sandbox, reaching the proxy through the sandbox's 
 what a harness gives it (its session's token), tries every control route with the official SDKs and plain
 HTTP. Against the isolated proxy (``ProxyConfig.admin_key``) only its own session's model routes answer;
 against the weakened variant (shared-key mode, the one key handed to the agent) the same attacks succeed, so
-the test can fail.
+the test can fail. ``ProxyConfig()`` itself is closed (issue #28.8): its weakened variant is the explicit
+``insecure_open_control_plane`` opt-out.
 """
 
 from __future__ import annotations
@@ -158,6 +159,37 @@ async def test_weakened_shared_key_proxy_lets_the_same_attacks_through(start_pro
         proxy.describe(own)  # the agent finalized its own session (with reward 1.0) from inside
     with pytest.raises(SessionNotFoundError):
         proxy.describe(other)  # and discarded its neighbour's
+
+
+@pytest.mark.parametrize("open_plane", [False, True], ids=["default-closed", "weakened-insecure-open"])
+async def test_default_config_is_closed_to_an_agent_without_a_token(start_proxy, sandbox_factory, open_plane):
+    """Secure by default (issue #28.8): ``ProxyConfig()`` with no key at all generates one, so an agent that
+    was handed no token (what a runner without the proxy's keys gives it) reaches no route, not even its own
+    session. The named opt-out ``insecure_open_control_plane`` is the weakened variant: the same attacks land."""
+    proxy = start_proxy(insecure_open_control_plane=open_plane)  # else every field at its default
+    assert (proxy.server.config.session_keys is None) == open_plane
+    own = proxy.open_session(task_id="victim-task")
+    other = proxy.open_session(task_id="neighbour-task")
+    agent_key = _runner(proxy, None).session_api_key(own)  # the placeholder a harness gets without keys
+    results = await _attack_from_sandbox(sandbox_factory, proxy, own, other, agent_key=agent_key)
+    if open_plane:
+        assert {name: results[name] for name in ("own_chat", *CONTROL_ATTACKS)} == dict.fromkeys(
+            ("own_chat", *CONTROL_ATTACKS), 200
+        ), results
+        with pytest.raises(SessionNotFoundError):
+            proxy.describe(own)  # finalized from inside the sandbox
+    else:
+        assert set(results.values()) == {401}, results
+        assert proxy.describe(own)["num_turns"] == 0 and proxy.describe(other)["num_turns"] == 0
+
+
+def test_default_config_generates_a_host_only_admin_key():
+    first, second = ProxyConfig(), ProxyConfig()
+    assert first.session_keys is not None and first.admin_key != second.admin_key
+    assert first.admin_key not in repr(first)
+    assert ProxyConfig(api_key="shared").admin_key is None  # shared-key mode stays an explicit choice
+    with pytest.raises(ValueError, match="insecure_open_control_plane"):
+        ProxyConfig(insecure_open_control_plane=True, admin_key=generate_admin_key())
 
 
 def test_host_with_the_admin_key_drives_the_sessions_over_http(start_proxy):

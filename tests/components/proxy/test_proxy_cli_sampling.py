@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from openai import OpenAI
 
 from components.sampling import SamplingDistribution
 from components.trajectory_store import TrajectoryStore
+from tests.components.proxy.proxy_helpers import read_rein_proxy_start
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -22,19 +22,23 @@ REIN = Path(sys.executable).parent / "rein"
 def serve_one_turn(model_dir: Path, run_dir: Path, flags: list[str]):
     """Start ``rein proxy`` with ``flags``, run one turn of an agent that sends its own sampling settings,
     finalize, and return the recorded segment."""
-    command = [str(REIN), "proxy", "--model", str(model_dir), "--port", "0", "--run-dir", str(run_dir), *flags]
+    command = [
+        str(REIN),
+        "proxy",
+        "--model",
+        str(model_dir),
+        "--port",
+        "0",
+        "--run-dir",
+        str(run_dir),
+        *flags,
+    ]
     proxy = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        lines: list[str] = []
-        match = None
-        while match is None:  # library warnings may come first (stderr is merged)
-            line = proxy.stdout.readline()
-            assert line, "".join(lines)[-3000:]  # it exited without serving
-            lines.append(line)
-            match = re.search(r"^rein proxy: .* at (http://\S+) \(context window", line)
-        url = match.group(1)
-        session = httpx.post(f"{url}/sessions").json()
-        client = OpenAI(base_url=f"{session['base_url']}/v1", api_key="unused", max_retries=0)
+        url, admin_key, _ = read_rein_proxy_start(proxy)
+        admin = {"Authorization": f"Bearer {admin_key}"}  # closed by default: the key it printed to stderr
+        session = httpx.post(f"{url}/sessions", headers=admin).json()
+        client = OpenAI(base_url=f"{session['base_url']}/v1", api_key=session["api_key"], max_retries=0)
         reply = client.chat.completions.create(
             model="policy",
             messages=[{"role": "user", "content": "hi"}],
@@ -43,7 +47,8 @@ def serve_one_turn(model_dir: Path, run_dir: Path, flags: list[str]):
             top_p=0.5,
         )
         assert reply.usage.completion_tokens == 4
-        assert httpx.post(f"{url}/s/{session['session_id']}/finalize", json={}).json()["status"] == "ok"
+        finalized = httpx.post(f"{url}/s/{session['session_id']}/finalize", headers=admin, json={})
+        assert finalized.json()["status"] == "ok"
     finally:
         proxy.terminate()
         proxy.wait(timeout=30)

@@ -136,7 +136,10 @@ def fuzz_target(tokenizer):
     server = ProxyServer(registry, config)
     server.start_in_thread()
     session_id = server.call(lambda: registry.open_session())
-    with httpx.Client(base_url=server.session_url(session_id), timeout=30) as client:
+    token = config.session_keys.session_token(session_id)  # the closed default: the session's own token
+    with httpx.Client(
+        base_url=server.session_url(session_id), headers={"Authorization": f"Bearer {token}"}, timeout=30
+    ) as client:
         yield client
     server.stop_thread()
 

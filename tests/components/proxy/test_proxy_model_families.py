@@ -93,16 +93,36 @@ FAMILIES = {
     "deepseek_v3": Family(
         "deepseek_v3", "tool_chat_template_deepseekv3.jinja", DEEPSEEK, DEEPSEEK[0], DEEPSEEK[1]
     ),
+    "llama3.2_json": Family(
+        "llama3_json",
+        "tool_chat_template_llama3.2_json.jinja",
+        LLAMA,
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        False,
+    ),
+    "deepseek_r1": Family(
+        "deepseek_v3", "tool_chat_template_deepseekr1.jinja", DEEPSEEK, DEEPSEEK[0], DEEPSEEK[1]
+    ),
     "glm45": Family("glm45", None),
     "kimi_k2": Family("kimi_k2", None),
     "harmony": Family("harmony", None),
 }
 
 
+_TOKENIZERS: dict[str, object] = {}
+
+
 def family_tokenizer(tokenizer, family: Family):
-    """The SmolLM2 tokenizer with the family's real template and its special tokens."""
+    """The SmolLM2 tokenizer with the family's real template and its special tokens (built once per family)."""
     if family.template_file is None:
         return tokenizer
+    if family.template_file not in _TOKENIZERS:
+        _TOKENIZERS[family.template_file] = _build_family_tokenizer(tokenizer, family)
+    return _TOKENIZERS[family.template_file]
+
+
+def _build_family_tokenizer(tokenizer, family: Family):
     path = TEMPLATES / family.template_file
     assert path.is_file(), f"{path} is missing: run `make setup-test` (it downloads vLLM's templates)"
     clone = copy.deepcopy(tokenizer)
@@ -192,7 +212,11 @@ def test_family_conversation_keeps_tito_exact(tokenizer, name, stream):
     server.start_in_thread()
     try:
         session_id = server.call(lambda: registry.open_session())
-        client = OpenAI(base_url=server.session_url(session_id) + "/v1", api_key="x", max_retries=0)
+        client = OpenAI(
+            base_url=server.session_url(session_id) + "/v1",
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
         seen = run_conversation(client, family, stream=stream)
         record = server.call(lambda: registry.describe(session_id))
         assert record["tool_format"] == family.tool_format  # detected from the real template (or named)
@@ -230,7 +254,11 @@ def test_a_template_that_moves_history_starts_a_segment_with_its_reason(tokenize
     server.start_in_thread()
     try:
         session_id = server.call(lambda: registry.open_session())
-        client = OpenAI(base_url=server.session_url(session_id) + "/v1", api_key="x", max_retries=0)
+        client = OpenAI(
+            base_url=server.session_url(session_id) + "/v1",
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List files."}]
         first = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
         assert first.tool_calls[0].id == "AAAA00001"  # the 9 characters the model wrote are the call's id
@@ -278,3 +306,175 @@ def test_the_cli_flags_name_formats_and_refuse_unknown_ones(capsys):
     assert "tool_format: unknown format 'gemma'" in error and "qwen3_coder" in error
     assert main(["--reasoning-format", "deep"]) == 2
     assert "reasoning_format" in capsys.readouterr().err
+
+
+def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
+    """Claude Code's protocol: under Qwen3-Coder's real template, the text block grows delta by delta and the
+    tool_use block comes whole once its XML call is complete; the conversation stays one exact segment."""
+    import anthropic
+
+    family = FAMILIES["qwen3_coder"]
+    family_tok = family_tokenizer(tokenizer, family)
+    replies = policy_texts(family)[:1] + policy_texts(family)[2:]
+    engine = ScriptedEngine(family_tok, replies)
+    config = ProxyConfig(port=0)
+    registry = LocalSessionRegistry(engine, family_tok, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = anthropic.Anthropic(
+            base_url=server.session_url(session_id),
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
+        tools = [{"name": "bash", "description": "Run.", "input_schema": TOOLS[0]["function"]["parameters"]}]
+        messages: list[dict] = [{"role": "user", "content": "Fix the failing test."}]
+        turns = []
+        for _ in range(2):
+            events = list(
+                client.messages.create(
+                    model="claude-x", max_tokens=256, messages=messages, tools=tools, stream=True
+                )
+            )
+            text_deltas = [
+                e.delta.text
+                for e in events
+                if e.type == "content_block_delta" and e.delta.type == "text_delta"
+            ]
+            uses = [
+                e.content_block
+                for e in events
+                if e.type == "content_block_start" and e.content_block.type == "tool_use"
+            ]
+            inputs = [
+                json.loads(e.delta.partial_json)
+                for e in events
+                if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+            ]
+            turns.append((text_deltas, [(u.name, i) for u, i in zip(uses, inputs, strict=True)]))
+            content: list[dict] = [{"type": "text", "text": "".join(text_deltas)}]
+            content += [
+                {"type": "tool_use", "id": u.id, "name": u.name, "input": i}
+                for u, i in zip(uses, inputs, strict=True)
+            ]
+            messages.append({"role": "assistant", "content": content})
+            if uses:
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "ok"}],
+                    }
+                )
+        (first_text, first_calls), (final_text, final_calls) = turns
+        assert "".join(first_text) == "Let me look." and len(first_text) > 1  # sent as the tokens came
+        assert first_calls == [("bash", {"cmd": "ls -la"})] and final_calls == []
+        assert "".join(final_text) == "All tests pass: é 中 🙂." and len(final_text) > 1
+        record = server.call(lambda: registry.describe(session_id))
+        assert_one_segment_record(record, engine, replies, family_tok)
+    finally:
+        server.stop_thread()
+
+
+def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
+    """Codex's protocol: the message text comes as one ``output_text.delta`` per settled piece, the call as a
+    ``function_call`` item (GLM-4.5 format, named, on SmolLM2's ChatML)."""
+    family = FAMILIES["glm45"]
+    fmt = tool_format_named("glm45")
+    call = ToolCall(id="c1", name="bash", arguments='{"cmd": "ls -la"}')
+    replies = [fmt.render_calls("Looking at the files first.", [call])]
+    engine = ScriptedEngine(tokenizer, replies)
+    config = ProxyConfig(port=0, tool_format=family.tool_format)
+    registry = LocalSessionRegistry(engine, tokenizer, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = OpenAI(
+            base_url=server.session_url(session_id) + "/v1",
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
+        tools = [{"type": "function", **TOOLS[0]["function"]}]
+        events = list(client.responses.create(model="m", input="Fix it.", tools=tools, stream=True))
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert "".join(deltas) == "Looking at the files first." and len(deltas) > 1
+        done = [
+            e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
+        ]
+        assert [(item.name, json.loads(item.arguments)) for item in done] == [("bash", {"cmd": "ls -la"})]
+    finally:
+        server.stop_thread()
+
+
+def test_a_malformed_call_stays_content_and_is_counted(tokenizer):
+    """A call the policy botched (broken JSON) is served as content, counted per turn and per session."""
+    from components.protocols import FinishReason, GenerationResult
+    from components.tito import ChatMessage, TitoSession, ToolSpec
+
+    tito = TitoSession(tokenizer, context_window=4096)
+    tools = (ToolSpec(name="bash", parameters=TOOLS[0]["function"]["parameters"]),)
+    turn = tito.prepare([ChatMessage(role="user", content="Go.")], tools, max_tokens=64)
+    text = 'Trying.\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"\n</tool_call>'
+    ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+    result = GenerationResult(
+        output_ids=tuple(ids),
+        logprobs=(-0.5,) * len(ids),
+        weight_versions=(0,) * len(ids),
+        finish_reason=FinishReason.STOP,
+        num_prompt_tokens=len(turn.prompt_ids),
+    )
+    reply = tito.complete(turn, result)
+    assert reply.tool_calls == () and reply.content == text and reply.finish_reason == "stop"
+    assert reply.num_malformed_tool_calls == 1 and tito.num_malformed_tool_calls == 1
+
+
+def test_gemini_streams_text_chunks_as_tokens_arrive(tokenizer):
+    """Gemini CLI's protocol: one text chunk per settled piece, then the calls (Kimi K2 format on ChatML)."""
+    from google import genai
+    from google.genai import types
+
+    fmt = tool_format_named("kimi_k2")
+    call = ToolCall(id="functions.bash:0", name="bash", arguments='{"cmd": "ls -la"}')
+    engine = ScriptedEngine(tokenizer, [fmt.render_calls("Checking the tree.", [call])])
+    config = ProxyConfig(port=0, tool_format="kimi_k2")
+    registry = LocalSessionRegistry(engine, tokenizer, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = genai.Client(
+            api_key=config.session_keys.session_token(session_id),
+            http_options=types.HttpOptions(base_url=server.session_url(session_id), api_version="v1beta"),
+        )
+        declaration = types.FunctionDeclaration(
+            name="bash",
+            description="Run.",
+            parameters=types.Schema(type="OBJECT", properties={"cmd": types.Schema(type="STRING")}),
+        )
+        generation = types.GenerateContentConfig(
+            tools=[types.Tool(function_declarations=[declaration])],
+            automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+        )
+        chunks = list(client.models.generate_content_stream(model="m", contents="Fix it.", config=generation))
+        parts = [part for chunk in chunks for part in chunk.candidates[0].content.parts]
+        texts = [part.text for part in parts if part.text]
+        assert "".join(texts) == "Checking the tree." and len(texts) > 1
+        calls = [part.function_call for part in parts if part.function_call]
+        assert [(c.name, c.args, c.id) for c in calls] == [("bash", {"cmd": "ls -la"}, "functions.bash:0")]
+    finally:
+        server.stop_thread()
+
+
+def test_recipes_name_the_formats_on_their_proxy_brick(capsys):
+    from components.recipe_config import parse_config
+    from recipes.swe_grpo import SweGrpoConfig
+
+    config = parse_config(
+        SweGrpoConfig, ["--proxy-tool-format", "llama3_json", "--proxy-reasoning-format", "none"]
+    )
+    assert (config.proxy.tool_format, config.proxy.reasoning_format) == ("llama3_json", "none")
+    assert parse_config(SweGrpoConfig, []).proxy.tool_format is None  # detected from the template
+    with pytest.raises(SystemExit):
+        parse_config(SweGrpoConfig, ["--proxy-tool-format", "gemma"])
+    assert "unknown format 'gemma'" in capsys.readouterr().err

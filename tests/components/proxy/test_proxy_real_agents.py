@@ -39,6 +39,11 @@ def tiny_proxy(tiny_model_dir):
     engine.close()
 
 
+def _token(server: ProxyServer, session_id: str) -> str:
+    """The session's capability token: the one key an agent gets from the (closed by default) proxy."""
+    return server.config.session_keys.session_token(session_id)
+
+
 def _binary(name: str) -> Path:
     return require_tool(AGENTS_BIN / name, "run `make .agents/.installed` (npm install of the agents)")
 
@@ -83,7 +88,7 @@ def test_claude_code(tiny_proxy, tmp_path):
     env = _env(
         home,
         ANTHROPIC_BASE_URL=tiny_proxy.session_url(session_id),
-        ANTHROPIC_API_KEY="x",
+        ANTHROPIC_API_KEY=_token(tiny_proxy, session_id),  # the closed default: its own token only
         DISABLE_TELEMETRY="1",
         DISABLE_ERROR_REPORTING="1",
         DISABLE_AUTOUPDATER="1",
@@ -128,7 +133,7 @@ def test_codex(tiny_proxy, tmp_path):
             ]
         )
     )
-    env = _env(home, OPENAI_API_KEY="x", CODEX_HOME=str(home / ".codex"))
+    env = _env(home, OPENAI_API_KEY=_token(tiny_proxy, session_id), CODEX_HOME=str(home / ".codex"))
     run = _run([str(codex), "exec", "--skip-git-repo-check", "--json", "Say hello."], env, tmp_path / "work")
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-3000:]
@@ -155,7 +160,7 @@ def test_mini_swe_agent(tiny_proxy, tmp_path):
         str(mini), "-y", "--exit-immediately", "-m", "openai/rein-policy", "-t", "Say hello.", "-o", str(trajectory_file),
         "-c", "mini.yaml",
         "-c", f"model.model_kwargs.api_base={tiny_proxy.session_url(session_id)}/v1",
-        "-c", "model.model_kwargs.api_key=x",
+        "-c", f"model.model_kwargs.api_key={_token(tiny_proxy, session_id)}",
         "-c", "environment.environment_class=local",
         "-c", "agent.step_limit=2",
         "-c", "agent.cost_limit=0",

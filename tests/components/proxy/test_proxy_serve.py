@@ -31,13 +31,13 @@ def _expected_reply(marker: str, turn: int) -> str:
     return f"ack {marker} turn {turn}"
 
 
-async def _run_session(base_url: str, index: int) -> list[str]:
+async def _run_session(base_url: str, api_key: str, index: int) -> list[str]:
     """Three turns of one conversation, in one of the three protocols; returns the replies' texts."""
     marker = f"S{index:02d}"
     texts: list[str] = []
     protocol = index % 3
     if protocol == 0:
-        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0)
         messages = [{"role": "user", "content": f"I am {marker}."}]
         for turn in range(NUM_TURNS):
             response = await client.chat.completions.create(model="m", messages=messages, stream=turn == 1)
@@ -49,7 +49,7 @@ async def _run_session(base_url: str, index: int) -> list[str]:
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"next {turn}"}]
         await client.close()
     elif protocol == 1:
-        client = anthropic.AsyncAnthropic(base_url=base_url, api_key="x", max_retries=0)
+        client = anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0)
         messages = [{"role": "user", "content": f"I am {marker}."}]
         for turn in range(NUM_TURNS):
             async with client.messages.stream(model="m", max_tokens=64, messages=messages) as stream:
@@ -58,7 +58,7 @@ async def _run_session(base_url: str, index: int) -> list[str]:
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"next {turn}"}]
         await client.close()
     else:
-        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0)
         items: list[dict] = [{"type": "message", "role": "user", "content": f"I am {marker}."}]
         for turn in range(NUM_TURNS):
             async with client.responses.stream(model="m", input=items) as stream:
@@ -83,6 +83,7 @@ async def test_32_sessions_through_two_serve_replicas(ray_session, tokenizer, de
 
     engine = ScriptedEngine(tokenizer, script, context_window=2048)
     config = ProxyConfig(run_dir=tmp_path, keepalive_interval_s=1.0)
+    token = config.session_keys.session_token  # closed by default: every replica checks the session's token
     serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
     registry = start_session_shards(engine, default_model_dir, config, num_shards=2)
     app_name = "rein-proxy-test"
@@ -98,7 +99,7 @@ async def test_32_sessions_through_two_serve_replicas(ray_session, tokenizer, de
         ]
         assert {registry.shard_index(s) for s in session_ids} == {0, 1}
         results = await asyncio.gather(
-            *(_run_session(f"{url}/s/{sid}", i) for i, sid in enumerate(session_ids))
+            *(_run_session(f"{url}/s/{sid}", token(sid), i) for i, sid in enumerate(session_ids))
         )
         for index, texts in enumerate(results):
             assert texts == [_expected_reply(f"S{index:02d}", turn) for turn in range(NUM_TURNS)]
@@ -125,7 +126,9 @@ async def test_32_sessions_through_two_serve_replicas(ray_session, tokenizer, de
 
         # Context overflow through a replica: a 413 in the protocol's shape, the session marked, the record kept.
         overflow_id = await registry.open_session()
-        client = anthropic.AsyncAnthropic(base_url=f"{url}/s/{overflow_id}", api_key="x", max_retries=0)
+        client = anthropic.AsyncAnthropic(
+            base_url=f"{url}/s/{overflow_id}", api_key=token(overflow_id), max_retries=0
+        )
         messages = [{"role": "user", "content": "I am S99."}]
         first = await client.messages.create(model="m", max_tokens=32, messages=messages)
         messages += [

@@ -32,7 +32,7 @@ def _mini() -> Path:
     return require_tool(Path(sys.prefix) / "bin" / "mini", "pip install mini-swe-agent (the test extra)")
 
 
-def _run_mini(mini: Path, base_url: str, tmp_path: Path) -> dict:
+def _run_mini(mini: Path, base_url: str, api_key: str, tmp_path: Path) -> dict:
     home = tmp_path / "home"
     home.mkdir(parents=True, exist_ok=True)
     env = {
@@ -51,7 +51,7 @@ def _run_mini(mini: Path, base_url: str, tmp_path: Path) -> dict:
         "-o", str(trajectory_file),
         "-c", "mini.yaml",
         "-c", f"model.model_kwargs.api_base={base_url}/v1",
-        "-c", "model.model_kwargs.api_key=x",
+        "-c", f"model.model_kwargs.api_key={api_key}",
         "-c", f"model.model_kwargs.temperature={AGENT.temperature}",
         "-c", f"model.model_kwargs.top_p={AGENT.top_p}",
         "-c", "environment.environment_class=local",
@@ -85,7 +85,9 @@ def test_mini_swe_agent_sampling_settings_train_rollout_agreement(tiny_model_dir
     server.start_in_thread()
     try:
         session_id = server.call(lambda: server.registry.open_session(harness="mini-swe-agent"))
-        _run_mini(mini, server.session_url(session_id), tmp_path)
+        _run_mini(
+            mini, server.session_url(session_id), config.session_keys.session_token(session_id), tmp_path
+        )
         server.call(
             lambda: server.registry.finalize(
                 session_id, reward=1.0, status="turn_limit", failure_reason="bound"

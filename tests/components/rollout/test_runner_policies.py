@@ -46,7 +46,7 @@ def adapters(tiny_model_dir):
     return random_adapter(tiny_model_dir, seed=1), random_adapter(tiny_model_dir, seed=2)
 
 
-async def run_both_policies(registry, url: str, slugify_task, sandbox_pool) -> tuple[list, list]:
+async def run_both_policies(registry, url: str, keys, slugify_task, sandbox_pool) -> tuple[list, list]:
     """Alice's runner and bob's runner at the same time, each agent naming the other policy."""
 
     def runner(policy: str, other: str) -> RolloutRunner:
@@ -57,6 +57,7 @@ async def run_both_policies(registry, url: str, slugify_task, sandbox_pool) -> t
             sessions=registry,
             proxy_url=url,
             grader=NoReward(),
+            session_keys=keys,  # the proxy is closed by default: each agent gets its session's token
         )
 
     return await asyncio.gather(
@@ -109,7 +110,7 @@ async def test_two_runners_each_bound_to_its_policy_on_one_embedded_engine(
     server = ProxyServer(registry, config)
     server.start_in_thread()
     try:
-        runs = await run_both_policies(registry, server.url, slugify_task, sandbox_pool)
+        runs = await run_both_policies(registry, server.url, config.session_keys, slugify_task, sandbox_pool)
     finally:
         server.stop_thread()
         await engine.aclose()
@@ -154,7 +155,7 @@ async def test_two_runners_each_bound_to_its_policy_on_one_engine_actor_over_ses
         url = run_proxy_on_serve(
             registry, config, app_name=app_name, route_prefix="/policies", num_replicas=1
         )
-        runs = await run_both_policies(registry, url, slugify_task, sandbox_pool)
+        runs = await run_both_policies(registry, url, config.session_keys, slugify_task, sandbox_pool)
     finally:
         serve.delete(app_name)
         registry.shutdown()

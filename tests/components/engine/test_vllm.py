@@ -1,0 +1,186 @@
+"""The vLLM engine brick against the session's real vLLM server (``tests/vllm_fixture.py``): logprobs that the
+trainer reproduces, weight sync from a saved folder (outputs, logprobs and versions change; requests in
+flight finish on the old version and say so), LoRA adapters per version, the fleet over vLLM, settings whose
+logprobs would be wrong refused, and a server killed mid-request (run last)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from components.engine.vllm import (
+    VLLMEngine,
+    VLLMEngineConfig,
+    VLLMSamplingError,
+    require_matching_logprobs,
+)
+from components.engine.vllm_fleet import VLLMFleet, VLLMFleetConfig
+from components.errors import EngineError
+from components.protocols import SamplingParams
+from components.sampling import SamplingDistribution
+
+pytestmark = pytest.mark.timeout(600)
+
+PROMPTS = [[1, 100 + i, 200, 300 + i, 400] for i in range(4)]
+# fp32 on both sides; the two differ in kernels and summation order only. Measured here: ≤ 3.4e-5 on SmolLM2
+# (FACTS.md); an order of magnitude of margin, far below any effect a wrong distribution has (≥ 1e-2).
+LOGPROB_TOLERANCE = 5e-4
+
+
+def trainer_logprobs(model_dir, prompt, output_ids, *, temperature: float = 1.0) -> list[float]:
+    """The trainer's view: a transformers fp32 forward over prompt + sampled ids, log_softmax(logits / T)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ids = torch.tensor([list(prompt) + list(output_ids)])
+    with torch.no_grad():
+        logprobs = (model(ids).logits[0].float() / temperature).log_softmax(-1)
+    start = len(prompt) - 1
+    return [logprobs[start + i, token].item() for i, token in enumerate(output_ids)]
+
+
+@pytest.fixture(scope="module")
+async def engine(vllm_server, tmp_path_factory):
+    client = await VLLMEngine.connect(
+        VLLMEngineConfig(
+            base_url=vllm_server.url,
+            weight_sync_dir=tmp_path_factory.mktemp("vllm-sync"),
+            base_model_path=vllm_server.model_dir,
+        )
+    )
+    # Other modules may have pushed other weights to the shared server: start from its own folder.
+    await client.update_weights_from_disk(vllm_server.model_dir, client.weight_version + 1)
+    yield client
+    await client.aclose()
+
+
+async def test_the_server_reports_its_window_mode_and_version(engine, vllm_server):
+    assert engine.context_window == vllm_server.context_window
+    assert engine.logprobs_mode == "processed_logprobs"
+    assert engine._served_model == vllm_server.served_model
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+async def test_trainer_logprobs_agree_with_vllms(engine, vllm_server, temperature):
+    results = await asyncio.gather(
+        *(
+            engine.generate(p, SamplingParams(max_tokens=24, temperature=temperature, seed=i))
+            for i, p in enumerate(PROMPTS)
+        )
+    )
+    diffs = []
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        assert set(result.weight_versions) == {engine.weight_version}
+        reference = trainer_logprobs(
+            vllm_server.model_dir, prompt, result.output_ids, temperature=temperature
+        )
+        diffs += [abs(a - b) for a, b in zip(reference, result.logprobs, strict=True)]
+    print(
+        f"vLLM vs trainer logprobs at T={temperature}: max abs diff {max(diffs):.2e} over {len(diffs)} tokens"
+    )
+    assert max(diffs) < LOGPROB_TOLERANCE
+
+
+async def test_top_p_logprobs_are_the_truncated_distributions(engine):
+    """processed_logprobs: the logprobs of top-k sampled tokens are renormalised over the kept tokens."""
+    result = await engine.generate(PROMPTS[0], SamplingParams(max_tokens=16, top_k=2, seed=3))
+    # two candidates: each logprob is log(p / (p1 + p2)) ≥ log(1/2) for the likelier, and the pair sums to 1
+    assert all(lp > -20 for lp in result.logprobs)
+    full = await engine.generate(PROMPTS[0], SamplingParams(max_tokens=16, seed=3))
+    assert max(full.logprobs) <= 0 and result.logprobs != full.logprobs
+
+
+def test_logprob_modes_that_would_mislead_the_trainer_are_refused():
+    require_matching_logprobs(SamplingDistribution(temperature=0.7, top_p=0.9), "processed_logprobs")
+    require_matching_logprobs(SamplingDistribution(temperature=1.0), "raw_logprobs")
+    with pytest.raises(VLLMSamplingError, match="--logprobs-mode processed_logprobs"):
+        require_matching_logprobs(SamplingDistribution(temperature=0.7), "raw_logprobs")
+    with pytest.raises(VLLMSamplingError, match="top_p=0.9"):
+        require_matching_logprobs(SamplingDistribution(top_p=0.9), "raw_logprobs")
+    with pytest.raises(VLLMSamplingError, match="logits, not logprobs"):
+        require_matching_logprobs(SamplingDistribution(), "processed_logits")
+
+
+async def test_weight_sync_changes_outputs_and_in_flight_requests_finish_on_the_old_version(
+    engine, vllm_server
+):
+    old = engine.weight_version
+    params = SamplingParams(max_tokens=12, seed=5)
+    before = await engine.generate(PROMPTS[1], params)
+    long_request = asyncio.create_task(engine.generate(PROMPTS[2], SamplingParams(max_tokens=400, seed=1)))
+    await asyncio.sleep(0.5)  # running on the server when the update starts
+    await engine.update_weights(load_file(str(vllm_server.next_model_dir / "model.safetensors")), old + 1)
+    in_flight = await long_request
+    assert in_flight.weight_versions == (old,) * len(in_flight.output_ids), "pause mode wait: finished on old"
+    after = await engine.generate(PROMPTS[1], params)
+    assert engine.weight_version == old + 1
+    assert after.weight_versions == (old + 1,) * len(after.output_ids)
+    assert after.logprobs != before.logprobs
+    reference = trainer_logprobs(vllm_server.next_model_dir, PROMPTS[1], after.output_ids)
+    assert max(abs(a - b) for a, b in zip(reference, after.logprobs, strict=True)) < LOGPROB_TOLERANCE
+    await engine.update_weights_from_disk(vllm_server.model_dir, old + 2)  # back to the server's own weights
+    again = await engine.generate(PROMPTS[1], params)
+    assert again.output_ids == before.output_ids
+
+
+async def test_lora_adapters_load_and_swap_per_version(engine, vllm_server, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    params = SamplingParams(max_tokens=10, seed=2)
+    base = await engine.generate(PROMPTS[3], params)
+    folders = []
+    for version, seed in ((11, 0), (12, 1)):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32)
+        peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(parameter, std=0.5)  # a visible change
+        folder = tmp_path / f"adapter-{tmp_path.name}-v{version}"  # a name new to the shared server
+        peft_model.save_pretrained(folder)
+        folders.append(folder)
+        await engine.load_lora_adapter(folder, version)
+        result = await engine.generate(PROMPTS[3], params)
+        assert result.weight_versions == (version,) * len(result.output_ids)
+        assert result.logprobs != base.logprobs
+    models = await engine._request("GET", "/v1/models")
+    names = {card["id"] for card in models["data"]}
+    assert folders[1].name in names and folders[0].name not in names, json.dumps(models)[:500]
+    await engine.unload_lora_adapter()  # back to the base model for later tests
+    assert (await engine.generate(PROMPTS[3], params)).logprobs == pytest.approx(base.logprobs, abs=1e-5)
+
+
+async def test_fleet_over_vllm_pauses_reloads_and_stamps_one_version(vllm_server):
+    fleet = await VLLMFleet.connect(
+        VLLMFleetConfig(urls=(vllm_server.url,), server=VLLMEngineConfig(base_url=vllm_server.url))
+    )
+    try:
+        version = fleet.weight_version + 1
+        await fleet.update_weights_from_disk(vllm_server.model_dir, version)
+        result = await fleet.generate(PROMPTS[0], SamplingParams(max_tokens=6, seed=0))
+        assert result.weight_versions == (version,) * len(result.output_ids)
+        assert fleet.status()["servers"][0]["live"]
+        assert (await fleet.refresh())["num_running"] == 0
+    finally:
+        await fleet.aclose()
+
+
+@pytest.mark.vllm_kills_server
+async def test_a_killed_server_fails_requests_in_flight_with_a_clear_engine_error(vllm_server):
+    config = VLLMEngineConfig(base_url=vllm_server.url, max_retries=1, retry_backoff_s=0.1)
+    fleet = await VLLMFleet.connect(VLLMFleetConfig(urls=(vllm_server.url,), server=config))
+    try:
+        in_flight = asyncio.create_task(fleet.generate(PROMPTS[0], SamplingParams(max_tokens=800, seed=0)))
+        await asyncio.sleep(1.0)
+        vllm_server.process.kill()
+        with pytest.raises(EngineError, match=f"every vLLM server is down: {vllm_server.url}"):
+            await asyncio.wait_for(in_flight, 60)
+        with pytest.raises(EngineError, match="every vLLM server is down"):
+            await asyncio.wait_for(fleet.generate(PROMPTS[1], SamplingParams(max_tokens=4)), 60)
+    finally:
+        await fleet.aclose()
