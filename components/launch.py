@@ -271,10 +271,22 @@ class ProxyBrickConfig:
         "serve", "inference proxy: Ray Serve deployment or in the driver", flag="proxy"
     )
     replicas: int = option(2, "Ray Serve replicas of the proxy (proxy=serve)")
+    tool_format: str | None = option(
+        None,
+        "the policy's tool-call format (hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, glm45, kimi_k2, "
+        "harmony); default: detected from the chat template",
+    )
+    reasoning_format: str | None = option(
+        None,
+        "how the policy writes reasoning (think, harmony, none); default: detected from the chat template",
+    )
 
     def __post_init__(self) -> None:
+        from components.tito import TitoConfig
+
         require_one_of(self.kind, "kind", PROXY_KINDS)
         require_positive(self.replicas, "replicas")
+        TitoConfig(tool_format=self.tool_format, reasoning_format=self.reasoning_format)  # names the options
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -631,7 +643,7 @@ class VLLMEngineProvider:
         )
         for server in engine.servers:  # the run's sampling against each server's own --logprobs-mode
             require_matching_logprobs(config.sampling.distribution, server.logprobs_mode)
-        if resumed:  # the servers still serve whatever they were started with
+        if resumed or engine.weight_version != weight_version:  # the servers serve what they last loaded
             await engine.update_weights_from_disk(str(model_path), weight_version)
         return engine, WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
 
@@ -908,6 +920,8 @@ class RunStack:
             agent_sampling=self.config.sampling.agent_sampling,
             record_routed_experts=self.config.sampling.record_routed_experts,
             admin_key=generate_admin_key(),
+            tool_format=self.config.proxy.tool_format,
+            reasoning_format=self.config.proxy.reasoning_format,
         )
         self.session_keys = proxy_config.session_keys
         url, registry = await self.bricks.proxy.start(

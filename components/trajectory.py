@@ -3,6 +3,10 @@
 A trajectory is one agent run on one task. Its tokens are a list of *segments*: each segment is one
 append-only token sequence as the policy saw it (prompt tokens + sampled tokens + appended tool/user turns);
 a new segment starts whenever a request no longer extends the previous one (``Segment.reason`` says why).
+Segments form a tree (a session's lineage): each one records the segment it branched from
+(``parent_segment``, -1 for the root), how many of the parent's tokens preceded the branch
+(``branch_position``), and what kind of branch it is (``branch_kind``: a sub-agent, a compaction, a side call,
+a retry, …), so that training can weight or filter branches by kind.
 Every token of a segment was sampled from one distribution (``Segment.sampling``: temperature, top-p,
 top-k), which the trainer recomputes logprobs under; MoE segments may carry the experts the engine routed
 each position to (``Segment.routed_experts``), which the trainer replays (R3).
@@ -60,6 +64,22 @@ class SegmentReason(StrEnum):
     SAMPLING_CHANGED = "sampling_changed"  # the request asked for another sampling distribution
 
 
+class BranchKind(StrEnum):
+    """How a segment relates to the segment it branched from (``Segment.parent_segment``)."""
+
+    ROOT = "root"  # the session's first conversation: no parent
+    SUBAGENT = "subagent"  # a conversation started by a tool call of the parent (Claude Code's Task tool,
+    #                        Gemini CLI's invoke_agent, Codex's spawn_agent): its first prompt is that call's text
+    COMPACTION = (
+        "compaction"  # the parent's conversation resumed from a summary the policy wrote in the parent
+    )
+    SIDE_CALL = "side_call"  # a one-off request beside the parent (titles, summaries, classifiers, checks)
+    RETRY = "retry"  # the request of an earlier turn of the parent, sent again
+    FORK = "fork"  # the parent's conversation up to an earlier turn, continued differently (edited history)
+    CONTINUATION = "continuation"  # the parent's whole conversation continued in a new segment (another
+    #                                sampling distribution, or a turn that raced a concurrent one)
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Segment:
     """One append-only token sequence. ``loss_mask`` is 1 exactly on tokens the policy sampled; ``logprobs``
@@ -76,6 +96,9 @@ class Segment:
     reason: SegmentReason = SegmentReason.START
     sampling: SamplingDistribution = SamplingDistribution()
     routed_experts: np.ndarray | None = None
+    parent_segment: int = -1  # index of the segment this one branched from in its trajectory; -1: none
+    branch_position: int = 0  # how many of the parent's tokens preceded the branch point
+    branch_kind: BranchKind = BranchKind.ROOT
     # on-policy distillation: a teacher's teacher-forced logprob of each sampled token (0 elsewhere), recorded
     # with the rollout so a resumed run never scores it again (``components/training/distillation.py``)
     teacher_logprobs: np.ndarray | None = None
@@ -112,6 +135,16 @@ class Segment:
             raise ValueError(
                 f"segment.reason: unknown reason {self.reason!r}; allowed: {[r.value for r in SegmentReason]}"
             ) from None
+        try:
+            object.__setattr__(self, "branch_kind", BranchKind(self.branch_kind))
+        except ValueError:
+            raise ValueError(
+                f"segment.branch_kind: unknown kind {self.branch_kind!r}; allowed: {[k.value for k in BranchKind]}"
+            ) from None
+        if (self.parent_segment == -1) != (self.branch_kind == BranchKind.ROOT):
+            raise ValueError("segment.parent_segment: must be -1 exactly when branch_kind is root")
+        if self.parent_segment < -1 or self.branch_position < 0:
+            raise ValueError("segment.parent_segment / branch_position: must be >= -1 / >= 0")
         n = len(self.token_ids)
         for name in ("loss_mask", "logprobs", "weight_versions"):
             if len(getattr(self, name)) != n:
@@ -141,6 +174,8 @@ class Segment:
             and np.array_equal(self.logprobs, other.logprobs)
             and np.array_equal(self.weight_versions, other.weight_versions)
             and self.sampling == other.sampling
+            and (self.parent_segment, self.branch_position, self.branch_kind)
+            == (other.parent_segment, other.branch_position, other.branch_kind)
             and (
                 np.array_equal(self.teacher_logprobs, other.teacher_logprobs)
                 if self.teacher_logprobs is not None and other.teacher_logprobs is not None
@@ -191,9 +226,13 @@ class Trajectory:
         if self.reward is not None and not np.isfinite(self.reward):
             raise ValueError(f"trajectory.reward: must be finite or None, got {self.reward!r}")
         object.__setattr__(self, "segments", tuple(self.segments))
-        for segment in self.segments:
+        for index, segment in enumerate(self.segments):
             if not isinstance(segment, Segment):
                 raise ValueError(f"trajectory.segments: expected Segment, got {type(segment).__name__}")
+            if segment.parent_segment >= index:
+                raise ValueError(
+                    f"trajectory.segments[{index}].parent_segment: {segment.parent_segment} must name an earlier segment"
+                )
         metrics = {str(k): float(v) for k, v in dict(self.metrics).items()}
         object.__setattr__(self, "metrics", metrics)
 
@@ -221,6 +260,10 @@ SEGMENT_TYPE = pa.struct(
         # (both empty when the segment has no routes)
         pa.field("routed_experts", pa.list_(pa.int16()), nullable=False),
         pa.field("routed_experts_shape", pa.list_(pa.int32()), nullable=False),
+        # lineage (trajectory/3); nullable so that trajectory/2 files read as roots
+        pa.field("parent_segment", pa.int32(), nullable=True),
+        pa.field("branch_position", pa.int64(), nullable=True),
+        pa.field("branch_kind", pa.string(), nullable=True),
         # a teacher's logprobs per token (on-policy distillation); empty when not scored
         pa.field("teacher_logprobs", pa.list_(pa.float32()), nullable=False),
     ]
@@ -241,7 +284,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("messages_json", pa.string(), nullable=False),
         pa.field("log", pa.string(), nullable=False),
     ],
-    metadata={"rein.schema": "trajectory/2"},
+    metadata={"rein.schema": "trajectory/3"},
 )
 
 
@@ -263,6 +306,9 @@ def _segment_to_row(segment: Segment) -> dict[str, Any]:
         "routed_experts_shape": (
             list(segment.routed_experts.shape) if segment.routed_experts is not None else []
         ),
+        "parent_segment": segment.parent_segment,
+        "branch_position": segment.branch_position,
+        "branch_kind": segment.branch_kind.value,
         "teacher_logprobs": (
             segment.teacher_logprobs if segment.teacher_logprobs is not None else np.empty(0, np.float32)
         ),
@@ -300,6 +346,10 @@ def _segment_from_row(row: Mapping[str, Any]) -> Segment:
         logprobs=np.asarray(row["logprobs"], dtype=np.float32),
         weight_versions=np.asarray(row["weight_versions"], dtype=np.int32),
         reason=SegmentReason(row["reason"]),
+        # a trajectory/2 file has no lineage: its segments read as roots
+        parent_segment=-1 if row.get("parent_segment") is None else row["parent_segment"],
+        branch_position=row.get("branch_position") or 0,
+        branch_kind=row.get("branch_kind") or BranchKind.ROOT,
         teacher_logprobs=(
             np.asarray(row["teacher_logprobs"], dtype=np.float32) if row.get("teacher_logprobs") else None
         ),

@@ -299,6 +299,9 @@ def _page_trajectory(
         mask = segment.loss_mask[:shown]
         page_segment: dict[str, Any] = {
             "reason": segment.reason.value,
+            "parent": segment.parent_segment,
+            "branch_position": segment.branch_position,
+            "branch_kind": segment.branch_kind.value,
             "num_tokens": int(len(segment.token_ids)),
             "num_sampled": segment.num_sampled_tokens,
             "ids": [int(i) for i in ids],

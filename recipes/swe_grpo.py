@@ -2,6 +2,7 @@
 
     python recipes/swe_grpo.py                             # SmolLM2-135M, 2 tasks × 2 samples, 2 steps (CPU)
     python recipes/swe_grpo.py --harness mini_swe_agent    # the same run with an unmodified black-box agent
+    python recipes/swe_grpo.py --harness claude_code,codex,opencode   # one policy across agents (or claude_code:2,codex:1)
     python recipes/swe_grpo.py --engine sglang --sglang-url http://HOST:30000 --trainer-use-gpu true
     python recipes/swe_grpo.py --rollout-mode async --max-staleness 2   # rollouts overlap training
     python recipes/swe_grpo.py --tasks swebench:rows.parquet --images IMAGES_DIR   # a SWE-bench-format set
@@ -18,7 +19,6 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from components.config import require, require_positive
 from components.launch import (
@@ -34,6 +34,7 @@ from components.protocols import Harness
 from components.recipe_config import option
 from components.rewards.config import RewardBrickConfig
 from components.rollout import RolloutConfig, RolloutRunner
+from components.rollout.mixture import HarnessMix
 from components.tasks import SweGrader, load_builtin_tasks
 from components.tasks.swe import python_tool_paths
 from components.tasks.swebench import R2E_TESTS_PATH, SnapshotPrefetcher, load_task_set
@@ -41,15 +42,56 @@ from components.tasks.swebench_grading import SweBenchGrader
 from sandboxes import BwrapSandbox
 from sandboxes.image import ImageSandboxConfig, ImageSandboxProvider
 
-HARNESSES = ("swe_agent", "mini_swe_agent", "claude_code", "codex")
+
+def _black_box_agents():
+    """The unmodified agents by the name a user types (each builds its ``AgentSpec``)."""
+    from harnesses.claude_code import ClaudeCodeAgent
+    from harnesses.codex import CodexAgent
+    from harnesses.mini_swe_agent import MiniSweAgent
+    from harnesses.openclaw import OpenClawAgent
+    from harnesses.opencode import OpencodeAgent
+    from harnesses.qwen_code import QwenCodeAgent
+
+    return {
+        "mini_swe_agent": lambda config: MiniSweAgent(),
+        "claude_code": lambda config: ClaudeCodeAgent(bare=config.claude_code_bare),
+        "codex": lambda config: CodexAgent(),
+        "opencode": lambda config: OpencodeAgent(),
+        "openclaw": lambda config: OpenClawAgent(),
+        "qwen_code": lambda config: QwenCodeAgent(),
+    }
+
+
+HARNESSES = ("swe_agent", "mini_swe_agent", "claude_code", "codex", "opencode", "openclaw", "qwen_code")
+
+
+def harness_weights(spec: str) -> dict[str, float]:
+    """``claude_code,codex`` or ``claude_code:2,codex:1`` → harness name → weight (default 1)."""
+    weights: dict[str, float] = {}
+    for item in spec.split(","):
+        name, _, weight = item.strip().partition(":")
+        require(name in HARNESSES, "harness", f"{name!r} is not one of {HARNESSES} (in {spec!r})")
+        require(name not in weights, "harness", f"{name!r} is named twice in {spec!r}")
+        try:
+            weights[name] = float(weight) if weight else 1.0
+        except ValueError:
+            weights[name] = -1.0
+        require(weights[name] > 0, "harness", f"the weight of {name!r} must be a number > 0 (in {spec!r})")
+    return weights
 
 
 @dataclass(kw_only=True, frozen=True)
 class SweGrpoConfig(RunConfig):
     """The SWE GRPO run (fields shared by all recipes: see ``RunConfig``)."""
 
-    harness: Literal["swe_agent", "mini_swe_agent", "claude_code", "codex"] = option(
-        "swe_agent", "the agent: white-box swe_agent, or black-box mini_swe_agent / claude_code / codex"
+    harness: str = option(
+        "swe_agent",
+        "the agent: white-box swe_agent, or black-box mini_swe_agent / claude_code / codex / opencode / openclaw /"
+        " qwen_code; several, comma-separated with optional weights (claude_code:2,codex:1), split the GRPO"
+        " groups between them",
+    )
+    harness_mix_within_groups: bool = option(
+        False, "with several harnesses: spread each group's samples over them (default: a group, one harness)"
     )
     claude_code_bare: bool = option(True, "claude_code: --bare mode (~1k prompt tokens instead of ~20k)")
     num_tasks: int = option(2, "tasks (GRPO groups) per step, taken in order from the task list")
@@ -67,12 +109,12 @@ class SweGrpoConfig(RunConfig):
         require_positive(self.num_tasks, "num_tasks")
         require_positive(self.max_turns, "max_turns")
         require_positive(self.wall_time_s, "wall_time_s")
-        require(self.harness in HARNESSES, "harness", f"must be one of {HARNESSES}, got {self.harness!r}")
+        harness_weights(self.harness)  # raises naming the field
 
 
-def build_harness(config: SweGrpoConfig) -> tuple[Harness, tuple[str, ...]]:
-    """The harness the config names, and the host paths its sandboxes need read-only (kept warm by the pool)."""
-    if config.harness == "swe_agent":
+def build_harness(config: SweGrpoConfig, name: str) -> tuple[Harness, tuple[str, ...]]:
+    """The harness ``name``, and the host paths its sandboxes need read-only (kept warm by the pool)."""
+    if name == "swe_agent":
         from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
 
         agent_config = SweAgentConfig(
@@ -84,18 +126,7 @@ def build_harness(config: SweGrpoConfig) -> tuple[Harness, tuple[str, ...]]:
         return SweAgentHarness(agent_config), python_tool_paths()
     from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
 
-    if config.harness == "claude_code":
-        from harnesses.claude_code import ClaudeCodeAgent
-
-        agent = ClaudeCodeAgent(bare=config.claude_code_bare)
-    elif config.harness == "codex":
-        from harnesses.codex import CodexAgent
-
-        agent = CodexAgent()
-    else:
-        from harnesses.mini_swe_agent import MiniSweAgent
-
-        agent = MiniSweAgent()
+    agent = _black_box_agents()[name](config)
     harness = BlackBoxHarness(
         agent,
         BlackBoxConfig(
@@ -146,26 +177,39 @@ async def swebench_sandboxes(config: SweGrpoConfig, stack: RunStack, tasks: list
 async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
     tasks = load_tasks(config)
     run = RunDirectory.create(config, recipe=recipe)
-    harness, sandbox_paths = build_harness(config)
+    harnesses = {name: build_harness(config, name) for name in harness_weights(config.harness)}
+    sandbox_paths = tuple(dict.fromkeys(path for _, paths in harnesses.values() for path in paths))
     async with RunStack.start(config, run, sandbox_paths=sandbox_paths) as stack, AsyncExitStack() as images:
         # Grading gets fresh sandboxes of its own, never the agent's.
         sandboxes, grader = stack.sandboxes, SweGrader(BwrapSandbox.create)
         if config.tasks != "builtin":
             sandboxes, grader = await swebench_sandboxes(config, stack, tasks, sandbox_paths, images)
         grader, group_reward, reward_weights = config.reward.build(grader)
-        runner = RolloutRunner(
-            RolloutConfig(group_size=config.group_size, max_concurrency=config.rollout.max_concurrency),
-            harness=harness,
-            sandboxes=sandboxes,
-            sessions=stack.sessions,
-            proxy_url=stack.proxy_url,
-            session_keys=stack.session_keys,
-            grader=grader,
-            group_reward=group_reward,
-            reward_weights=reward_weights,
+        runners = {
+            RolloutRunner(
+                RolloutConfig(group_size=config.group_size, max_concurrency=config.rollout.max_concurrency),
+                harness=harness,
+                sandboxes=sandboxes,
+                sessions=stack.sessions,
+                proxy_url=stack.proxy_url,
+                session_keys=stack.session_keys,
+                grader=grader,
+                group_reward=group_reward,
+                reward_weights=reward_weights,
+            ): harness_weights(config.harness)[name]
+            for name, (harness, _) in harnesses.items()
+        }
+        runner = (
+            next(iter(runners))
+            if len(runners) == 1
+            else HarnessMix(runners, within_groups=config.harness_mix_within_groups)
         )
         await run_recipe_loop(
-            config, run, stack, runner, lambda step: tasks_for_step(tasks, step=step, num_tasks=config.num_tasks)
+            config,
+            run,
+            stack,
+            runner,
+            lambda step: tasks_for_step(tasks, step=step, num_tasks=config.num_tasks),
         )
     print(f"run directory: {run.path}")
 

@@ -25,10 +25,14 @@ Session control:
   POST /s/{id}/discard           drop the session
   GET  /health
 
-Auth (``components.proxy.auth``): with ``ProxyConfig.admin_key`` (isolated mode, what ``RunStack`` uses) the
-session-control routes and ``/health`` need the admin key, and a session's model routes need that session's
-capability token (``POST /sessions`` returns it as ``api_key``); a token opens nothing else. With
-``ProxyConfig.api_key`` (shared-key mode) one key opens every route; with neither, every route is open.
+Auth (``components.proxy.auth``): in isolated mode, the default (``ProxyConfig.admin_key``, generated when none
+is given), the session-control routes and ``/health`` need the admin key, and a session's model routes need that
+session's capability token (``POST /sessions`` returns it as ``api_key``); a token opens nothing else. With
+``ProxyConfig.api_key`` (shared-key mode) one key opens every route; only the explicit
+``insecure_open_control_plane`` opens every route to anyone.
+
+Request bounds (``components.proxy.limits``): header and body bytes are checked by an ASGI middleware before the
+body is held, messages and tools once it is parsed, streams by ``max_stream_duration_s``.
 
 Every protocol is parsed into the same ``TurnRequest`` and answered by the same ``SessionRegistry.run_turn``.
 Errors use the protocol's own shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``,
@@ -260,7 +264,9 @@ class _ProxyHandlers:
     ) -> Response:
         try:
             session_id = self._authorized_session_id(request)
-            parsed = (parse or protocol.parse)(self._bounded(parse_json_object(await request.body()), protocol))
+            parsed = (parse or protocol.parse)(
+                self._bounded(parse_json_object(await request.body()), protocol)
+            )
         except Exception as error:
             return self._error(protocol, error)
         response_id = protocol.id_prefix + uuid.uuid4().hex[:24]
@@ -346,9 +352,8 @@ class _ProxyHandlers:
         if method == gemini_generate_content.COUNT_TOKENS:
             try:
                 session_id = self._authorized_session_id(request)
-                messages, tools = gemini_generate_content.parse_count_tokens(
-                    parse_json_object(await request.body())
-                )
+                body = self._bounded(parse_json_object(await request.body()), GEMINI)
+                messages, tools = gemini_generate_content.parse_count_tokens(body)
                 num_tokens = await self.registry.count_tokens(session_id, messages, tools)
             except Exception as error:
                 return self._error(GEMINI, error)

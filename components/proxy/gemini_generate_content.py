@@ -390,6 +390,7 @@ def parse_request(
         stop=tuple(s for s in stop_sequences if s),
         seed=_int(config, "seed", minimum=-(2**31)),
         want_token_logprobs=want_logprobs,
+        want_deltas=method == STREAM_GENERATE,
     )
     if alt not in (None, "sse", "json"):
         raise InvalidRequestError(f"alt: must be 'sse' or 'json', got {alt!r}")
@@ -477,10 +478,20 @@ def _candidate(outcome: TurnOutcome, request: GenerateContentRequest, parts, fin
     return candidate
 
 
+def _text_groups(outcome: TurnOutcome, part: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """A text part as one chunk per token delta (when the reply's deltas make up exactly its text), else one."""
+    kind = "reasoning" if part.get("thought") else "content"
+    pieces = [d.text for d in outcome.deltas or () if d.kind == kind]
+    if len(pieces) > 1 and "".join(pieces) == part["text"]:
+        return [[{**part, "text": piece}] for piece in pieces]
+    return [[part]]
+
+
 def _chunks(outcome: TurnOutcome, request: GenerateContentRequest, response_id: str) -> list[dict[str, Any]]:
     parts = _reply_parts(outcome, response_id)
-    # one chunk per part, function calls together (Gemini sends parallel calls in one chunk)
-    groups: list[list[dict[str, Any]]] = [[p] for p in parts if "functionCall" not in p]
+    # one chunk per text piece as the sampled tokens settled it, function calls together (Gemini sends
+    # parallel calls in one chunk)
+    groups = [group for p in parts if "functionCall" not in p for group in _text_groups(outcome, p)]
     calls = [p for p in parts if "functionCall" in p]
     if calls:
         groups.append(calls)

@@ -195,6 +195,9 @@ def segment_to_json(segment: Segment) -> dict[str, Any]:
         "logprobs": segment.logprobs.tolist(),
         "weight_versions": segment.weight_versions.tolist(),
         "sampling": dataclasses.asdict(segment.sampling),
+        "parent_segment": segment.parent_segment,
+        "branch_position": segment.branch_position,
+        "branch_kind": segment.branch_kind.value,
         # the routes themselves (large) stay in the stored trajectory; JSON readers get their shape
         "routed_experts_shape": None
         if segment.routed_experts is None

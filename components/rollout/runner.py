@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from components.config import require_positive
-from components.errors import SandboxBackendDownError
+from components.errors import SandboxBackendDownError, grading_failure_reason
 from components.protocols import (
     GroupReward,
     Harness,
@@ -195,7 +195,8 @@ class RolloutRunner(GroupRollouts):
     ) -> None:
         """``session_keys``: the proxy's credentials (``ProxyConfig.session_keys``) when it runs isolated; each
         harness then gets its own session's capability token as its API key, never the admin key. None: the
-        proxy is open (or shared-key) and harnesses get a placeholder key. ``group_reward`` (e.g. a relative
+        proxy runs shared-key or with ``insecure_open_control_plane`` and harnesses get a placeholder key (a
+        default proxy refuses it). ``group_reward`` (e.g. a relative
         judge) scores each complete group after its rollouts, combined with the grader's reward by
         ``reward_weights``."""
         self.config = config
@@ -416,7 +417,9 @@ class RolloutRunner(GroupRollouts):
         if result.log:
             rollout.logs.append(f"=== grading\n{result.log}")
         if result.reward is None:
-            rollout.fail(TrajectoryStatus.GRADING_ERROR, f"grading failed: {result.error}")
+            rollout.fail(
+                TrajectoryStatus.GRADING_ERROR, grading_failure_reason(result.error_kind, result.error)
+            )
             return
         rollout.reward = float(result.reward)
 

@@ -18,7 +18,8 @@ Where a repository comes from (``RepoSources``):
   * an image: ``images_dir`` holds one OCI layout per image (``skopeo copy docker://NAME:TAG oci:DIR/BASE:TAG``,
     ``BASE`` = the image name's last path component) or a ``docker save`` archive ``DIR/BASE.tar``; the image
     is ``image_name`` or SWE-bench's ``swebench/sweb.eval.x86_64.<instance id, "__" -> "_1776_">:latest``, and
-    ``images.json`` in ``images_dir`` may map instance ids to references explicitly. The repository is the
+    ``images.json`` in ``images_dir`` may map instance ids to references (``oci:DIR:TAG``, ``docker-archive:PATH``)
+    or to plain image names (looked up in the store as ``image_name`` is). The repository is the
     image's ``/testbed``, and the sandbox runs on the image.
   * a local snapshot: ``snapshots_dir/<instance_id>/`` or ``snapshots_dir/<instance_id>.tar.gz`` holding the
     repository at ``base_commit``. With an image as well, the snapshot is the repository and the image the
@@ -60,6 +61,7 @@ from components.tasks.swe import (
     python_tool_paths,
 )
 from sandboxes.image import ImageCache, ImageError, UnpackedImage, parse_reference
+from sandboxes.rootfs_paths import ImageLayoutError
 
 SWEBENCH_COLUMNS = (
     "instance_id",
@@ -260,12 +262,14 @@ class RepoSources:
             return None
         images_dir = Path(self.images_dir)
         mapping_file = images_dir / "images.json"
+        named = instance.image_name or instance.extra.get("image")  # SWE-smith's column, swebench 5's
         if mapping_file.is_file():
             mapping = json.loads(mapping_file.read_text())
             if instance.instance_id in mapping:
                 reference = str(mapping[instance.instance_id])
-                return _resolve_reference(reference, images_dir, instance.instance_id)
-        named = instance.image_name or instance.extra.get("image")  # SWE-smith's column, swebench 5's
+                if reference.partition(":")[0] in _TRANSPORTS:
+                    return _resolve_reference(reference, images_dir, instance.instance_id)
+                named = reference  # a plain image name, looked up in the store as a row's image_name is
         names = (
             [str(named)]
             if named
@@ -298,6 +302,9 @@ class RepoSources:
         raise RowError(
             instance.instance_id, f"no snapshot {instance.instance_id}[.tar.gz] in {self.snapshots_dir}"
         )
+
+
+_TRANSPORTS = ("oci", "docker-archive")  # images.json values naming a layout or archive path explicitly
 
 
 def _resolve_reference(reference: str, images_dir: Path, instance_id: str) -> str:
@@ -415,6 +422,7 @@ def _materialise(task_id: str, source: Path, cache_dir: Path, *, keep_history: b
             if keep_history:
                 if not (source / ".git").is_dir():
                     raise ValueError(f"{task_id}: eval_script needs the repository's git history at {source}")
+                _require_self_contained_git(task_id, source / ".git")
                 shutil.copytree(source, building / "workspace", symlinks=True)
                 base_commit = _prune_to_head(building / "workspace")
             else:
@@ -429,6 +437,21 @@ def _materialise(task_id: str, source: Path, cache_dir: Path, *, keep_history: b
         finally:
             shutil.rmtree(building, ignore_errors=True)
     return TaskSnapshot(workspace_dir=target / "workspace", base_commit=commit_file.read_text().strip())
+
+
+def _require_self_contained_git(task_id: str, git_dir: Path) -> None:
+    """The host runs git on a copy of an image's repository: its git directory must be a plain directory that
+    names no other place (a symlink, ``commondir`` or ``objects/info/alternates`` would have the host's git read
+    or rewrite a repository outside the image)."""
+    outside = [
+        str(path)
+        for path in (git_dir, git_dir / "commondir", git_dir / "objects" / "info" / "alternates")
+        if path.is_symlink() or (path != git_dir and path.exists())
+    ]
+    if outside:
+        raise ImageLayoutError(
+            f"{task_id}: the repository's git directory points outside the image: {outside}"
+        )
 
 
 def _prune_to_head(workspace: Path) -> str:

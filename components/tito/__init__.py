@@ -1,9 +1,10 @@
 """TITO (token-in, token-out): exact token records of agent conversations, independent of any engine or HTTP.
 
 ``TitoSession`` renders prompts with the model's chat template, reuses held ids when a request extends an
-earlier one, records the engine's sampled ids/logprobs/weight versions into segments, and parses replies
-(Hermes-style ``<tool_call>`` blocks, ``<think>`` reasoning). ``drift_audit`` measures how far a re-render of
-a recorded conversation is from its TITO ids.
+earlier one, records the engine's sampled ids/logprobs/weight versions into segments, and parses replies in the model
+family's tool-call and reasoning formats (``components.tito.formats``: detected from the chat template or named
+in ``TitoConfig``), whole or as streamed deltas. ``drift_audit`` measures how far a re-render of a recorded
+conversation is from its TITO ids.
 """
 
 from components.tito.drift_audit import DriftReport, audit_session, drift_audit

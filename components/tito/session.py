@@ -41,6 +41,8 @@ API (what the proxy calls)::
                            sampling=SamplingDistribution())   #    stop_token_ids, segment_index, new_segment_reason)
     reply = session.complete(turn, generation_result)         # -> AssistantReply (content, reasoning, tool_calls,
                                                               #    finish_reason, token counts, segment_index)
+    session.reply_deltas(turn, output_ids)                    # the reply as streamed deltas (content, reasoning,
+                                                              #    each tool call once complete), same call ids
     session.count_tokens(messages, tools)                     # prompt length prepare would produce, no recording
     session.segments()                                        # list[Segment], in order of creation
     session.overflowed                                        # True once a prompt reached the context window
@@ -80,10 +82,12 @@ from components.tito.formats import (
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 from components.tito.rendering import ChatTemplateRenderer, TemplatePrefixError, TemplateRenderError
 from components.tito.tool_calls import canonical_arguments, squash_whitespace, strip_think
-from components.trajectory import Segment, SegmentReason
+from components.trajectory import BranchKind, Segment, SegmentReason
 
 # Engines compute logprobs in float32; a sampled token's logprob may round to a hair above 0.
 _LOGPROB_ROUNDING_SLACK = 1e-3
+# A tool-call argument or a reply shorter than this is too common ("ls", "ok") to identify a branch's origin.
+_MIN_LINEAGE_TEXT_CHARS = 24
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,6 +246,9 @@ class _OpenSegment:
     routes: list[np.ndarray] = field(default_factory=list)  # chunks of [positions, layers, top_k] expert ids
     num_routed_positions: int = 0
     last_used: int = 0
+    parent: _OpenSegment | None = None  # lineage: the segment this one branched from,
+    branch_position: int = 0  # after how many of its tokens,
+    branch_kind: BranchKind = BranchKind.ROOT  # and why
 
     def append(self, ids: Sequence[int]) -> None:
         self.token_ids.extend(_interned(ids))
@@ -444,6 +451,7 @@ class TitoSession:
 
     def segments(self) -> list[Segment]:
         """The recorded segments, in order of creation."""
+        index_of = {id(s): index for index, s in enumerate(self._segments)}
         return [
             Segment(
                 token_ids=np.asarray(s.token_ids, dtype=np.int32),
@@ -453,6 +461,9 @@ class TitoSession:
                 reason=s.reason,
                 sampling=s.sampling,
                 routed_experts=np.concatenate(s.routes) if s.routes else None,
+                parent_segment=-1 if s.parent is None else index_of[id(s.parent)],
+                branch_position=s.branch_position,
+                branch_kind=s.branch_kind,
             )
             for s in self._segments
         ]
@@ -599,6 +610,7 @@ class TitoSession:
         checkpoints = (
             [c for c in source.checkpoints if c.num_tokens <= turn.num_reused_tokens] if source else []
         )
+        parent, position, kind = self._lineage(turn, source)
         segment = _OpenSegment(
             reason=turn.new_segment_reason or SegmentReason.HISTORY_REWRITTEN,
             tools_key=_tools_key(turn.tools),
@@ -606,10 +618,85 @@ class TitoSession:
             held=held,
             checkpoints=checkpoints,
             sampling=turn.sampling,
+            parent=parent,
+            branch_position=position,
+            branch_kind=kind,
         )
         segment.append(turn.prompt_ids)  # reused ids included: loss mask 0, trained where first sampled
         self._segments.append(segment)
         return segment
+
+    def _lineage(
+        self, turn: PreparedTurn, source: _OpenSegment | None
+    ) -> tuple[_OpenSegment | None, int, BranchKind]:
+        """Which segment a new one branches from, after how many of its tokens, and why.
+
+        With held ids reused, the source is the parent: the whole of it continued is a ``continuation``, the
+        same request as an earlier turn of it a ``retry``, anything else a ``fork``. A conversation rendered
+        anew is a ``subagent`` when it offers tools and its first prompt is the text of a tool call one of the
+        held replies made (the parent is that reply's segment, branched right after it), a ``compaction`` when it carries a reply
+        the policy wrote (a summary) in a held segment, and otherwise a ``side_call`` beside the segment used
+        last; the session's first segment is the ``root``."""
+        if source is not None:
+            position = turn.num_reused_tokens
+            if position == len(source.token_ids) and turn.num_reused_messages == len(source.held):
+                return source, position, BranchKind.CONTINUATION
+            held_after = source.held[turn.num_reused_messages :]
+            new_messages = turn.messages[turn.num_reused_messages :]
+            same_request = len(held_after) > len(new_messages) and all(
+                held.matches(message) for held, message in zip(held_after, new_messages, strict=False)
+            )
+            if same_request and isinstance(held_after[len(new_messages)], _HeldReply):
+                return source, position, BranchKind.RETRY
+            return source, position, BranchKind.FORK
+        if not self._segments:
+            return None, 0, BranchKind.ROOT
+        prompts = [m.content for m in turn.messages if m.role == "user" and m.content]
+        first_prompt = prompts[0] if prompts else ""
+        recent = sorted(self._segments, key=lambda s: s.last_used, reverse=True)
+        # a sub-agent acts (it has tools); a side call quoting a command (a safety check) does not
+        started_by_call = self._reply_whose_call_started(first_prompt, recent) if turn.tools else None
+        for kind, found in (
+            (BranchKind.SUBAGENT, started_by_call),
+            (BranchKind.COMPACTION, self._reply_quoted_in(prompts, recent)),
+        ):
+            if found is not None:
+                return found[0], found[1], kind
+        parent = self._last_segment or recent[0]
+        return parent, len(parent.token_ids), BranchKind.SIDE_CALL
+
+    @staticmethod
+    def _reply_whose_call_started(prompt: str, segments: Sequence[_OpenSegment]):
+        """(segment, tokens up to the reply) of a held reply with a tool call whose longest text argument is
+        ``prompt`` (or is contained in it): the call that started this conversation."""
+        if len(prompt) < _MIN_LINEAGE_TEXT_CHARS:
+            return None
+        for segment in segments:
+            replies = [h for h in segment.held if isinstance(h, _HeldReply)]
+            for reply, checkpoint in zip(reversed(replies), reversed(segment.checkpoints), strict=False):
+                for call in reply.message.tool_calls:
+                    arguments = call.parsed_arguments()
+                    texts = (
+                        [v for v in arguments.values() if isinstance(v, str)]
+                        if isinstance(arguments, dict)
+                        else []
+                    )
+                    text = max(texts, key=len, default="").strip()
+                    if len(text) >= _MIN_LINEAGE_TEXT_CHARS and text in prompt:
+                        return segment, checkpoint.num_tokens
+        return None
+
+    @staticmethod
+    def _reply_quoted_in(prompts: Sequence[str], segments: Sequence[_OpenSegment]):
+        """(segment, tokens up to the reply) of a held reply whose text one of ``prompts`` carries (a summary
+        the new conversation resumes from)."""
+        for segment in segments:
+            replies = [h for h in segment.held if isinstance(h, _HeldReply)]
+            for reply, checkpoint in zip(reversed(replies), reversed(segment.checkpoints), strict=False):
+                text = reply.message.content.strip()
+                if len(text) >= _MIN_LINEAGE_TEXT_CHARS and any(text in prompt for prompt in prompts):
+                    return segment, checkpoint.num_tokens
+        return None
 
     def _touch(self, segment: _OpenSegment) -> None:
         self._clock += 1

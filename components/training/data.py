@@ -24,7 +24,8 @@ moe_layers, top_k], -1 where a token has no recorded route); and ``num_tokens`` 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,7 +39,13 @@ from components.config import require_non_negative, require_positive
 from components.protocols import Algorithm
 from components.training.distillation import DistillationConfig, token_advantages
 from components.training.overlong import OverlongConfig, length_penalty, overlong_trajectories
-from components.trajectory import TRAINABLE_STATUSES, TRAJECTORY_SCHEMA, Trajectory, trajectories_to_table
+from components.trajectory import (
+    TRAINABLE_STATUSES,
+    TRAJECTORY_SCHEMA,
+    BranchKind,
+    Trajectory,
+    trajectories_to_table,
+)
 
 if TYPE_CHECKING:
     import ray.data
@@ -74,6 +81,7 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("num_tokens", pa.int32()),
         pa.field("num_sampled_tokens", pa.int32()),
         pa.field("min_sampled_version", pa.int32()),
+        pa.field("branch_kind", pa.string()),  # the segment's lineage kind ("root" for trajectory/2 files)
         pa.field("unreadable_shard", pa.string()),  # set (with no tokens) on the one row of a corrupt shard
     ]
 )
@@ -87,6 +95,7 @@ SUMMARY_COLUMNS = [
     "num_tokens",
     "num_sampled_tokens",
     "min_sampled_version",
+    "branch_kind",
     "unreadable_shard",
 ]
 
@@ -122,6 +131,9 @@ class SampleBatchConfig:
         None  # drop trajectories with a token sampled more than this many versions ago
     )
     drop_zero_advantage_groups: bool = False  # skip groups with equal rewards (no policy gradient) entirely
+    # Per lineage kind (``BranchKind`` values: subagent, compaction, side_call, retry, …) a factor on the
+    # segments' sample weights; 0 leaves that kind out of training. Kinds not named keep factor 1.
+    branch_weights: Mapping[str, float] = field(default_factory=dict)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated trajectories (overlong.py)
     # the weights of a teacher's per-token signal and the task advantage, for segments a teacher scored
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
@@ -130,6 +142,17 @@ class SampleBatchConfig:
         require_positive(self.max_tokens_per_micro_batch, "max_tokens_per_micro_batch")
         if self.max_staleness is not None:
             require_non_negative(self.max_staleness, "max_staleness")
+        kinds = [k.value for k in BranchKind]
+        for kind, factor in dict(self.branch_weights).items():
+            if kind not in kinds:
+                raise ValueError(f"branch_weights: unknown branch kind {kind!r}; allowed: {kinds}")
+            if (
+                isinstance(factor, bool)
+                or not isinstance(factor, int | float)
+                or not math.isfinite(factor)
+                or factor < 0
+            ):
+                raise ValueError(f"branch_weights.{kind}: must be a finite number >= 0, got {factor!r}")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -188,6 +211,12 @@ def explode_segments(table: pa.Table) -> pa.Table:
         values = flat.field(name)
         defaults = pa.array([default] * len(empty_rows), type=values.type)
         columns[name] = pa.concat_arrays([values, defaults]) if len(empty_rows) else values
+    kinds = pc.fill_null(flat.field("branch_kind"), BranchKind.ROOT.value)  # trajectory/2: roots
+    columns["branch_kind"] = (
+        pa.concat_arrays([kinds, pa.array([BranchKind.ROOT.value] * len(empty_rows), pa.string())])
+        if len(empty_rows)
+        else kinds
+    )
     rows = np.concatenate([parents, empty_rows]).astype(np.int64)
     mask_offsets = _list_offsets(columns["loss_mask"])
     mask_values = _list_values(columns["loss_mask"]).astype(np.int64)
@@ -276,6 +305,8 @@ def plan_step(
     num_sampled = summary["num_sampled_tokens"].to_numpy(zero_copy_only=False).astype(np.int64)[rows]
     min_version = summary["min_sampled_version"].to_numpy(zero_copy_only=False).astype(np.int64)[rows]
     segment_index = summary["segment_index"].to_numpy(zero_copy_only=False).astype(np.int64)[rows]
+    branch_kinds = summary["branch_kind"].fill_null(BranchKind.ROOT.value).to_numpy(zero_copy_only=False)
+    branch_kinds = branch_kinds.astype(str)[rows]
 
     statuses = summary["status"].to_numpy(zero_copy_only=False).astype(str)[rows]
     trajectory_sampled = np.bincount(trajectory_index, weights=num_sampled, minlength=len(unique_ids))
@@ -316,10 +347,15 @@ def plan_step(
     if config.overlong.mode == "mask":
         keep_trajectory &= ~overlong
 
-    keep_row = keep_trajectory[trajectory_index] & (num_sampled > 0)
+    branch_factor = np.array([config.branch_weights.get(kind, 1.0) for kind in branch_kinds], np.float64)
+    metrics["num_segments_dropped_by_branch_kind"] = float(((branch_factor == 0) & (num_sampled > 0)).sum())
+    keep_row = keep_trajectory[trajectory_index] & (num_sampled > 0) & (branch_factor > 0)
     weights = np.asarray(
         algorithm.sample_weights(num_sampled[keep_row], trajectory_index[keep_row]), dtype=np.float64
     )
+    weights = weights * branch_factor[keep_row]
+    for kind in np.unique(branch_kinds[keep_row]):
+        metrics[f"num_trained_segments_{kind}"] = float((branch_kinds[keep_row] == kind).sum())
     keys = _segment_keys(ids[keep_row], segment_index[keep_row])
     plan.segment_advantage = dict(zip(keys, advantages[trajectory_index[keep_row]].tolist(), strict=True))
     plan.segment_weight = dict(zip(keys, weights.tolist(), strict=True))

@@ -24,7 +24,7 @@ from components.tito.formats import (
     ReplyParser,
     ToolFormat,
 )
-from components.tito.formats.reasoning import NoReasoning
+from components.tito.formats.reasoning import HarmonyReasoning, NoReasoning, ThinkReasoning
 from components.tito.messages import ToolCall, ToolSpec
 from tests.contracts.conftest import brick_params
 
@@ -133,6 +133,36 @@ def test_a_stream_in_random_pieces_gives_the_same_reply(tool_format, content, dr
     assert "".join(d.text for d in deltas if d.kind == "content") == whole.content
     for marker in tool_format.call_markers:  # no call markup ever leaks into content deltas
         assert all(marker not in d.text for d in deltas if d.kind == "content")
+
+
+@SETTINGS
+@given(
+    reasoning=TEXT,
+    content=st.one_of(st.just(""), TEXT),
+    drawn=CALLS,
+    cuts=st.lists(st.integers(1, 9), max_size=300),
+)
+def test_reasoning_then_calls_stream_as_parsed(tool_format, reasoning, content, drawn, cuts):
+    calls = _calls(drawn)
+    if calls and not tool_format.keeps_content_with_calls:
+        content = ""
+    # the reasoning format the family pairs with: harmony's analysis channel, else <think>
+    harmony = HarmonyReasoning().matches_template(tool_format.render_calls("", []))
+    reasoning_format = HarmonyReasoning() if harmony else ThinkReasoning()
+    text = reasoning_format.render(reasoning, tool_format.render_calls(content, calls))
+    parser = ReplyParser(tool_format, reasoning_format)
+    whole = parser.parse(text, TOOLS, id_seed="s")
+    assert whole.reasoning == reasoning and whole.content == content
+    _same_calls(whole.tool_calls, calls)
+    stream = parser.stream(TOOLS, id_seed="s")
+    deltas, position = [], 0
+    for size in cuts:
+        deltas += stream.feed(text[position : position + size])
+        position += size
+    deltas += stream.feed(text[position:]) + stream.finish()
+    assert "".join(d.text for d in deltas if d.kind == "reasoning") == reasoning
+    assert "".join(d.text for d in deltas if d.kind == "content") == content
+    assert [d.tool_call for d in deltas if d.kind == "tool_call"] == list(whole.tool_calls)
 
 
 @SETTINGS

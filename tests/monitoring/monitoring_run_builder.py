@@ -3,11 +3,12 @@ tool calls and outputs, a compacted (second-segment) trajectory, infrastructure 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 
-from components.trajectory import Segment, SegmentReason, Trajectory, TrajectoryStatus
+from components.trajectory import BranchKind, Segment, SegmentReason, Trajectory, TrajectoryStatus
 
 
 def tool_call(call_id: str, name: str, arguments: dict) -> dict:
@@ -128,7 +129,12 @@ def build_trajectories(tokenizer) -> list[Trajectory]:
             metrics={"turns": 2, "tool_calls/bash": 1, "drift_tokens": 2},
             segments=(
                 chatml_segment(tokenizer, first, seed=3),
-                chatml_segment(tokenizer, rewritten, reason=SegmentReason.HISTORY_REWRITTEN, seed=4),
+                dataclasses.replace(
+                    chatml_segment(tokenizer, rewritten, reason=SegmentReason.HISTORY_REWRITTEN, seed=4),
+                    parent_segment=0,
+                    branch_position=len(chatml_segment(tokenizer, first, seed=3).token_ids),
+                    branch_kind=BranchKind.COMPACTION,
+                ),
             ),
             messages_json=json.dumps(first + rewritten[1:]),
             log="harness: turn limit reached",

@@ -390,6 +390,15 @@ def test_chromium_lists_filters_and_opens_a_trajectory_on_click(browser, page, t
         "start",
         "history_rewritten",
     ]
+    # the lineage tree: the compacted conversation drawn under the segment it resumes
+    assert tab.evaluate(
+        "[...document.querySelectorAll('#lineage li')].map(li => [li.dataset.segment, "
+        "li.parentElement.closest('li') ? li.parentElement.closest('li').dataset.segment : null, "
+        "li.querySelector('.kind').textContent])"
+    ) == [["0", None, "root"], ["1", "0", "compaction"]]
+    assert "compaction of segment 0 at token" in tab.evaluate(
+        "document.querySelectorAll('.segment-boundary')[1].textContent"
+    )
     token_text = tab.evaluate("document.querySelector('#tokens .segment .tokens').textContent")
     assert token_text.startswith("<|im_start|>system↵\nYou are a careful software engineer.")
     assert tab.evaluate("document.querySelectorAll('#tokens .tok.s').length") == 35

@@ -150,3 +150,46 @@ async def test_a_dot_dot_link_out_of_the_image_is_refused(env_rootfs, host_secre
             unpacked.path("/testbed")  # what the task's repository is copied from
     finally:
         shutil.rmtree(parent)
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["real", "no-git-check"])
+def test_an_image_repository_whose_git_dir_points_at_a_host_repository_is_refused(
+    tmp_path, monkeypatch, checked
+):
+    """The host runs git on its copy of the image's repository (rows with an ``eval_script`` keep history): a
+    ``.git/commondir`` naming a host repository would have the host's git delete that repository's refs."""
+    import subprocess
+
+    import components.tasks.swebench as swebench
+    from sandboxes.rootfs_paths import ImageLayoutError
+
+    def git(cwd, *args):
+        return subprocess.run(
+            ["git", "-c", "safe.directory=*", *args], cwd=cwd, check=True, capture_output=True
+        )
+
+    host = tmp_path / "host-repo"
+    host.mkdir()
+    git(host, "init", "-q", "-b", "main")
+    (host / "f.txt").write_text("host\n")
+    git(host, "add", "f.txt")
+    git(host, "-c", "user.name=h", "-c", "user.email=h@h", "commit", "-qm", "host")
+    git(host, "branch", "host-only-branch")
+    image_repo = tmp_path / "image-rootfs" / "testbed"
+    (image_repo / ".git").mkdir(parents=True)
+    (image_repo / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (image_repo / ".git" / "commondir").write_text(str(host / ".git") + "\n")
+    (image_repo / "f.txt").write_text("host\n")
+    git(image_repo, "reset", "-q")  # the index, as a checked-out repository has one
+    if not checked:
+        monkeypatch.setattr(swebench, "_require_self_contained_git", lambda task_id, git_dir: None)
+        swebench._materialise("t", image_repo, tmp_path / "cache", keep_history=True)
+        branches = subprocess.run(["git", "branch"], cwd=host, capture_output=True, text=True).stdout
+        assert "host-only-branch" not in branches  # the attack lands: the host repository lost its refs
+        return
+    with pytest.raises(ImageLayoutError, match="points outside the image"):
+        swebench._materialise("t", image_repo, tmp_path / "cache", keep_history=True)
+    assert (
+        "host-only-branch"
+        in subprocess.run(["git", "branch"], cwd=host, capture_output=True, text=True).stdout
+    )

@@ -49,8 +49,8 @@ def harmony_messages(text: str) -> list[tuple[str, str | None, str, int, bool, i
         position = ending.end() if ending else len(text)
         if text.startswith(START, position):
             position += len(START)
-            if text.startswith("assistant", position):
-                position += len("assistant")
+            if text.startswith("assistant", position) or "assistant".startswith(text[position:]):
+                position = min(position + len("assistant"), len(text))  # the role (or its first letters)
         out.append(
             (
                 channel.group(1) if channel else "",

@@ -22,7 +22,7 @@ from components.tasks.swe import python_tool_paths
 
 pytestmark = pytest.mark.timeout(600)
 
-BODY_BYTES = 48 * 1024 * 1024  # what the attacker sends; the host may keep at most a few MB of it
+BODY_BYTES = 32 * 1024 * 1024  # what the attacker sends; the host may keep at most a few MB of it
 LIMITS = dict(
     max_request_body_bytes=1024 * 1024,
     max_header_bytes=8 * 1024,

@@ -165,3 +165,44 @@ def test_ray_data_pipeline_matches_the_plain_one(ray_session, tmp_path):
         "num_sampled_tokens",
     ):
         assert distributed.metrics[key] == local.metrics[key]
+
+
+def test_branch_weights_scale_or_drop_segments_by_lineage_kind():
+    """``branch_weights``: side calls left out, sub-agent segments at half weight, the rest unchanged."""
+    import dataclasses
+
+    from components.trajectory import BranchKind
+
+    root = make_segment(3, 4, seed=1)
+    side = dataclasses.replace(
+        make_segment(2, 3, seed=2), parent_segment=0, branch_position=5, branch_kind=BranchKind.SIDE_CALL
+    )
+    sub = dataclasses.replace(
+        make_segment(2, 2, seed=3), parent_segment=0, branch_position=7, branch_kind=BranchKind.SUBAGENT
+    )
+    batch = [
+        make_trajectory("t1", "g", 1.0, (root, side, sub)),
+        make_trajectory("t2", "g", 0.0, (make_segment(2, 4, seed=4),)),
+    ]
+    plain = segments_of(
+        build_micro_batches_locally(batch, GRPO(), SampleBatchConfig(), current_version=0).micro_batches
+    )
+    config = SampleBatchConfig(branch_weights={"side_call": 0.0, "subagent": 0.5})
+    result = build_micro_batches_locally(batch, GRPO(), config, current_version=0)
+    weighted = segments_of(result.micro_batches)
+    key = {name: tuple(s.token_ids.tolist()) for name, s in (("root", root), ("side", side), ("sub", sub))}
+    assert key["side"] in plain and key["side"] not in weighted
+    # the dropped side call's tokens leave the trajectory; its kept tokens share its weight, the sub-agent's at half
+    assert weighted[key["sub"]]["weights"] == pytest.approx(
+        0.5 * weighted[key["root"]]["weights"][0], rel=1e-6
+    )
+    assert plain[key["sub"]]["weights"] == pytest.approx(plain[key["root"]]["weights"][0], rel=1e-6)
+    assert result.metrics["num_segments_dropped_by_branch_kind"] == 1
+    assert (
+        result.metrics["num_trained_segments_subagent"] == 1
+        and result.metrics["num_trained_segments_root"] == 2
+    )
+    with pytest.raises(ValueError, match="unknown branch kind 'sidecall'"):
+        SampleBatchConfig(branch_weights={"sidecall": 0.0})
+    with pytest.raises(ValueError, match="branch_weights.retry"):
+        SampleBatchConfig(branch_weights={"retry": -1.0})
