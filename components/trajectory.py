@@ -264,8 +264,8 @@ SEGMENT_TYPE = pa.struct(
         pa.field("parent_segment", pa.int32(), nullable=True),
         pa.field("branch_position", pa.int64(), nullable=True),
         pa.field("branch_kind", pa.string(), nullable=True),
-        # a teacher's logprobs per token (on-policy distillation); empty when not scored
-        pa.field("teacher_logprobs", pa.list_(pa.float32()), nullable=False),
+        # a teacher's logprobs per token (on-policy distillation); empty when not scored, null in older files
+        pa.field("teacher_logprobs", pa.list_(pa.float32()), nullable=True),
     ]
 )
 
