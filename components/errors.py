@@ -55,7 +55,38 @@ class SandboxBackendDownError(ReinError):
 
 
 class GradingError(ReinError):
-    """Grading could not produce a verdict (not the same thing as reward 0)."""
+    """Grading could not produce a verdict (not the same thing as reward 0); ``kind`` is one of
+    ``GRADING_ERROR_KINDS``: what part of the infrastructure failed."""
+
+    def __init__(self, message: str, *, kind: str = "grader") -> None:
+        self.kind = kind
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (functools.partial(GradingError, kind=self.kind), (str(self),))
+
+
+# What failed when grading reached no verdict (monitoring counts each): the sandbox (could not be created, died),
+# the grader's observer (never started, failed by itself), a tool the grader needs (git, the interpreter, the
+# test command's program), the data set's row (test_patch or eval script unusable), the grader's own code, or a
+# grader that gave no kind.
+GRADING_ERROR_KINDS = ("sandbox", "observer", "tooling", "data", "grader", "other")
+_GRADING_FAILED = "grading failed"
+
+
+def grading_failure_reason(kind: str, error: str) -> str:
+    """A ``grading_error`` trajectory's ``failure_reason``: its kind, then the grader's message."""
+    return f"{_GRADING_FAILED} ({kind if kind in GRADING_ERROR_KINDS else 'other'}): {error}"
+
+
+def grading_error_kind(failure_reason: str) -> str:
+    """The kind ``grading_failure_reason`` wrote into ``failure_reason`` ("other" for any other reason)."""
+    prefix = f"{_GRADING_FAILED} ("
+    if failure_reason.startswith(prefix):
+        kind = failure_reason[len(prefix) :].partition(")")[0]
+        if kind in GRADING_ERROR_KINDS:
+            return kind
+    return "other"
 
 
 class TrajectoryStoreError(ReinError):

@@ -532,8 +532,9 @@ class OverlappedLoop:
                 rollouts.cancel()
         if given_up:  # counted as dropped and replaced (``_abandon``): never committed
             return
-        # a teacher scores the group while other groups roll out (recorded in the shard: never scored again)
-        trajectories = await self.stack.score_with_teachers(rollouts.result())
+        trajectories = rollouts.result()
+        if self.config.distillation.enabled:  # scored while other groups roll out; stored: never scored again
+            trajectories = await self.stack.score_with_teachers(trajectories)
         shard = await asyncio.to_thread(self.store.write, trajectories)  # atomic: the group is committed
         async with self.changed:
             if self._replaced(index, trajectories, shard):

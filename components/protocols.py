@@ -257,9 +257,12 @@ class RewardResult:
     reward: float | None
     log: str = ""
     error: str = ""
+    # With ``error``: which part failed, one of ``components.errors.GRADING_ERROR_KINDS`` ("" counts as other).
+    error_kind: str = ""
 
     def __post_init__(self) -> None:
         require((self.reward is None) == bool(self.error), "error", "must be set exactly when reward is None")
+        require(not self.error_kind or bool(self.error), "error_kind", "is only set with an error")
 
 
 @runtime_checkable

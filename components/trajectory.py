@@ -96,12 +96,12 @@ class Segment:
     reason: SegmentReason = SegmentReason.START
     sampling: SamplingDistribution = SamplingDistribution()
     routed_experts: np.ndarray | None = None
-    # on-policy distillation: a teacher's teacher-forced logprob of each sampled token (0 elsewhere), recorded
-    # with the rollout so a resumed run never scores it again (``components/training/distillation.py``)
-    teacher_logprobs: np.ndarray | None = None
     parent_segment: int = -1  # index of the segment this one branched from in its trajectory; -1: none
     branch_position: int = 0  # how many of the parent's tokens preceded the branch point
     branch_kind: BranchKind = BranchKind.ROOT
+    # on-policy distillation: a teacher's teacher-forced logprob of each sampled token (0 elsewhere), recorded
+    # with the rollout so a resumed run never scores it again (``components/training/distillation.py``)
+    teacher_logprobs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", np.asarray(self.token_ids, dtype=np.int32))
@@ -260,12 +260,12 @@ SEGMENT_TYPE = pa.struct(
         # (both empty when the segment has no routes)
         pa.field("routed_experts", pa.list_(pa.int16()), nullable=False),
         pa.field("routed_experts_shape", pa.list_(pa.int32()), nullable=False),
-        # a teacher's logprobs per token (on-policy distillation); empty when not scored
-        pa.field("teacher_logprobs", pa.list_(pa.float32()), nullable=True),
         # lineage (trajectory/3); nullable so that trajectory/2 files read as roots
         pa.field("parent_segment", pa.int32(), nullable=True),
         pa.field("branch_position", pa.int64(), nullable=True),
         pa.field("branch_kind", pa.string(), nullable=True),
+        # a teacher's logprobs per token (on-policy distillation); empty when not scored, null in older files
+        pa.field("teacher_logprobs", pa.list_(pa.float32()), nullable=True),
     ]
 )
 
@@ -306,12 +306,12 @@ def _segment_to_row(segment: Segment) -> dict[str, Any]:
         "routed_experts_shape": (
             list(segment.routed_experts.shape) if segment.routed_experts is not None else []
         ),
-        "teacher_logprobs": (
-            segment.teacher_logprobs if segment.teacher_logprobs is not None else np.empty(0, np.float32)
-        ),
         "parent_segment": segment.parent_segment,
         "branch_position": segment.branch_position,
         "branch_kind": segment.branch_kind.value,
+        "teacher_logprobs": (
+            segment.teacher_logprobs if segment.teacher_logprobs is not None else np.empty(0, np.float32)
+        ),
     }
 
 
@@ -346,13 +346,13 @@ def _segment_from_row(row: Mapping[str, Any]) -> Segment:
         logprobs=np.asarray(row["logprobs"], dtype=np.float32),
         weight_versions=np.asarray(row["weight_versions"], dtype=np.int32),
         reason=SegmentReason(row["reason"]),
-        teacher_logprobs=(
-            np.asarray(row["teacher_logprobs"], dtype=np.float32) if row.get("teacher_logprobs") else None
-        ),
         # a trajectory/2 file has no lineage: its segments read as roots
         parent_segment=-1 if row.get("parent_segment") is None else row["parent_segment"],
         branch_position=row.get("branch_position") or 0,
         branch_kind=row.get("branch_kind") or BranchKind.ROOT,
+        teacher_logprobs=(
+            np.asarray(row["teacher_logprobs"], dtype=np.float32) if row.get("teacher_logprobs") else None
+        ),
     )
 
 

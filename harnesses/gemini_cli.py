@@ -19,14 +19,14 @@ result's ``stats`` give the request, tool-call and token counts.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from components.trajectory import TrajectoryStatus
-from harnesses.agent_paths import AGENTS_DIR, NODE_PATHS, existing, npm_agent_executable
-from harnesses.blackbox import AgentExit, AgentLaunch, BlackBoxConfig, default_exit_status
+from harnesses.agent_paths import AGENTS_DIR, NODE_PATHS, npm_agent_executable
+from harnesses.agent_spec import AgentSpec, JsonFile
+from harnesses.blackbox import AgentExit, BlackBoxConfig, default_exit_status
 
+GEMINI_EXECUTABLE = npm_agent_executable("gemini")  # a Node bundle (system Node >= 20)
 TURN_LIMIT_EXIT_CODE = 53  # FatalTurnLimitedError (packages/core/src/utils/errors.ts)
 
 
@@ -47,101 +47,97 @@ def _last_json_object(text: str) -> dict[str, Any] | None:
     return found
 
 
-@dataclass(frozen=True)
-class GeminiCliAgent:
-    """``gemini -p PROMPT --output-format json --model M --yolo`` with a settings file in the throwaway HOME."""
-
-    executable: Path = npm_agent_executable("gemini")
-    name: str = "gemini-cli"
-    max_attempts: int = 2  # API attempts per request (its default of 10 with backoff hides a failing proxy)
-
-    def read_only_paths(self) -> tuple[str, ...]:
-        """The npm install and Node (the CLI is a Node bundle)."""
-        return existing([AGENTS_DIR, *NODE_PATHS])
-
-    def settings(self, config: BlackBoxConfig) -> dict[str, Any]:
-        """``$HOME/.gemini/settings.json``."""
-        settings: dict[str, Any] = {
-            "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
-            "privacy": {"usageStatisticsEnabled": False},
-            "telemetry": {"enabled": False},
-            "general": {
-                "disableAutoUpdate": True,
-                "disableUpdateNag": True,
-                "maxAttempts": self.max_attempts,
-            },
-            "model": {"maxSessionTurns": config.max_turns},
-        }
-        if config.max_output_tokens:
-            settings["modelConfigs"] = {
-                "customOverrides": [
-                    {
-                        "match": {"model": "base"},
-                        "modelConfig": {
-                            "generateContentConfig": {"maxOutputTokens": config.max_output_tokens}
-                        },
-                    }
-                ]
-            }
-        return settings
-
-    def launch(
-        self, *, prompt: str, base_url: str, api_key: str, home: str, config: BlackBoxConfig
-    ) -> AgentLaunch:
-        """Headless mode in the workspace; ``--yolo`` because the sandbox is the permission boundary."""
-        return AgentLaunch(
-            argv=(
-                str(self.executable),
-                "-p",
-                prompt,
-                "--output-format",
-                "json",
-                "--model",
-                config.model,
-                "--yolo",
-            ),
-            env={
-                "GOOGLE_GEMINI_BASE_URL": base_url,
-                "GEMINI_API_KEY": api_key,
-                "GEMINI_CLI_NO_RELAUNCH": "true",  # no child process re-spawned with a larger Node heap
-                # Wasm memories (undici's llhttp, tree-sitter) reserve ~10 GB of address space each for
-                # trap-handler bounds checks: under the sandbox's RLIMIT_AS the second one fails to start.
-                # Node's documented switch for running under address-space limits:
-                "NODE_OPTIONS": "--disable-wasm-trap-handler",
-                "NO_COLOR": "1",
-            },
-            home_files={".gemini/settings.json": json.dumps(self.settings(config), indent=2)},
-        )
-
-    def read_exit(
-        self, run: AgentExit, config: BlackBoxConfig
-    ) -> tuple[TrajectoryStatus, str, dict[str, float]]:
-        """The exit code and the JSON result: its ``response`` or ``error``, and its ``stats``."""
-        if run.timed_out:
-            status, reason = default_exit_status(run, config)
-            return status, reason, {}
-        result = _last_json_object(run.stdout) or _last_json_object(run.stderr) or {}
-        stats = result.get("stats") or {}
-        models = (stats.get("models") or {}).values()
-        metrics = {
-            "num_turns": float(sum(int((m.get("api") or {}).get("totalRequests") or 0) for m in models)),
-            "num_tool_calls": float((stats.get("tools") or {}).get("totalCalls") or 0),
-            "num_response_tokens": float(
-                sum(int((m.get("tokens") or {}).get("candidates") or 0) for m in models)
-            ),
-        }
-        error = result.get("error") or {}
-        message = str(error.get("message") or "")[:500]
-        if run.exit_code == TURN_LIMIT_EXIT_CODE or error.get("type") == "FatalTurnLimitedError":
-            return TrajectoryStatus.TURN_LIMIT, f"gemini reached maxSessionTurns {config.max_turns}", metrics
-        if run.exit_code == 0 and "response" in result and not error:
-            return TrajectoryStatus.OK, "", metrics
+def read_gemini_result(
+    run: AgentExit, config: BlackBoxConfig
+) -> tuple[TrajectoryStatus, str, dict[str, float]]:
+    """The exit code and the JSON result: its ``response`` or ``error``, and its ``stats``."""
+    if run.timed_out:
         status, reason = default_exit_status(run, config)
-        if status == TrajectoryStatus.OK:
-            return TrajectoryStatus.AGENT_ERROR, "gemini printed no JSON result", metrics
-        lowered = message.lower()
-        if "context_overflow" in lowered or "context window" in lowered or "413" in lowered:
-            return TrajectoryStatus.CONTEXT_OVERFLOW, f"gemini: {message}", metrics
-        if any(code in lowered for code in ("500", "502", "503", "unavailable", "fetch failed")):
-            return TrajectoryStatus.ENGINE_ERROR, f"gemini: {message}", metrics
-        return status, f"gemini: {message}" if message else reason, metrics
+        return status, reason, {}
+    result = _last_json_object(run.stdout) or _last_json_object(run.stderr) or {}
+    stats = result.get("stats") or {}
+    models = (stats.get("models") or {}).values()
+    metrics = {
+        "num_turns": float(sum(int((m.get("api") or {}).get("totalRequests") or 0) for m in models)),
+        "num_tool_calls": float((stats.get("tools") or {}).get("totalCalls") or 0),
+        "num_response_tokens": float(
+            sum(int((m.get("tokens") or {}).get("candidates") or 0) for m in models)
+        ),
+    }
+    error = result.get("error") or {}
+    message = str(error.get("message") or "")[:500]
+    if run.exit_code == TURN_LIMIT_EXIT_CODE or error.get("type") == "FatalTurnLimitedError":
+        return TrajectoryStatus.TURN_LIMIT, f"gemini reached maxSessionTurns {config.max_turns}", metrics
+    if run.exit_code == 0 and "response" in result and not error:
+        return TrajectoryStatus.OK, "", metrics
+    status, reason = default_exit_status(run, config)
+    if status == TrajectoryStatus.OK:
+        return TrajectoryStatus.AGENT_ERROR, "gemini printed no JSON result", metrics
+    lowered = message.lower()
+    if "context_overflow" in lowered or "context window" in lowered or "413" in lowered:
+        return TrajectoryStatus.CONTEXT_OVERFLOW, f"gemini: {message}", metrics
+    if any(code in lowered for code in ("500", "502", "503", "unavailable", "fetch failed")):
+        return TrajectoryStatus.ENGINE_ERROR, f"gemini: {message}", metrics
+    return status, f"gemini: {message}" if message else reason, metrics
+
+
+def GeminiCliAgent(*, max_attempts: int = 2) -> AgentSpec:
+    """``gemini -p PROMPT --output-format json --model M --yolo`` with ``$HOME/.gemini/settings.json``.
+
+    ``max_attempts``: API attempts per request (its default of 10 with backoff hides a failing proxy).
+    ``--yolo`` because the sandbox, not Gemini CLI, is the permission boundary."""
+    return AgentSpec(
+        name="gemini-cli",
+        paths=(AGENTS_DIR, *NODE_PATHS),
+        argv=(
+            str(GEMINI_EXECUTABLE),
+            "-p",
+            "{prompt}",
+            "--output-format",
+            "json",
+            "--model",
+            "{model}",
+            "--yolo",
+        ),
+        env={
+            "GOOGLE_GEMINI_BASE_URL": "{base_url}",
+            "GEMINI_API_KEY": "{api_key}",
+            "GEMINI_CLI_NO_RELAUNCH": "true",  # no child process re-spawned with a larger Node heap
+            # Wasm memories (undici's llhttp, tree-sitter) reserve ~10 GB of address space each for
+            # trap-handler bounds checks: under the sandbox's RLIMIT_AS the second one fails to start.
+            # Node's documented switch for running under address-space limits:
+            "NODE_OPTIONS": "--disable-wasm-trap-handler",
+            "NO_COLOR": "1",
+        },
+        home_files={
+            ".gemini/settings.json": JsonFile(
+                {
+                    "security": {
+                        "auth": {"selectedType": "gemini-api-key"},
+                        "folderTrust": {"enabled": False},
+                    },
+                    "privacy": {"usageStatisticsEnabled": False},
+                    "telemetry": {"enabled": False},
+                    "general": {
+                        "disableAutoUpdate": True,
+                        "disableUpdateNag": True,
+                        "maxAttempts": max_attempts,
+                    },
+                    "model": {"maxSessionTurns": "{max_turns}"},
+                    # every chat and utility model config extends the ``base`` alias; an unset output
+                    # bound leaves the override empty
+                    "modelConfigs": {
+                        "customOverrides": [
+                            {
+                                "match": {"model": "base"},
+                                "modelConfig": {
+                                    "generateContentConfig": {"maxOutputTokens": "{max_output_tokens}"}
+                                },
+                            }
+                        ]
+                    },
+                }
+            )
+        },
+        exit=read_gemini_result,
+    )

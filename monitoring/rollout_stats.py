@@ -3,7 +3,8 @@
 Keys (every count key is present even when zero, so charts line up across steps):
 - ``rollout/num_trajectories``, ``rollout/num_graded`` (reward not None), ``rollout/num_trainable``;
   ``rollout/reward_mean|std|min|max`` and ``rollout/pass_rate`` (reward == 1) over graded trajectories.
-- ``failures/<status>`` for every non-ok ``TrajectoryStatus``, ``failures/total``.
+- ``failures/<status>`` for every non-ok ``TrajectoryStatus``, ``failures/total``, and
+  ``failures/grading_error/<kind>`` for every ``components.errors.GRADING_ERROR_KINDS`` (what part failed).
 - ``segments/total``, ``segments/per_trajectory_mean``, ``segments/<reason>`` for every ``SegmentReason``.
 - ``tokens/sampled_total|sampled_mean|prompt_total`` from the segments' loss masks.
 - ``agent/<metric>``: the mean over trajectories where the agent ran (it has tokens or messages) of each
@@ -29,6 +30,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from components.errors import GRADING_ERROR_KINDS, grading_error_kind
 from components.trajectory import SegmentReason, Trajectory, TrajectoryStatus
 
 PASS_REWARD = 1.0
@@ -86,6 +88,12 @@ def failure_counts(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     counts = Counter(t.status for t in trajectories)
     out = {f"failures/{s.value}": float(counts[s]) for s in TrajectoryStatus if s != TrajectoryStatus.OK}
     out["failures/total"] = float(sum(n for s, n in counts.items() if s != TrajectoryStatus.OK))
+    kinds = Counter(
+        grading_error_kind(t.failure_reason)
+        for t in trajectories
+        if t.status == TrajectoryStatus.GRADING_ERROR
+    )
+    out.update({f"failures/grading_error/{kind}": float(kinds[kind]) for kind in GRADING_ERROR_KINDS})
     return out
 
 

@@ -2,6 +2,7 @@
 
     python recipes/swe_grpo.py                             # SmolLM2-135M, 2 tasks × 2 samples, 2 steps (CPU)
     python recipes/swe_grpo.py --harness mini_swe_agent    # the same run with an unmodified black-box agent
+    python recipes/swe_grpo.py --harness claude_code,codex,opencode   # one policy across agents (or claude_code:2,codex:1)
     python recipes/swe_grpo.py --engine sglang --sglang-url http://HOST:30000 --trainer-use-gpu true
     python recipes/swe_grpo.py --rollout-mode async --max-staleness 2   # rollouts overlap training
     python recipes/swe_grpo.py --tasks swebench:rows.parquet --images IMAGES_DIR   # a SWE-bench-format set
@@ -31,28 +32,69 @@ from components.launch import (
 from components.loop import run_recipe_loop
 from components.protocols import Harness
 from components.recipe_config import option, slot
-from components.registry import HARNESSES, REWARDS
+from components.registry import REWARDS
 from components.rewards.config import HiddenTestsRewardConfig, RewardBrickConfig
 from components.rollout import RolloutConfig, RolloutRunner
+from components.rollout.mixture import HarnessMix
 from components.tasks import SweGrader, load_builtin_tasks
 from components.tasks.swe import python_tool_paths
 from components.tasks.swebench import R2E_TESTS_PATH, SnapshotPrefetcher, load_task_set
 from components.tasks.swebench_grading import SweBenchGrader
-from harnesses.blackbox import HarnessBrickConfig
-from harnesses.swe_agent import SweAgentBrickConfig
 from sandboxes import BwrapSandbox
 from sandboxes.image import ImageSandboxConfig, ImageSandboxProvider
+
+
+def _black_box_agents():
+    """The unmodified agents by the name a user types (each builds its ``AgentSpec``)."""
+    from harnesses.claude_code import ClaudeCodeAgent
+    from harnesses.codex import CodexAgent
+    from harnesses.mini_swe_agent import MiniSweAgent
+    from harnesses.openclaw import OpenClawAgent
+    from harnesses.opencode import OpencodeAgent
+    from harnesses.qwen_code import QwenCodeAgent
+
+    return {
+        "mini_swe_agent": lambda config: MiniSweAgent(),
+        "claude_code": lambda config: ClaudeCodeAgent(bare=config.claude_code_bare),
+        "codex": lambda config: CodexAgent(),
+        "opencode": lambda config: OpencodeAgent(),
+        "openclaw": lambda config: OpenClawAgent(),
+        "qwen_code": lambda config: QwenCodeAgent(),
+    }
+
+
+HARNESSES = ("swe_agent", "mini_swe_agent", "claude_code", "codex", "opencode", "openclaw", "qwen_code")
+
+
+def harness_weights(spec: str) -> dict[str, float]:
+    """``claude_code,codex`` or ``claude_code:2,codex:1`` → harness name → weight (default 1)."""
+    weights: dict[str, float] = {}
+    for item in spec.split(","):
+        name, _, weight = item.strip().partition(":")
+        require(name in HARNESSES, "harness", f"{name!r} is not one of {HARNESSES} (in {spec!r})")
+        require(name not in weights, "harness", f"{name!r} is named twice in {spec!r}")
+        try:
+            weights[name] = float(weight) if weight else 1.0
+        except ValueError:
+            weights[name] = -1.0
+        require(weights[name] > 0, "harness", f"the weight of {name!r} must be a number > 0 (in {spec!r})")
+    return weights
 
 
 @dataclass(kw_only=True, frozen=True)
 class SweGrpoConfig(RunConfig):
     """The SWE GRPO run (fields shared by all recipes: see ``RunConfig``)."""
 
-    harness: HarnessBrickConfig = slot(
-        HARNESSES,
-        SweAgentBrickConfig(),
-        "the agent: white-box swe_agent, or black-box mini_swe_agent / claude_code / codex, or a registered one",
+    harness: str = option(
+        "swe_agent",
+        "the agent: white-box swe_agent, or black-box mini_swe_agent / claude_code / codex / opencode / openclaw /"
+        " qwen_code; several, comma-separated with optional weights (claude_code:2,codex:1), split the GRPO"
+        " groups between them",
     )
+    harness_mix_within_groups: bool = option(
+        False, "with several harnesses: spread each group's samples over them (default: a group, one harness)"
+    )
+    claude_code_bare: bool = option(True, "claude_code: --bare mode (~1k prompt tokens instead of ~20k)")
     num_tasks: int = option(2, "tasks (GRPO groups) per step, taken in order from the task list")
     task_ids: tuple[str, ...] = option((), "comma-separated built-in task ids to train on (default: all 45)")
     tasks: str = option("builtin", "builtin, swebench:PATH or r2e:PATH (Parquet / JSONL rows)")
@@ -72,18 +114,33 @@ class SweGrpoConfig(RunConfig):
         require_positive(self.num_tasks, "num_tasks")
         require_positive(self.max_turns, "max_turns")
         require_positive(self.wall_time_s, "wall_time_s")
+        harness_weights(self.harness)  # raises naming the field
 
 
-def build_harness(config: SweGrpoConfig) -> tuple[Harness, tuple[str, ...]]:
-    """The harness the config's ``harness`` brick builds, and the host paths its sandboxes need read-only (kept
-    warm by the pool)."""
-    harness = config.harness.build(
-        max_turns=config.max_turns,
-        wall_time_s=config.wall_time_s,
-        max_tokens=config.sampling.max_tokens,
-        temperature=config.sampling.temperature,
+def build_harness(config: SweGrpoConfig, name: str) -> tuple[Harness, tuple[str, ...]]:
+    """The harness ``name``, and the host paths its sandboxes need read-only (kept warm by the pool)."""
+    if name == "swe_agent":
+        from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
+
+        agent_config = SweAgentConfig(
+            max_turns=config.max_turns,
+            wall_time_s=config.wall_time_s,
+            max_tokens=config.sampling.max_tokens,
+            temperature=config.sampling.temperature,
+        )
+        return SweAgentHarness(agent_config), python_tool_paths()
+    from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
+
+    agent = _black_box_agents()[name](config)
+    harness = BlackBoxHarness(
+        agent,
+        BlackBoxConfig(
+            max_turns=config.max_turns,
+            wall_time_s=config.wall_time_s,
+            max_output_tokens=config.sampling.max_tokens,
+        ),
     )
-    return harness, (*python_tool_paths(), *config.harness.read_only_paths())
+    return harness, (*python_tool_paths(), *agent.read_only_paths())
 
 
 def load_tasks(config: SweGrpoConfig) -> list:
@@ -125,23 +182,32 @@ async def swebench_sandboxes(config: SweGrpoConfig, stack: RunStack, tasks: list
 async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
     tasks = load_tasks(config)
     run = RunDirectory.create(config, recipe=recipe)
-    harness, sandbox_paths = build_harness(config)
+    harnesses = {name: build_harness(config, name) for name in harness_weights(config.harness)}
+    sandbox_paths = tuple(dict.fromkeys(path for _, paths in harnesses.values() for path in paths))
     async with RunStack.start(config, run, sandbox_paths=sandbox_paths) as stack, AsyncExitStack() as images:
         # Grading gets fresh sandboxes of its own, never the agent's.
         sandboxes, grader = stack.sandboxes, SweGrader(BwrapSandbox.create)
         if config.tasks != "builtin":
             sandboxes, grader = await swebench_sandboxes(config, stack, tasks, sandbox_paths, images)
         grader, group_reward, reward_weights = config.reward.build(grader)
-        runner = RolloutRunner(
-            RolloutConfig(group_size=config.group_size, max_concurrency=config.rollout.max_concurrency),
-            harness=harness,
-            sandboxes=sandboxes,
-            sessions=stack.sessions,
-            proxy_url=stack.proxy_url,
-            session_keys=stack.session_keys,
-            grader=grader,
-            group_reward=group_reward,
-            reward_weights=reward_weights,
+        runners = {
+            RolloutRunner(
+                RolloutConfig(group_size=config.group_size, max_concurrency=config.rollout.max_concurrency),
+                harness=harness,
+                sandboxes=sandboxes,
+                sessions=stack.sessions,
+                proxy_url=stack.proxy_url,
+                session_keys=stack.session_keys,
+                grader=grader,
+                group_reward=group_reward,
+                reward_weights=reward_weights,
+            ): harness_weights(config.harness)[name]
+            for name, (harness, _) in harnesses.items()
+        }
+        runner = (
+            next(iter(runners))
+            if len(runners) == 1
+            else HarnessMix(runners, within_groups=config.harness_mix_within_groups)
         )
         await run_recipe_loop(
             config,

@@ -36,16 +36,19 @@ END_TO_END = {
     "python recipes/swe_grpo.py --model tiny --num-steps 1": (
         "tests/recipes/test_ray_job.py::test_ray_job_submit_runs_one_swe_step"
     ),
+    "python recipes/swe_grpo.py --harness swe_agent,mini_swe_agent": (
+        "tests/recipes/test_recipes.py::test_mixed_harness_recipe_one_step"
+    ),
     "python recipes/swe_grpo.py --harness mini_swe_agent": (
         "tests/recipes/test_ray_job.py::test_ray_job_submit_runs_one_swe_step"
     ),
     "python recipes/swe_grpo.py --algorithm dr_grpo": (
         "tests/recipes/test_judge_recipe.py::test_swe_recipe_trains_on_judge_rewards"
     ),
-    "python recipes/tictactoe_grpo.py --model tiny --distillation-teachers M --distillation-kl-weight 0.5": (
+    "python recipes/temporal_clue_grpo.py --model tiny --distillation-teachers M --distillation-kl-weight 0.5": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
     ),
-    "python recipes/tictactoe_grpo.py --model tiny --algorithms-grpo-loss-importance-sampling icepop "
+    "python recipes/temporal_clue_grpo.py --model tiny --algorithms-grpo-loss-importance-sampling icepop "
     "--rollout-dynamic-sampling-enabled true --trainer-overlong-mode penalty": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
     ),
@@ -60,6 +63,10 @@ END_TO_END = {
     '\'{"excludes": [".venv", ".models", ".agents", "runs"], "env_vars": {"REIN_MODELS_DIR": "/abs/path/.models"}}\' '
     "-- python recipes/swe_grpo.py --run-dir /shared/runs/x": (
         "tests/recipes/test_ray_job.py::test_ray_job_submit_runs_one_swe_step"
+    ),
+    "python recipes/swe_grpo.py --model M --run-dir RUN_DIR --engine vllm --vllm-url http://GPU:8000 "
+    "--num-steps 1 --num-tasks 1 --group-size 2 --max-turns 2": (
+        "tests/recipes/test_swe_grpo_vllm.py::test_swe_grpo_one_step_on_a_real_vllm_server"
     ),
     "python recipes/swe_grpo.py --model M --run-dir RUN_DIR --engine sglang --sglang-url http://GPU:30000 "
     "--sglang-api-key KEY --sglang-admin-api-key ADMIN_KEY --num-steps 2 --num-tasks 1 --group-size 2 "
@@ -161,7 +168,9 @@ def test_the_table_lists_exactly_the_readme_commands():
 def test_readme_command_parses_with_its_programs_parser(command, placeholders):
     _, known_flags, argv = parse(command, placeholders)
     shown = {token for token in argv if token.startswith("--")}
-    assert shown <= known_flags, f"not a flag of its own (argparse would take an abbreviation): {shown - known_flags}"
+    assert shown <= known_flags, (
+        f"not a flag of its own (argparse would take an abbreviation): {shown - known_flags}"
+    )
 
 
 def _recipe_config(recipe: str) -> type:

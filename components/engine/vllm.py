@@ -54,6 +54,7 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from components.config import require, require_non_negative, require_one_of, require_positive
+from components.engine.policy_view import PolicyView
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
 from components.protocols import FinishReason, GenerationResult, SamplingParams
@@ -148,7 +149,8 @@ class VLLMEngine:
         self._logprobs_mode = config.logprobs_mode
         self._weight_version = config.initial_weight_version
         self._update_lock: asyncio.Lock | None = None
-        self._lora: tuple[str, int] | None = None  # (loaded adapter name, its version)
+        # policy ("" = the engine-wide adapter) → (loaded adapter name, its version)
+        self._loras: dict[str, tuple[str, int]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # An open HTTP client (sockets, its event loop) cannot travel to another process: the copy opens its own.
@@ -282,8 +284,11 @@ class VLLMEngine:
             )
         return self._logprobs_mode
 
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
-        """One ``/inference/v1/generate`` call; every output token comes back with its logprob and version."""
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> GenerationResult:
+        """One ``/inference/v1/generate`` call; every output token comes back with its logprob and version.
+        ``adapter``: the policy (``policy(name)``) whose adapter serves it; None: the engine-wide one."""
         prompt = [int(token) for token in input_ids]
         require(len(prompt) > 0, "input_ids", "must not be empty")
         require(min(prompt) >= 0, "input_ids", "token ids must be >= 0")
@@ -295,7 +300,7 @@ class VLLMEngine:
         )
         if len(prompt) >= self.context_window:
             raise ContextOverflowError(num_prompt_tokens=len(prompt), context_window=self.context_window)
-        lora = self._lora
+        lora = self._loras.get(adapter or "")  # the adapter named now serves the whole request
         payload = self.generate_payload(prompt, params, model=lora[0] if lora else None)
         reply = await self._request("POST", "/inference/v1/generate", json=payload)
         result = self.parse_generate_reply(reply, prompt)
@@ -361,28 +366,42 @@ class VLLMEngine:
         await self._request("POST", "/update_weight_version", json={"new_version": str(int(version))})
         self._weight_version = int(version)
 
-    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> None:
-        """``LoraServingEngine``: load the PEFT folder under its folder name, serve later requests with it as
-        ``version``, then unload the previous adapter (requests already using it keep their name)."""
+    async def load_lora_adapter(self, lora_path: str | Path, version: int, *, policy: str = "") -> None:
+        """``LoraServingEngine``: load the PEFT folder under its folder name, serve later requests of ``policy``
+        ("" = the engine-wide adapter) with it as ``version``, then unload that policy's previous adapter."""
         name = Path(lora_path).name
-        async with self.update_lock:
-            await self._request(
-                "POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(lora_path)}
+        owners = [owner for owner, (loaded, _) in self._loras.items() if loaded == name and owner != policy]
+        if owners:
+            raise EngineError(
+                f"adapter name {name!r} already serves policy {owners[0]!r}; load it under a new name"
             )
-            previous, self._lora = self._lora, (name, int(version))
-            self._weight_version = int(version)
+        async with self.update_lock:
+            body = {"lora_name": name, "lora_path": str(lora_path)}
+            await self._request("POST", "/v1/load_lora_adapter", json=body)
+            previous, self._loras[policy] = self._loras.get(policy), (name, int(version))
+            if not policy:
+                self._weight_version = int(version)
             if previous is not None and previous[0] != name:
                 await self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": previous[0]})
 
-    async def unload_lora_adapter(self) -> None:
-        """Unload the engine's adapter: later requests are served by the base weights (at its version)."""
+    async def unload_lora_adapter(self, *, policy: str = "") -> None:
+        """Unload ``policy``'s adapter: its later requests are served by the base weights."""
         async with self.update_lock:
-            if self._lora is not None:
-                name, self._lora = self._lora[0], None
-                await self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
-                self._weight_version = self._parse_version(
-                    (await self._request("GET", "/weight_info")).get("weight_version")
-                )
+            loaded = self._loras.pop(policy, None)
+            if loaded is not None:
+                await self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": loaded[0]})
+            if not policy:
+                reply = await self._request("GET", "/weight_info")
+                self._weight_version = self._parse_version(reply.get("weight_version"))
+
+    def policy(self, name: str) -> VLLMPolicy:
+        """Multi-LoRA: the view of this server that serves policy ``name`` with its own adapter and versions."""
+        return VLLMPolicy(self, name)
+
+    def adapter_version(self, name: str) -> int:
+        """The version of policy ``name``'s adapter (the initial version until its first load)."""
+        loaded = self._loras.get(name)
+        return loaded[1] if loaded is not None else self.config.initial_weight_version
 
     # --- request / reply shapes --------------------------------------------------------------------------
 
@@ -585,3 +604,21 @@ def write_weight_folder(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return final
+
+
+class VLLMPolicy(PolicyView):
+    """One policy's view of a multi-LoRA vLLM server: requests carry this policy's adapter name (``model``) and
+    its tokens this adapter's versions; a disk ``WeightSync`` over it loads only this policy's adapters."""
+
+    def __init__(self, engine: VLLMEngine, name: str) -> None:
+        require(bool(name), "policy", "must be a non-empty name ('' is the engine-wide adapter)")
+        super().__init__(engine, name)
+
+    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> None:
+        await self.engine.load_lora_adapter(lora_path, version, policy=self.name)
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        raise EngineError(
+            f"policy {self.name!r}: the base weights are shared by every policy; push this policy's adapter "
+            "(a LoRA trainer's disk WeightSync calls load_lora_adapter)"
+        )

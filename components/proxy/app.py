@@ -264,7 +264,9 @@ class _ProxyHandlers:
     ) -> Response:
         try:
             session_id = self._authorized_session_id(request)
-            parsed = (parse or protocol.parse)(self._bounded(parse_json_object(await request.body()), protocol))
+            parsed = (parse or protocol.parse)(
+                self._bounded(parse_json_object(await request.body()), protocol)
+            )
         except Exception as error:
             return self._error(protocol, error)
         response_id = protocol.id_prefix + uuid.uuid4().hex[:24]
@@ -350,9 +352,8 @@ class _ProxyHandlers:
         if method == gemini_generate_content.COUNT_TOKENS:
             try:
                 session_id = self._authorized_session_id(request)
-                messages, tools = gemini_generate_content.parse_count_tokens(
-                    parse_json_object(await request.body())
-                )
+                body = self._bounded(parse_json_object(await request.body()), GEMINI)
+                messages, tools = gemini_generate_content.parse_count_tokens(body)
                 num_tokens = await self.registry.count_tokens(session_id, messages, tools)
             except Exception as error:
                 return self._error(GEMINI, error)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from components.config import require_positive
-from components.errors import SandboxBackendDownError
+from components.errors import SandboxBackendDownError, grading_failure_reason
 from components.protocols import (
     GroupReward,
     Harness,
@@ -417,7 +417,9 @@ class RolloutRunner(GroupRollouts):
         if result.log:
             rollout.logs.append(f"=== grading\n{result.log}")
         if result.reward is None:
-            rollout.fail(TrajectoryStatus.GRADING_ERROR, f"grading failed: {result.error}")
+            rollout.fail(
+                TrajectoryStatus.GRADING_ERROR, grading_failure_reason(result.error_kind, result.error)
+            )
             return
         rollout.reward = float(result.reward)
 

@@ -154,6 +154,9 @@ class HiddenTestRun:
     finished: bool = False  # the test process itself reported the end of its pytest session
     foreign_events: int = 0  # events sent by other processes (forks of the test process): ignored
     survivors: bool = False  # processes kept appearing while the observer killed them all
+    collection_errors: tuple[str, ...] = ()  # "nodeid: text" of each file that failed to import or collect
+    flooded: bool = False  # the test process sent more events than the observer keeps
+    skipped: str = ""  # why the observer ran no tests (the tree references the test runner or is unscannable)
 
 
 class SweGrader:
@@ -188,7 +191,11 @@ class SweGrader:
         except _AgentFault as fault:
             return RewardResult(reward=0.0, log=f"agent's repository unusable: {fault}")
         except (SandboxError, GradingError) as error:
-            return RewardResult(reward=None, error=f"reading the agent's diff failed: {error}")
+            return RewardResult(
+                reward=None,
+                error=f"reading the agent's diff failed: {error}",
+                error_kind=error_kind_of(error),
+            )
         return await self.grade_patch(task, diff)
 
     async def grade_patch(self, task: SweTask, patch: str) -> RewardResult:
@@ -200,18 +207,25 @@ class SweGrader:
             log.append(str(fault))
             return RewardResult(reward=0.0, log="\n".join(log))
         except (SandboxError, GradingError, OSError) as error:
-            return RewardResult(reward=None, log="\n".join(log), error=f"{type(error).__name__}: {error}")
+            return RewardResult(
+                reward=None,
+                log="\n".join(log),
+                error=f"{type(error).__name__}: {error}",
+                error_kind=error_kind_of(error),
+            )
         if not report.started:
             return RewardResult(
                 reward=None,
                 log="\n".join(log),
                 error=f"test runner did not start (exit {report.exit_code}): {report.output_tail[-1500:]}",
+                error_kind="observer",
             )
         if report.observer_error:
             return RewardResult(
                 reward=None,
                 log="\n".join(log),
                 error=f"the grader's observer failed: {report.observer_error}",
+                error_kind="observer",
             )
         if report.neutralised:
             log.append(
@@ -241,8 +255,14 @@ class SweGrader:
         if report.survivors:
             log.append("processes of the code under test outlived the observer's kill loop")
             return RewardResult(reward=0.0, log="\n".join(log))
+        if report.flooded:
+            log.append("the test process flooded the observer's channel with events")
+            return RewardResult(reward=0.0, log="\n".join(log))
         if report.timed_out:
             log.append(f"hidden tests timed out after {self.config.test_timeout_s:.0f}s")
+            return RewardResult(reward=0.0, log="\n".join(log))
+        if report.outcomes is None and report.skipped:
+            log.append(f"reward 0: no tests ran: {report.skipped}")
             return RewardResult(reward=0.0, log="\n".join(log))
         if report.outcomes is None:
             log.append(
@@ -256,6 +276,7 @@ class SweGrader:
             )
         reward, summary = compute_reward(task, report.outcomes, partial_credit=self.config.partial_credit)
         log.append(summary)
+        log.extend(collection_error_lines(report))
         if not report.finished:
             log.append(
                 f"the test process ended before its session did (exit {report.exit_code}): the tests that did "
@@ -272,7 +293,9 @@ class SweGrader:
         base_commit = task.snapshot().base_commit
         staged = await self._exec(agent_sandbox, [*_SAFE_GIT, "add", "-A"])
         if staged.exit_code == 127:
-            raise GradingError(f"git is not available in the agent's sandbox: {staged.stderr[-500:]}")
+            raise GradingError(
+                f"git is not available in the agent's sandbox: {staged.stderr[-500:]}", kind="tooling"
+            )
         if staged.exit_code != 0:
             raise _AgentFault(f"git add failed (exit {staged.exit_code}): {staged.stderr[-500:]}")
         diff = await self._exec(
@@ -316,7 +339,8 @@ class SweGrader:
                 )
                 if applied.exit_code == 127:
                     raise GradingError(
-                        f"git is not available in the grading sandbox: {applied.stderr[-500:]}"
+                        f"git is not available in the grading sandbox: {applied.stderr[-500:]}",
+                        kind="tooling",
                     )
                 if applied.exit_code != 0:
                     raise _AgentFault(f"the agent's diff does not apply: {applied.stderr.strip()[-1000:]}")
@@ -344,7 +368,13 @@ class SweGrader:
         await sandbox.write_file(f"{grader_dir}/runner.py", self.runner_source)
         await sandbox.write_file(f"{grader_dir}/bundle.json", json.dumps(self.runner_bundle(task, nonce)))
         result = await sandbox.exec(
-            [self.config.python_executable, "-I", f"{grader_dir}/runner.py", f"{grader_dir}/bundle.json"],
+            [
+                self.config.python_executable,
+                "-I",
+                "-B",
+                f"{grader_dir}/runner.py",
+                f"{grader_dir}/bundle.json",
+            ],
             timeout_s=self.config.test_timeout_s + self.config.observer_grace_s,
             env={"PYTHONHASHSEED": "0"},
         )
@@ -377,6 +407,13 @@ class SweGrader:
             finished=bool(verdict.get("finished")),
             foreign_events=int(verdict.get("foreign_events") or 0),
             survivors=bool(verdict.get("survivors")),
+            flooded=bool(verdict.get("flooded")),
+            skipped=str(verdict.get("skipped") or ""),
+            collection_errors=tuple(
+                f"{error.get('nodeid', '')}: {error.get('text', '')}"
+                for error in verdict.get("collection_errors") or ()
+                if isinstance(error, dict)
+            ),
         )
 
     async def _exec(self, sandbox: Sandbox, command: list[str]) -> ExecResult:
@@ -385,11 +422,18 @@ class SweGrader:
     async def _checked(self, sandbox: Sandbox, command: list[str], what: str) -> ExecResult:
         result = await self._exec(sandbox, command)
         if result.exit_code != 0:
-            raise GradingError(f"{what} failed (exit {result.exit_code}): {result.stderr[-500:]}")
+            raise GradingError(
+                f"{what} failed (exit {result.exit_code}): {result.stderr[-500:]}", kind="sandbox"
+            )
         return result
 
 
 _TAMPERING = "references the test runner"
+
+
+def collection_error_lines(run: HiddenTestRun) -> list[str]:
+    """One log line per test file that failed to import or collect, with pytest's own error text."""
+    return [f"collection error in {error}" for error in run.collection_errors]
 
 
 def _verify(nonce: str, kind: str, line: str) -> dict | None:
@@ -406,6 +450,15 @@ def _verify(nonce: str, kind: str, line: str) -> dict | None:
     except ValueError:
         return None
     return payload if isinstance(payload, dict) else None
+
+
+def error_kind_of(error: Exception) -> str:
+    """The ``GRADING_ERROR_KINDS`` entry of an exception that ended grading without a verdict."""
+    if isinstance(error, SandboxError):
+        return "sandbox"
+    if isinstance(error, GradingError):
+        return error.kind
+    return "grader"
 
 
 class _AgentFault(Exception):

@@ -67,8 +67,20 @@ VERDICT_PREFIX = "REIN-GRADER-VERDICT"
 PLACEHOLDER = "# hidden tests: the grader serves this module from memory\n"
 _REMOVED_NAMES = {"conftest.py", "sitecustomize.py", "usercustomize.py"}
 _REMOVED_SUFFIXES = (".pth", ".pyc", ".pyo")
-_CONFIG_NAMES = {"pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", ".pytest.ini"}
+# What pytest and Python's start-up read besides the code under test, by role (see read_by_the_test_runner).
+_CONFIG_SUFFIXES = (
+    ".ini",
+    ".cfg",
+    ".toml",
+)  # pytest.ini, .pytest.ini, tox.ini, setup.cfg, pyproject.toml, ...
+_STARTUP_MODULES = {"conftest", "sitecustomize", "usercustomize"}  # as modules or packages
+_METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")  # entry points (pytest11 plugins), finders
+_BYTECODE_SUFFIXES = (".pyc", ".pyo")
 _OUTPUT_TAIL_CHARS = 4000
+_COLLECTION_ERROR_CHARS = 2000  # the tail of each collection error's text kept in the verdict
+_MAX_COLLECTION_ERRORS = 20
+_MAX_NODEID_CHARS = 1000
+_MAX_EVENTS = 30_000  # test phase events kept (three per test); more marks the run as flooded (reward 0)
 _SAFE_GIT = ["git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false"]
 
 
@@ -89,6 +101,22 @@ def is_test_file(relative):
         or name.endswith("_test.py")
         or "/tests/" in f"/{relative}"
         or "/test/" in f"/{relative}"
+    )
+
+
+def read_by_the_test_runner(relative):
+    """Whether pytest or the interpreter reads ``relative`` as its own configuration or start-up code rather than
+    as the code under test: any ``*.ini``/``*.cfg``/``*.toml`` file (every file pytest may take as its inifile,
+    dotted variants included), ``conftest``/``sitecustomize``/``usercustomize`` (modules or packages), ``*.pth``,
+    package metadata (``*.dist-info``/``*.egg-info``: entry points, ``*.egg-link``) and bytecode caches
+    (``__pycache__``, ``*.pyc``/``*.pyo``). Such files are restored to the base (or removed) before grading."""
+    parts = relative.split("/")
+    name = parts[-1]
+    return (
+        name.endswith(_CONFIG_SUFFIXES)
+        or name.endswith((".pth", *_BYTECODE_SUFFIXES))
+        or any(part.removesuffix(".py") in _STARTUP_MODULES for part in parts)
+        or any(part.endswith(_METADATA_SUFFIXES) or part == "__pycache__" for part in parts)
     )
 
 
@@ -149,7 +177,7 @@ def scan_tree(workspace, runner_pattern, reach_pattern):
     report["changed"] = len(changed)
     for relative, data in changed:
         path = os.path.join(workspace, relative)
-        if is_test_file(relative) or relative.rsplit("/", 1)[-1] in _CONFIG_NAMES:
+        if is_test_file(relative) or read_by_the_test_runner(relative):
             if relative in base:
                 with open(path, "wb") as handle:
                     handle.write(_git(workspace, "cat-file", "blob", base[relative]))
@@ -229,26 +257,41 @@ def kill_everything_else(deadline_s=10.0):
     return False
 
 
+_PHASES = ("setup", "call", "teardown")
+
+
+def is_plain_pass(event):
+    """A phase that reported ``passed``, raised nothing at all (``call.excinfo`` was None: no skip, xfail,
+    failure or any other outcome exception, however it was raised) and was not expected to fail."""
+    return event.get("outcome") == "passed" and not event.get("raised") and not event.get("xfail")
+
+
 def outcomes_from_events(events):
-    """``passed`` only when setup, call and teardown all reported passed; a test with any failed phase is
-    ``failed`` (call) or ``error`` (setup/teardown); skips are ``skipped``/``xfailed``."""
+    """``passed`` only for a plain pass of setup, call and teardown (``is_plain_pass``); otherwise ``failed``
+    (only the call failed), ``error`` (setup/teardown failed), ``xfailed``, ``skipped``, ``xpassed`` (an
+    unexpected pass), ``raised`` (a phase raised, yet its report says passed: a plugin changed it) or
+    ``incomplete`` (the process died or was stopped inside the test, or a phase never reported)."""
     phases = {}
     for event in events:
         phases.setdefault(event["nodeid"], {})[event["when"]] = event
     outcomes = {}
     for nodeid, seen in phases.items():
-        failed = [
-            when for when in ("setup", "call", "teardown") if seen.get(when, {}).get("outcome") == "failed"
-        ]
+        failed = [when for when in _PHASES if seen.get(when, {}).get("outcome") == "failed"]
         skipped = [event for event in seen.values() if event.get("outcome") == "skipped"]
         if failed:
             outcomes[nodeid] = "failed" if failed == ["call"] else "error"
         elif skipped:
             outcomes[nodeid] = "xfailed" if any(event.get("xfail") for event in skipped) else "skipped"
-        elif all(seen.get(when, {}).get("outcome") == "passed" for when in ("setup", "call", "teardown")):
+        elif any(when not in seen for when in _PHASES):
+            outcomes[nodeid] = "incomplete"
+        elif all(is_plain_pass(seen[when]) for when in _PHASES):
             outcomes[nodeid] = "passed"
+        elif any(seen[when].get("xfail") for when in _PHASES):
+            outcomes[nodeid] = "xpassed"
+        elif all(seen[when].get("outcome") == "passed" for when in _PHASES):
+            outcomes[nodeid] = "raised"
         else:
-            outcomes[nodeid] = "incomplete"  # the process died (or was stopped) inside this test
+            outcomes[nodeid] = "incomplete"
     return outcomes
 
 
@@ -259,7 +302,11 @@ def observe(bundle, nonce):
     verdict = {"outcomes": {}, "collection_errors": [], "timed_out": False, "exit_code": None}
     if bundle.get("pytest_args") is not None:  # repository mode: the host restored the tree itself
         return run_test_process(bundle, workspace, {}, verdict)
-    verdict["scan"] = scan_tree(workspace, runner_pattern, reach_pattern)
+    try:
+        verdict["scan"] = scan_tree(workspace, runner_pattern, reach_pattern)
+    except (RecursionError, OSError, UnicodeError) as error:  # a tree the patch made (too deep, odd names)
+        verdict["skipped"] = f"the patched tree cannot be scanned: {type(error).__name__}: {error}"[:1000]
+        return verdict
     if bundle.get("skip_tests_on_tampering") and verdict["scan"]["test_runner"]:
         verdict["skipped"] = "the patched tree references the test runner"
         return verdict
@@ -292,6 +339,7 @@ def run_test_process(bundle, workspace, hidden, verdict):
         [
             sys.executable,
             "-I",
+            "-B",  # -I ignores PYTHONDONTWRITEBYTECODE: no bytecode of the agent's code is written or kept
             os.path.abspath(__file__),
             "--test-process",
             str(source_read),
@@ -341,7 +389,7 @@ def run_test_process(bundle, workspace, hidden, verdict):
     verdict["finished"] = collector.finished
     verdict["foreign_events"] = collector.foreign_events
     verdict["exit_code"] = child.poll()
-    verdict["outcomes"] = outcomes_from_events(collector.events)
+    verdict["outcomes"] = {} if verdict.get("flooded") else outcomes_from_events(collector.events)
     verdict["output_tail"] = collector.output.decode("utf-8", "replace")
     return verdict
 
@@ -377,26 +425,33 @@ class _EventCollector:
             return
         if self.finished:
             return  # nothing after the end of the session counts
+        if len(self.events) >= _MAX_EVENTS:
+            self.verdict["flooded"] = True  # the test process sent more than any test run does: a 0
+            return
         try:
             event = json.loads(data)
             kind = event.get("kind")
             if kind == "done":
                 self.finished = True
             elif kind == "collect":
-                self.verdict["collection_errors"].append(str(event["nodeid"]))
+                errors = self.verdict["collection_errors"]
+                if len(errors) < _MAX_COLLECTION_ERRORS:
+                    text = str(event.get("text", ""))[-_COLLECTION_ERROR_CHARS:]
+                    errors.append({"nodeid": str(event["nodeid"])[:_MAX_NODEID_CHARS], "text": text})
             elif kind == "tampered":
                 self.verdict.setdefault("tampered", []).extend(str(name) for name in event["names"])
             else:
                 self.events.append(
                     {
-                        "nodeid": str(event["nodeid"]),
+                        "nodeid": str(event["nodeid"])[:_MAX_NODEID_CHARS],
                         "when": str(event["when"]),
                         "outcome": str(event["outcome"]),
-                        "xfail": bool(event.get("xfail")),
+                        "xfail": event.get("xfail") is not False,
+                        "raised": event.get("raised") is not False,
                     }
                 )
-        except (ValueError, KeyError, TypeError, AttributeError):
-            pass  # garbage on the channel counts for nothing
+        except Exception:  # noqa: BLE001 - garbage of any shape (too deep: RecursionError) counts for nothing
+            pass
 
 
 def main():
@@ -413,6 +468,164 @@ def main():
         kill_everything_else()
         verdict = {"observer_error": f"{type(error).__name__}: {error}"}
     print(sign(nonce, VERDICT_PREFIX, verdict), flush=True)
+
+
+# -- honest comparisons in the hidden tests ------------------------------------------------------------------
+
+
+class DishonestComparison(AssertionError):
+    """A hidden test compared a value of the agent's own type with one that is not: such a comparison runs the
+    agent's ``__eq__`` (or ``__ne__``, ``__lt__``, ``__contains__``…) against the expected value, so it proves
+    nothing and fails the test."""
+
+
+# Builtin value types and, for each, the C-level copy that turns an instance (of a subclass too) into an exact
+# instance without calling anything the subclass overrides.
+_EXACT = (type(None), bool, int, float, complex, str, bytes)
+_EXACT_COPY = (
+    (bool, bool),
+    (int, int.__index__),
+    (float, float.__float__),
+    (complex, complex.__complex__),
+    (str, str.__str__),
+    (bytes, bytes.__bytes__),
+    (bytearray, bytearray.copy),
+    (list, list.copy),
+    (tuple, lambda value: tuple.__getnewargs__(value)[0]),
+    (dict, dict.copy),
+    (set, set.copy),
+    (frozenset, frozenset.copy),
+)
+_MAX_COMPARED_DEPTH = 64
+_COMPARISONS = {
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "in": lambda a, b: a in b,
+    "not in": lambda a, b: a not in b,
+    "is": lambda a, b: a is b,
+    "is not": lambda a, b: a is not b,
+}
+_AST_OPERATORS = {
+    "Eq": "==", "NotEq": "!=", "Lt": "<", "LtE": "<=", "Gt": ">", "GtE": ">=",
+    "In": "in", "NotIn": "not in", "Is": "is", "IsNot": "is not",
+}  # fmt: skip
+
+
+class HonestComparisons:
+    """Comparisons in hidden tests' ``assert`` statements, made so that a value cannot lie about equality.
+
+    Each operand is first turned into its *canonical* form: values of builtin types, and of their subclasses, are
+    copied into exact builtin values by the builtin types' own C code (a ``str`` subclass whose ``__eq__`` always
+    says yes becomes a plain ``str``), containers element by element. What is left is either foreign (types from
+    outside the workspace: the stdlib, pytest, site-packages) or the agent's own (a type from a module of the
+    workspace, or whose methods were compiled from one). A comparison where exactly one side holds a value of the
+    agent's own type raises ``DishonestComparison`` (for ``in``: an own value looked up in a container that is not
+    the agent's); otherwise the operator runs on the canonical forms. Two values of the agent's own types, or
+    membership in the agent's own container, still run the agent's code: that is the code under test."""
+
+    def __init__(self, workspace, hidden_paths=()):
+        self.workspace = os.path.realpath(workspace) + os.sep
+        self.hidden_paths = {os.path.realpath(path) for path in hidden_paths}  # the tests' own types are not
+
+    def __call__(self, operators, *operands):
+        values = [self.canonical(operand, 0) for operand in operands]
+        for index, operator in enumerate(operators):
+            left, right = values[index], values[index + 1]
+            if operator in ("in", "not in"):  # an own container's membership is the code under test's
+                dishonest = self.holds_own(left) and not self.holds_own(right)
+            else:
+                dishonest = operator not in ("is", "is not") and self.holds_own(left) != self.holds_own(right)
+            if dishonest:
+                raise DishonestComparison(
+                    f"a hidden test compared {type(operands[index]).__name__} with "
+                    f"{type(operands[index + 1]).__name__} using {operator!r}: one side is a value of the "
+                    "code under test's own type, the other is not, so its comparison cannot be trusted"
+                )
+            if not _COMPARISONS[operator](left, right):
+                return False
+        return True
+
+    def canonical(self, value, depth):
+        if depth > _MAX_COMPARED_DEPTH:
+            raise DishonestComparison("a compared value is nested too deeply to compare honestly")
+        if type(value) in _EXACT:
+            return value
+        for kind, copy in _EXACT_COPY:
+            if isinstance(value, kind):
+                exact = copy(value)
+                if kind in (list, tuple):
+                    return kind(self.canonical(item, depth + 1) for item in exact)
+                if kind is dict:
+                    return {
+                        self.canonical(key, depth + 1): self.canonical(item, depth + 1)
+                        for key, item in dict.items(exact)
+                    }
+                if kind in (set, frozenset):
+                    return kind(self.canonical(item, depth + 1) for item in set.__iter__(set(exact)))
+                return exact
+        return value
+
+    def holds_own(self, value, depth=0):
+        """Whether ``value`` (a canonical form) is, or contains, a value of the agent's own type."""
+        if depth > _MAX_COMPARED_DEPTH:
+            return True
+        kind = type(value)
+        if kind in (list, tuple, set, frozenset):
+            return any(self.holds_own(item, depth + 1) for item in value)
+        if kind is dict:
+            return any(self.holds_own(item, depth + 1) for pair in value.items() for item in pair)
+        return kind not in _EXACT and kind not in (bytearray,) and self.is_own_type(kind)
+
+    def is_own_type(self, kind):
+        for klass in kind.__mro__:
+            module = sys.modules.get(getattr(klass, "__module__", "") or "")
+            if self._inside(getattr(module, "__file__", None)):
+                return True
+            for member in vars(klass).values():
+                function = getattr(member, "__func__", member)
+                code = getattr(function, "__code__", None)
+                if code is not None and self._inside(code.co_filename):
+                    return True
+        return False
+
+    def _inside(self, filename):
+        if not filename:
+            return False
+        path = os.path.realpath(filename)
+        return path.startswith(self.workspace) and path not in self.hidden_paths
+
+
+COMPARE_NAME = "@rein_compare"  # not an identifier: no test source can name it
+
+
+class _HonestAsserts(ast.NodeTransformer):
+    """Every comparison inside an ``assert`` becomes a call of ``HonestComparisons`` (operands still evaluated
+    once each, left to right; a chain's later operands are evaluated even when an earlier link is false)."""
+
+    def visit_Assert(self, node):
+        node.test = _CompareCalls().visit(node.test)
+        return node
+
+
+class _CompareCalls(ast.NodeTransformer):
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        operators = ast.Constant(tuple(_AST_OPERATORS[type(op).__name__] for op in node.ops))
+        call = ast.Call(
+            func=ast.Name(COMPARE_NAME, ast.Load()),
+            args=[operators, node.left, *node.comparators],
+            keywords=[],
+        )
+        return ast.copy_location(call, node)
+
+
+def honest_asserts(tree):
+    """``tree`` with every comparison in its ``assert`` statements routed through ``HonestComparisons``."""
+    return ast.fix_missing_locations(_HonestAsserts().visit(tree))
 
 
 # -- the test process ---------------------------------------------------------------------------------------
@@ -490,6 +703,7 @@ def test_process(source_fd, event_fd, options):
 
     by_path = {os.path.join(workspace, relative): source for relative, source in hidden.items()}
     hidden.clear()
+    honest_comparisons = HonestComparisons(workspace, by_path)
 
     class HiddenModule(pytest.Module):
         """A hidden test module compiled from the source received over the pipe, not read from disk."""
@@ -498,9 +712,10 @@ def test_process(source_fd, event_fd, options):
             filename = str(self.path)
             source = by_path[filename]
             dotted = os.path.relpath(filename, workspace)[: -len(".py")].replace("/", ".")
-            tree = ast.parse(source, filename=filename)
+            tree = honest_asserts(ast.parse(source, filename=filename))
             rewrite_asserts(tree, source.encode(), filename, self.config)
             module = types.ModuleType(dotted)
+            module.__dict__[COMPARE_NAME] = honest_comparisons
             module.__file__ = filename
             module.__package__ = dotted.rpartition(".")[0]
             sys.modules[dotted] = module
@@ -519,6 +734,8 @@ def test_process(source_fd, event_fd, options):
 
     global _repository_mode
     _repository_mode = options.get("pytest_args") is not None
+
+    raised = {}  # (nodeid, phase) -> whether the phase raised anything (see pytest_runtest_makereport)
 
     class EventSender:
         def __init__(self):
@@ -551,7 +768,15 @@ def test_process(source_fd, event_fd, options):
 
         def pytest_collectreport(self, report):
             if report.failed:
-                send({"kind": "collect", "nodeid": report.nodeid})
+                text = str(report.longrepr)[-_COLLECTION_ERROR_CHARS:]
+                send({"kind": "collect", "nodeid": report.nodeid, "text": text})
+
+        @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+        def pytest_runtest_makereport(self, item, call):
+            # The outermost wrapper: it sees the report as every other plugin left it, and the phase's raw
+            # CallInfo, whose excinfo says whether anything at all was raised (skip, xfail, any exception).
+            outcome = yield
+            raised[(item.nodeid, call.when)] = call.excinfo is not None or outcome.excinfo is not None
 
         def pytest_runtest_logreport(self, report):
             if report.when == "teardown":  # after fixtures (monkeypatch) undid what the test itself changed
@@ -562,6 +787,8 @@ def test_process(source_fd, event_fd, options):
                 "when": report.when,
                 "outcome": report.outcome,
                 "xfail": hasattr(report, "wasxfail"),
+                # A report that did not come from makereport (a plugin made it up) counts as raised.
+                "raised": raised.pop((report.nodeid, report.when), True),
             }
             send(event)
 

@@ -18,7 +18,8 @@ Where a repository comes from (``RepoSources``):
   * an image: ``images_dir`` holds one OCI layout per image (``skopeo copy docker://NAME:TAG oci:DIR/BASE:TAG``,
     ``BASE`` = the image name's last path component) or a ``docker save`` archive ``DIR/BASE.tar``; the image
     is ``image_name`` or SWE-bench's ``swebench/sweb.eval.x86_64.<instance id, "__" -> "_1776_">:latest``, and
-    ``images.json`` in ``images_dir`` may map instance ids to references explicitly. The repository is the
+    ``images.json`` in ``images_dir`` may map instance ids to references (``oci:DIR:TAG``, ``docker-archive:PATH``)
+    or to plain image names (looked up in the store as ``image_name`` is). The repository is the
     image's ``/testbed``, and the sandbox runs on the image.
   * a local snapshot: ``snapshots_dir/<instance_id>/`` or ``snapshots_dir/<instance_id>.tar.gz`` holding the
     repository at ``base_commit``. With an image as well, the snapshot is the repository and the image the
@@ -261,12 +262,14 @@ class RepoSources:
             return None
         images_dir = Path(self.images_dir)
         mapping_file = images_dir / "images.json"
+        named = instance.image_name or instance.extra.get("image")  # SWE-smith's column, swebench 5's
         if mapping_file.is_file():
             mapping = json.loads(mapping_file.read_text())
             if instance.instance_id in mapping:
                 reference = str(mapping[instance.instance_id])
-                return _resolve_reference(reference, images_dir, instance.instance_id)
-        named = instance.image_name or instance.extra.get("image")  # SWE-smith's column, swebench 5's
+                if reference.partition(":")[0] in _TRANSPORTS:
+                    return _resolve_reference(reference, images_dir, instance.instance_id)
+                named = reference  # a plain image name, looked up in the store as a row's image_name is
         names = (
             [str(named)]
             if named
@@ -299,6 +302,9 @@ class RepoSources:
         raise RowError(
             instance.instance_id, f"no snapshot {instance.instance_id}[.tar.gz] in {self.snapshots_dir}"
         )
+
+
+_TRANSPORTS = ("oci", "docker-archive")  # images.json values naming a layout or archive path explicitly
 
 
 def _resolve_reference(reference: str, images_dir: Path, instance_id: str) -> str:

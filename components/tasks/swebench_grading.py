@@ -7,11 +7,13 @@ Per verdict (``SweBenchGrader.score``):
    ``reject_test_runner_tampering``); other interpreter tricks are flagged in the log.
 3. A **fresh** sandbox from the same image and the same base commit (network off), where the diff is applied
    (``git apply``, then SWE-bench's own fallback ``patch --batch --fuzz=5 -p1``; neither applying earns 0).
-4. Restore: every file ``test_patch`` touches, and every piece of test infrastructure the diff touched
-   (``conftest.py``, ``pytest.ini``, ``tox.ini``, ``setup.cfg``, ``pyproject.toml``, ``*customize.py``,
-   ``*.pth``), goes back to the base commit (or away, if the agent created it); then ``test_patch`` (never
-   shown to the agent) is applied. The environment itself is the image's, read-only: an agent cannot plant
-   anything in site-packages.
+4. Restore: every path of the agent's patch (as ``git apply --numstat -z`` reads it) that pytest or Python reads
+   as its own configuration or start-up code (``grading_runner.read_by_the_test_runner``: ``*.ini``/``*.cfg``/
+   ``*.toml``, ``conftest``/``*customize``, ``*.pth``, package metadata, bytecode), every test file the patch
+   touched that the row's gold ``patch`` does not, and every file ``test_patch`` touches go back to the base
+   commit (or away, if the agent created them); every bytecode cache of the tree is removed; then
+   ``test_patch`` (never shown to the agent) is applied. The environment itself is the image's, read-only: an
+   agent cannot plant anything in site-packages.
 5. A pytest repository's tests (no ``eval_script``, a test command ``python[3] -m pytest ARGS`` or ``pytest
    ARGS``, a pytest-format log parser) run through the project grader's observer
    (``components/tasks/grading_runner.py``, repository mode): the test process sends one event per test phase
@@ -25,9 +27,10 @@ Per verdict (``SweBenchGrader.score``):
    own ``eval_script``, as swebench >= 4 data sets ship, runs that script instead: it restores the tests,
    applies ``test_patch`` and prints swebench's fixed markers, exactly as SWE-bench grades it); the text
    between them is parsed per test id with the ``swebench`` package's own parser for the repository (``PARSER_REGISTRY`` /
-   ``MAP_REPO_TO_PARSER_PY``), and ``swebench.harness.grading.get_eval_tests_report`` +
-   ``get_resolution_status`` decide: reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS test passed
-   (``RESOLVED_FULL``); a test missing from the log counts as failed. The exit code is never trusted.
+   ``MAP_REPO_TO_PARSER_PY``), and ``resolution`` decides: reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS
+   test is exactly ``PASSED`` (``RESOLVED_FULL``; stricter than swebench's ``get_eval_tests_report``, which also
+   passes ``XFAIL`` and a skipped PASS_TO_PASS); a test missing from the log counts as failed. The exit code is
+   never trusted.
 
 Known limits: on the fallback path (SWE-bench's own) the verdict is read from the test output, which code under
 test also writes to, so a forged ``PASSED <id>`` line counts; the random markers only stop it from cutting the
@@ -63,17 +66,21 @@ from components.tasks.grading import (
     SweGrader,
     SweGraderConfig,
     _AgentFault,
+    collection_error_lines,
+    error_kind_of,
     flag_suspicious_diff,
 )
+from components.tasks.grading_runner import is_test_file, read_by_the_test_runner
 from components.tasks.swe import SweTask
 from components.tasks.swebench import R2E_LOG_PARSER, SweBenchTask, parse_r2e_log
 
 _SAFE_GIT = ("git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
 _DIFF_PATHS = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
-_TEST_INFRASTRUCTURE = re.compile(
-    r"(^|/)(conftest\.py|pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml|sitecustomize\.py|usercustomize\.py)$"
-    r"|\.pth$"
+# Every bytecode cache of the tree goes before the tests run (they also run with -B / PYTHONDONTWRITEBYTECODE).
+_REMOVE_BYTECODE = (
+    "find . -path ./.git -prune -o \\( -name __pycache__ -o -name '*.py[co]' \\) -prune -exec rm -rf -- {} +"
 )
+_NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
 # Repositories whose own library code is the test runner: referencing pytest there is the fix, not tampering.
@@ -107,8 +114,11 @@ _SUMMARY_STATUS = {
     "error": "ERROR",
     "skipped": "SKIPPED",
     "xfailed": "XFAIL",
+    "xpassed": "XPASS",
+    "raised": "FAILED",
     "incomplete": "FAILED",
 }
+PASSED = "PASSED"  # the only status that passes (swebench also counts XFAIL, and a skipped PASS_TO_PASS)
 
 
 def pytest_invocation(task: SweBenchTask) -> tuple[str, list[str]] | None:
@@ -199,18 +209,38 @@ def parse_test_log(task: SweBenchTask, log: str) -> dict[str, str]:
     return parser(log, spec)
 
 
-def resolution(task: SweBenchTask, statuses: dict[str, str]) -> tuple[bool, str]:
-    """``(resolved, summary)`` by swebench's ``get_eval_tests_report`` and ``get_resolution_status``."""
-    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
-    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+def passed_strictly(test_id: str, statuses: dict[str, str]) -> bool:
+    """``test_id`` passed: its status is exactly ``PASSED``. An id that swebench's data truncated mid-parameter
+    (more ``[`` than ``]``) matches the ids it prefixes, and passes only when there is one and all are PASSED."""
+    if test_id in statuses:
+        return statuses[test_id] == PASSED
+    if test_id.count("[") > test_id.count("]"):
+        matches = [status for key, status in statuses.items() if key.startswith(test_id)]
+        return bool(matches) and all(status == PASSED for status in matches)
+    return False
 
-    gold = {FAIL_TO_PASS: list(task.instance.fail_to_pass), PASS_TO_PASS: list(task.instance.pass_to_pass)}
-    report = get_eval_tests_report(statuses, gold)
-    status = get_resolution_status(report)
-    failures = report[FAIL_TO_PASS]["failure"] + report[PASS_TO_PASS]["failure"]
+
+def resolution(task: SweBenchTask, statuses: dict[str, str]) -> tuple[bool, str]:
+    """``(resolved, summary)``: resolved iff every FAIL_TO_PASS and PASS_TO_PASS test is exactly ``PASSED``.
+
+    The status names are swebench's ``ResolvedStatus`` (FULL / PARTIAL / NO as ``get_resolution_status`` defines
+    them), but stricter than ``get_eval_tests_report``: an ``XFAIL`` does not pass, a skipped PASS_TO_PASS test is
+    not "maintained", and anything other than ``PASSED`` (``XPASS``, ``SKIPPED``, missing…) fails."""
+    from swebench.harness.constants import ResolvedStatus
+
+    f2p, p2p = list(task.instance.fail_to_pass), list(task.instance.pass_to_pass)
+    f2p_failing = [test_id for test_id in f2p if not passed_strictly(test_id, statuses)]
+    p2p_failing = [test_id for test_id in p2p if not passed_strictly(test_id, statuses)]
+    if not f2p_failing and not p2p_failing:
+        status = ResolvedStatus.FULL.value
+    elif len(f2p_failing) < len(f2p) and not p2p_failing:
+        status = ResolvedStatus.PARTIAL.value
+    else:
+        status = ResolvedStatus.NO.value
+    failures = [f"{test_id} ({statuses.get(test_id, 'missing')})" for test_id in f2p_failing + p2p_failing]
     summary = (
-        f"{status}: FAIL_TO_PASS {len(report[FAIL_TO_PASS]['success'])}/{len(gold[FAIL_TO_PASS])}, "
-        f"PASS_TO_PASS {len(report[PASS_TO_PASS]['success'])}/{len(gold[PASS_TO_PASS])}"
+        f"{status}: FAIL_TO_PASS {len(f2p) - len(f2p_failing)}/{len(f2p)}, "
+        f"PASS_TO_PASS {len(p2p) - len(p2p_failing)}/{len(p2p)}"
         + (f"; failing: {', '.join(failures[:10])}" if failures else "")
     )
     return status == ResolvedStatus.FULL.value, summary
@@ -236,7 +266,11 @@ class SweBenchGrader:
         except _AgentFault as fault:
             return RewardResult(reward=0.0, log=f"agent's repository unusable: {fault}")
         except (SandboxError, GradingError) as error:
-            return RewardResult(reward=None, error=f"reading the agent's diff failed: {error}")
+            return RewardResult(
+                reward=None,
+                error=f"reading the agent's diff failed: {error}",
+                error_kind=error_kind_of(error),
+            )
         return await self.grade_patch(task, diff)
 
     async def grade_patch(self, task: SweBenchTask, patch: str) -> RewardResult:
@@ -252,14 +286,24 @@ class SweBenchGrader:
             spec = await asyncio.to_thread(task.sandbox_spec)
             sandbox = await self._acquire(spec)
         except (SandboxError, OSError, ValueError) as error:
-            return RewardResult(reward=None, log="\n".join(log), error=f"{type(error).__name__}: {error}")
+            return RewardResult(
+                reward=None,
+                log="\n".join(log),
+                error=f"{type(error).__name__}: {error}",
+                error_kind="sandbox",
+            )
         try:
             return await self._grade_in(sandbox, task, patch, log)
         except _AgentFault as fault:
             log.append(str(fault))
             return RewardResult(reward=0.0, log="\n".join(log))
         except (SandboxError, GradingError, OSError) as error:
-            return RewardResult(reward=None, log="\n".join(log), error=f"{type(error).__name__}: {error}")
+            return RewardResult(
+                reward=None,
+                log="\n".join(log),
+                error=f"{type(error).__name__}: {error}",
+                error_kind=error_kind_of(error),
+            )
         finally:
             await self._release(sandbox)
 
@@ -274,7 +318,9 @@ class SweBenchGrader:
                 sandbox, [*_SAFE_GIT, "apply", "--whitespace=nowarn", f"{grader_dir}/agent.patch"]
             )
             if applied.exit_code == 127:
-                raise GradingError(f"git is not available in the grading sandbox: {applied.stderr[-300:]}")
+                raise GradingError(
+                    f"git is not available in the grading sandbox: {applied.stderr[-300:]}", kind="tooling"
+                )
             if applied.exit_code != 0:
                 fuzzy = await self._step(
                     sandbox, ["patch", "--batch", "--fuzz=5", "-p1", "-i", f"{grader_dir}/agent.patch"]
@@ -282,19 +328,28 @@ class SweBenchGrader:
                 if fuzzy.exit_code != 0:
                     raise _AgentFault(f"the agent's diff does not apply: {applied.stderr.strip()[-800:]}")
                 log.append("agent's diff applied with patch --fuzz=5 (git apply refused it)")
-        agent_paths = {match.group(2) for match in _DIFF_PATHS.finditer(patch)}
-        infrastructure = sorted(path for path in agent_paths if _TEST_INFRASTRUCTURE.search(path))
+        # What the patch changed, as git itself reads the patch (any name, binary files included); the paths the
+        # data set's own fix touches are the agent's to change, test files or not.
+        agent_paths = await self._patched_paths(sandbox, grader_dir) if patch.strip() else []
+        owned = {match.group(2) for match in _DIFF_PATHS.finditer(task.instance.patch)}
+        infrastructure = [
+            path
+            for path in agent_paths
+            if read_by_the_test_runner(path) or (is_test_file(path) and path not in owned)
+        ]
         if infrastructure:
             log.append(
-                "FLAGGED: test infrastructure in the diff restored to the base: " + ", ".join(infrastructure)
+                "FLAGGED: test infrastructure and test files in the diff restored to the base: "
+                + ", ".join(infrastructure[:20])
             )
         base = task.snapshot().base_commit
+        await self._checked(sandbox, ["bash", "-c", _REMOVE_BYTECODE], "removing bytecode caches")
         if task.instance.eval_script:
-            for path in infrastructure:
-                await self._restore(sandbox, base, path)
+            await self._restore_paths(sandbox, base, infrastructure)
             return await self._run_eval_script(sandbox, task, grader_dir, log)
-        for path in dict.fromkeys([*task.instance.test_files, *infrastructure]):
-            await self._restore(sandbox, base, path)
+        await self._restore_paths(
+            sandbox, base, list(dict.fromkeys([*task.instance.test_files, *infrastructure]))
+        )
         if task.instance.test_patch.strip():
             await sandbox.write_file(f"{grader_dir}/test.patch", task.instance.test_patch)
             applied = await self._step(
@@ -302,29 +357,40 @@ class SweBenchGrader:
             )
             if applied.exit_code != 0:
                 raise GradingError(
-                    f"test_patch does not apply to the restored tree: {applied.stderr.strip()[-800:]}"
+                    f"test_patch does not apply to the restored tree: {applied.stderr.strip()[-800:]}",
+                    kind="data",
                 )
         invocation = self._observer_invocation(task)
         if invocation is not None:
             return await self._run_observed(sandbox, task, grader_dir, invocation, log)
         start, end = f"REIN-TESTS-START-{secrets.token_hex(12)}", f"REIN-TESTS-END-{secrets.token_hex(12)}"
         script = f"echo {start}; {task.test_command}; echo; echo {end}"
-        result = await sandbox.exec(["bash", "-c", script], timeout_s=self.config.test_timeout_s)
+        result = await sandbox.exec(
+            ["bash", "-c", script], timeout_s=self.config.test_timeout_s, env=_NO_BYTECODE
+        )
         if result.timed_out:
             log.append(f"tests timed out after {self.config.test_timeout_s:.0f} s")
             return RewardResult(reward=0.0, log="\n".join(log))
         output = result.stdout + "\n" + result.stderr
         section = output.split(start, 1)[1].split(end, 1)[0] if start in output and end in output else ""
         if start not in output:
-            raise GradingError(f"the test script did not start (exit {result.exit_code}): {output[-800:]}")
+            raise GradingError(
+                f"the test script did not start (exit {result.exit_code}): {output[-800:]}", kind="sandbox"
+            )
         statuses = parse_test_log(task, section)
         if not statuses and result.exit_code in (126, 127):
-            raise GradingError(f"test command not runnable (exit {result.exit_code}): {output[-800:]}")
-        resolved, summary = resolution(task, statuses)
+            raise GradingError(
+                f"test command not runnable (exit {result.exit_code}): {output[-800:]}", kind="tooling"
+            )
+        resolved, summary = self._resolution(task, statuses)
         log.append(summary)
         if not statuses:
             log.append(f"no test outcome in the log (exit {result.exit_code}): {section[-800:]}")
         return RewardResult(reward=1.0 if resolved else 0.0, log="\n".join(log))
+
+    def _resolution(self, task: SweBenchTask, statuses: dict[str, str]) -> tuple[bool, str]:
+        """Strict resolution (``resolution``): only ``PASSED`` passes."""
+        return resolution(task, statuses)
 
     def _observer_invocation(self, task: SweBenchTask) -> tuple[str, list[str]] | None:
         """How the tests run through the observer; None: the log-parsing fallback."""
@@ -355,10 +421,11 @@ class SweBenchGrader:
         if not run.started:
             raise GradingError(
                 f"the grader's observer did not start under {interpreter} (exit {run.exit_code}): "
-                f"{run.output_tail[-800:]}"
+                f"{run.output_tail[-800:]}",
+                kind="observer",
             )
         if run.observer_error:
-            raise GradingError(f"the grader's observer failed: {run.observer_error}")
+            raise GradingError(f"the grader's observer failed: {run.observer_error}", kind="observer")
         failure = ""
         if run.outcomes is None:
             failure = (
@@ -368,6 +435,8 @@ class SweBenchGrader:
             failure = "the test runner or builtins changed while the tests ran: " + ", ".join(run.tampered)
         elif run.survivors:
             failure = "processes of the code under test outlived the observer's kill loop"
+        elif run.flooded:
+            failure = "the test process flooded the observer's channel with events"
         elif run.timed_out:
             failure = f"tests timed out after {self.config.test_timeout_s:.0f} s"
         elif not run.finished:
@@ -380,9 +449,10 @@ class SweBenchGrader:
             log.append(
                 f"FLAGGED: {run.foreign_events} test events from processes other than the test process"
             )
-        resolved, summary = resolution(task, parse_test_log(task, summary_log(run.outcomes)))
+        resolved, summary = self._resolution(task, parse_test_log(task, summary_log(run.outcomes)))
         log.append("observer: " + summary)
-        if not run.outcomes:
+        log.extend(collection_error_lines(run))
+        if not run.outcomes and not run.collection_errors:
             log.append(f"no test outcome on the observer's channel: {run.output_tail[-800:]}")
         return RewardResult(reward=1.0 if resolved else 0.0, log="\n".join(log))
 
@@ -395,29 +465,72 @@ class SweBenchGrader:
 
         await sandbox.write_file(f"{grader_dir}/eval.sh", task.instance.eval_script)
         result = await sandbox.exec(
-            ["bash", "-c", f"bash {grader_dir}/eval.sh 2>&1"], timeout_s=self.config.test_timeout_s
+            ["bash", "-c", f"bash {grader_dir}/eval.sh 2>&1"],
+            timeout_s=self.config.test_timeout_s,
+            env=_NO_BYTECODE,
         )
         if result.timed_out:
             log.append(f"eval script timed out after {self.config.test_timeout_s:.0f} s")
             return RewardResult(reward=0.0, log="\n".join(log))
         output = result.stdout + result.stderr
-        if START_TEST_OUTPUT not in output or END_TEST_OUTPUT not in output:
+        if START_TEST_OUTPUT not in output:  # it broke before any code of the agent ran: the data's fault
             raise GradingError(
-                f"eval script printed no test-output markers (exit {result.exit_code}): {output[-800:]}"
+                f"eval script printed no test-output markers (exit {result.exit_code}): {output[-800:]}",
+                kind="data",
             )
+        if END_TEST_OUTPUT not in output:
+            return self._unfinished_eval_script(output, result.exit_code, log)
         section = output.split(START_TEST_OUTPUT)[1].split(END_TEST_OUTPUT)[0]
-        resolved, summary = resolution(task, parse_test_log(task, section))
+        resolved, summary = self._resolution(task, parse_test_log(task, section))
         log.append("eval_script: " + summary)
         return RewardResult(reward=1.0 if resolved else 0.0, log="\n".join(log))
 
-    async def _restore(self, sandbox: Sandbox, base: str, path: str) -> None:
-        if PurePosixPath(path).is_absolute() or ".." in PurePosixPath(path).parts:
-            raise _AgentFault(f"path outside the repository in the diff: {path!r}")
-        exists = await self._step(sandbox, [*_SAFE_GIT, "cat-file", "-e", f"{base}:{path}"])
-        if exists.exit_code == 0:
-            await self._checked(sandbox, [*_SAFE_GIT, "checkout", base, "--", path], f"restoring {path}")
-        else:
-            await self._checked(sandbox, ["rm", "-rf", "--", path], f"removing {path}")
+    def _unfinished_eval_script(self, output: str, exit_code: int, log: list[str]) -> RewardResult:
+        """The tests started (the start marker is there) and never let the script reach its end marker: the code
+        under test killed or exited it, or printed past the output cap. Its 0, not a grading error."""
+        log.append(
+            "eval script: reward 0: the tests started but the script never printed its end marker (killed, "
+            f"exited or output past the cap; exit {exit_code}): {output[-800:]}"
+        )
+        return RewardResult(reward=0.0, log="\n".join(log))
+
+    async def _patched_paths(self, sandbox: Sandbox, grader_dir: str) -> list[str]:
+        """Every path the agent's patch creates, changes or deletes, as ``git apply --numstat -z`` reads it."""
+        listed = await self._step(
+            sandbox, [*_SAFE_GIT, "apply", "--numstat", "-z", f"{grader_dir}/agent.patch"]
+        )
+        if listed.exit_code != 0:
+            raise GradingError(f"listing the paths of an applied patch failed: {listed.stderr[-500:]}")
+        paths, fields = [], listed.stdout.split("\0")
+        while fields:
+            entry = fields.pop(0)
+            if entry.count("\t") >= 2:
+                path = entry.split("\t", 2)[2]
+                paths.extend([path] if path else fields[:2])  # a rename: "a\td\t", then old and new
+                del fields[: 0 if path else 2]
+        return list(dict.fromkeys(path for path in paths if path))
+
+    async def _restore_paths(self, sandbox: Sandbox, base: str, paths: list[str]) -> None:
+        """Each of ``paths`` back to its state in ``base``, or removed when ``base`` has no such path."""
+        for path in paths:
+            if PurePosixPath(path).is_absolute() or ".." in PurePosixPath(path).parts:
+                raise _AgentFault(f"path outside the repository in the diff: {path!r}")
+        for start in range(0, len(paths), 200):
+            chunk = paths[start : start + 200]
+            listed = await self._step(
+                sandbox, [*_SAFE_GIT, "ls-tree", "-r", "-z", "--name-only", base, "--", *chunk]
+            )
+            if listed.exit_code != 0:
+                raise GradingError(f"listing the base commit failed: {listed.stderr[-500:]}")
+            in_base = set(listed.stdout.split("\0"))
+            kept = [path for path in chunk if path in in_base]
+            gone = [path for path in chunk if path not in in_base]
+            if kept:
+                await self._checked(
+                    sandbox, [*_SAFE_GIT, "checkout", base, "--", *kept], "restoring test files"
+                )
+            if gone:
+                await self._checked(sandbox, ["rm", "-rf", "--", *gone], "removing files the agent added")
 
     async def _acquire(self, spec) -> Sandbox:
         if isinstance(self.sandboxes, SandboxSource):

@@ -633,8 +633,8 @@ class TitoSession:
 
         With held ids reused, the source is the parent: the whole of it continued is a ``continuation``, the
         same request as an earlier turn of it a ``retry``, anything else a ``fork``. A conversation rendered
-        anew is a ``subagent`` when its first prompt is the text of a tool call one of the held replies made
-        (the parent is that reply's segment, branched right after it), a ``compaction`` when it carries a reply
+        anew is a ``subagent`` when it offers tools and its first prompt is the text of a tool call one of the
+        held replies made (the parent is that reply's segment, branched right after it), a ``compaction`` when it carries a reply
         the policy wrote (a summary) in a held segment, and otherwise a ``side_call`` beside the segment used
         last; the session's first segment is the ``root``."""
         if source is not None:
@@ -654,8 +654,10 @@ class TitoSession:
         prompts = [m.content for m in turn.messages if m.role == "user" and m.content]
         first_prompt = prompts[0] if prompts else ""
         recent = sorted(self._segments, key=lambda s: s.last_used, reverse=True)
+        # a sub-agent acts (it has tools); a side call quoting a command (a safety check) does not
+        started_by_call = self._reply_whose_call_started(first_prompt, recent) if turn.tools else None
         for kind, found in (
-            (BranchKind.SUBAGENT, self._reply_whose_call_started(first_prompt, recent)),
+            (BranchKind.SUBAGENT, started_by_call),
             (BranchKind.COMPACTION, self._reply_quoted_in(prompts, recent)),
         ):
             if found is not None:

@@ -131,12 +131,12 @@ class SampleBatchConfig:
         None  # drop trajectories with a token sampled more than this many versions ago
     )
     drop_zero_advantage_groups: bool = False  # skip groups with equal rewards (no policy gradient) entirely
-    overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated trajectories (overlong.py)
-    # the weights of a teacher's per-token signal and the task advantage, for segments a teacher scored
-    distillation: DistillationConfig = field(default_factory=DistillationConfig)
     # Per lineage kind (``BranchKind`` values: subagent, compaction, side_call, retry, …) a factor on the
     # segments' sample weights; 0 leaves that kind out of training. Kinds not named keep factor 1.
     branch_weights: Mapping[str, float] = field(default_factory=dict)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated trajectories (overlong.py)
+    # the weights of a teacher's per-token signal and the task advantage, for segments a teacher scored
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
     def __post_init__(self) -> None:
         require_positive(self.max_tokens_per_micro_batch, "max_tokens_per_micro_batch")

@@ -40,6 +40,9 @@ RUN_WING_FIELDS = {
     "tasks": "load_tasks in the recipe",
     "images": "load_tasks in the recipe",
     "snapshots": "load_tasks in the recipe",
+    "harness": "the recipe's harness mix (recipes/swe_grpo.py: harness_weights)",
+    "harness_mix_within_groups": "the recipe's harness mix",
+    "claude_code_bare": "the recipe's claude_code agent",
 }
 RUN_WING_BRICKS = {"rollout": "the loop (components/loop.py) and RolloutConfig in the recipe"}
 
@@ -150,7 +153,7 @@ def built(config: SweGrpoConfig, model_dir: Path, run_dir: Path) -> Any:
         )
     stack = RunStack(config, RunDirectory(path=run_dir, recipe="swe_grpo", model_path=model_dir), bricks)
     trainer = stack.trainer_config()
-    harness, sandbox_paths = build_harness(config)
+    harness, sandbox_paths = build_harness(config, "swe_agent")
     rewards = config.reward.build(tests=None)
     proxy = stack.proxy_config(admin_key="a-fixed-admin-key-of-the-test")
     return state(

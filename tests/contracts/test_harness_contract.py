@@ -10,8 +10,8 @@ runner relies on:
   died each end in an outcome whose status is not ``ok``.
 
 Built-in: the white-box SWE agent (on a minilib task), the toy-game agent (on a tic-tac-toe game), a wrapped
-Python agent (``harnesses.wrap``) and mini-swe-agent as a black box in its sandbox (not in the two failure
-checks: see ``SLOW_TO_FAIL``). A user's harness gets a small question task in an empty workspace.
+Python agent (``harnesses.wrap``), and mini-swe-agent, opencode, Qwen Code and OpenClaw as black boxes in their
+sandboxes (not in the two failure checks: see ``SLOW_TO_FAIL``; OpenClaw not in the session check either). A user's harness gets a small question task in an empty workspace.
 """
 
 from __future__ import annotations
@@ -107,17 +107,43 @@ def _mini_swe_agent() -> BuiltInHarness:
     return BuiltInHarness(BlackBoxHarness(MiniSweAgent(), config), _minilib_task)
 
 
+def _declared_agent(module: str, constant: str) -> Callable[[], BuiltInHarness]:
+    """A declared black-box agent (``harnesses/agent_spec.py``) on a minilib task, bounds kept small."""
+
+    def make() -> BuiltInHarness:
+        import importlib
+
+        from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
+
+        agent = getattr(importlib.import_module(module), constant)
+        require_tool(agent.argv[0], "run `make setup-test` (npm install of the agents)")
+        config = BlackBoxConfig(max_turns=2, wall_time_s=100, max_output_tokens=32)
+        return BuiltInHarness(BlackBoxHarness(agent, config), _minilib_task)
+
+    return make
+
+
 BUILT_INS = {
     "swe-agent": _swe_agent,
     "toy-agent": _toy_agent,
     "wrapped-function": _wrapped_agent,
     "mini-swe-agent-blackbox": _mini_swe_agent,
+    "opencode-blackbox": _declared_agent("harnesses.opencode", "OPENCODE"),
+    "qwen-code-blackbox": _declared_agent("harnesses.qwen_code", "QWEN_CODE"),
+    "openclaw-blackbox": _declared_agent("harnesses.openclaw", "OPENCLAW"),
 }
 
 
 # mini-swe-agent's own client retries a failing or unreachable endpoint for ~20-30 s before it gives up; its
 # failure reporting is covered through the runner by tests/harnesses/test_blackbox_engine_errors.py.
-SLOW_TO_FAIL = {"mini-swe-agent-blackbox"}
+# The Node agents (opencode, Qwen Code, OpenClaw) start in 20-100 s on a loaded 2-core machine before their first
+# call, so the failure checks would cost minutes; their exits are mapped by declared rules
+# (tests/harnesses/test_agent_spec.py) and each fixes a task for real in tests/harnesses/test_node_agents.py.
+SLOW_TO_FAIL = {"mini-swe-agent-blackbox", "opencode-blackbox", "qwen-code-blackbox", "openclaw-blackbox"}
+# OpenClaw's start-up (plugin registry, SQLite state) alone can exceed BOUND_S here: its one real run, with the
+# same checks (the session recorded its calls, an outcome with a status), is test_node_agents.py's.
+SLOW_TO_START = {"openclaw-blackbox"}
+SESSION_CHECK = "test_a_run_talks_through_its_session_and_returns_an_outcome"
 FAILURE_CHECKS = {
     "test_a_failing_engine_is_reported_not_raised",
     "test_an_unreachable_proxy_is_reported_not_raised",
@@ -129,6 +155,8 @@ def pytest_generate_tests(metafunc):
         built_ins = BUILT_INS
         if metafunc.function.__name__ in FAILURE_CHECKS:
             built_ins = {name: make for name, make in BUILT_INS.items() if name not in SLOW_TO_FAIL}
+        if metafunc.function.__name__ == SESSION_CHECK:
+            built_ins = {name: make for name, make in built_ins.items() if name not in SLOW_TO_START}
         metafunc.parametrize("make_harness", brick_params(metafunc.config, built_ins))
 
 

@@ -4,13 +4,15 @@ fix a built-in task, graded by the real grader; its turn and output bounds and i
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from components.engine.scripted_policies import first_hunk_edit, step_policy, tool_call
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
 from harnesses.blackbox import AgentExit, BlackBoxConfig, BlackBoxHarness
-from harnesses.gemini_cli import GeminiCliAgent
+from harnesses.gemini_cli import GEMINI_EXECUTABLE, GeminiCliAgent
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -27,7 +29,7 @@ def _runner(proxy, harness, pool, grader):
 
 
 def _require_gemini_cli() -> None:
-    if not GeminiCliAgent().executable.exists():
+    if not GEMINI_EXECUTABLE.exists():
         pytest.fail("Gemini CLI is not installed: run `make .agents/.installed`")
 
 
@@ -126,7 +128,15 @@ def test_gemini_cli_exit_mapping():
     )
     assert exit_of(0, stdout="no json")[0] == TrajectoryStatus.AGENT_ERROR
     assert exit_of(124, timed_out=True)[0] == TrajectoryStatus.TIMEOUT
-    settings = agent.settings(BlackBoxConfig(max_turns=5, max_output_tokens=64))
-    assert settings["model"]["maxSessionTurns"] == 5
-    [override] = settings["modelConfigs"]["customOverrides"]
-    assert override["modelConfig"]["generateContentConfig"]["maxOutputTokens"] == 64
+
+    def settings(config):
+        launch = agent.launch(prompt="p", base_url="http://h/s/x", api_key="k", home="/h/a", config=config)
+        assert launch.env["GOOGLE_GEMINI_BASE_URL"] == "http://h/s/x" and launch.env["GEMINI_API_KEY"] == "k"
+        return json.loads(launch.home_files[".gemini/settings.json"])
+
+    bounded = settings(BlackBoxConfig(max_turns=5, max_output_tokens=64))
+    assert bounded["model"]["maxSessionTurns"] == 5
+    [override] = bounded["modelConfigs"]["customOverrides"]
+    assert override["modelConfig"]["generateContentConfig"] == {"maxOutputTokens": 64}
+    [unbounded] = settings(BlackBoxConfig(max_turns=5))["modelConfigs"]["customOverrides"]
+    assert unbounded["modelConfig"]["generateContentConfig"] == {}

@@ -11,6 +11,7 @@ import pytest
 from components.engine.scripted_policies import tool_call
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import BranchKind, TrajectoryStatus
+from harnesses.agent_paths import npm_agent_executable
 from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
 from harnesses.claude_code import ClaudeCodeAgent
 
@@ -38,7 +39,7 @@ async def test_claude_code_sub_agent_is_a_labelled_branch(
     scripted_proxy, slugify_task, sandbox_pool, swe_grader
 ):
     agent = ClaudeCodeAgent()  # the full agent: --bare has no Agent tool
-    if not agent.executable.exists():
+    if not npm_agent_executable("claude").exists():
         pytest.fail("Claude Code is not installed: run `make .agents/.installed`")
     harness = BlackBoxHarness(agent, BlackBoxConfig(max_turns=4, wall_time_s=300, max_output_tokens=512))
     task = dataclasses.replace(slugify_task, problem_statement=TASK_TEXT)

@@ -222,6 +222,25 @@ def test_metrics_of_the_realistic_run_read_back_from_parquet(run_dir):
     assert all(isinstance(v, float) for v in metrics.values())
 
 
+def test_grading_errors_are_counted_by_kind():
+    import dataclasses
+
+    from components.errors import GRADING_ERROR_KINDS, grading_failure_reason
+
+    base = trajectory("x", status=TrajectoryStatus.GRADING_ERROR, reward=None)
+    batch = [
+        dataclasses.replace(base, failure_reason=grading_failure_reason("sandbox", "it died")),
+        dataclasses.replace(base, failure_reason=grading_failure_reason("sandbox", "again")),
+        dataclasses.replace(base, failure_reason=grading_failure_reason("observer", "never started")),
+        dataclasses.replace(base, failure_reason="grader raised KeyError: 'x'"),
+    ]
+    metrics = rollout_metrics(batch)
+    expected = {"sandbox": 2, "observer": 1, "other": 1}
+    assert {kind: metrics[f"failures/grading_error/{kind}"] for kind in GRADING_ERROR_KINDS} == {
+        kind: expected.get(kind, 0) for kind in GRADING_ERROR_KINDS
+    }
+
+
 def test_harness_metrics_appear_per_harness_only_when_harnesses_mix():
     import dataclasses
 

@@ -1,4 +1,4 @@
-"""The algorithm options end to end on the toy recipe (tiny model, real Ray, engine, proxy, bubblewrap, FSDP2
+"""The algorithm options end to end on the Temporal Clue toy recipe (tiny model, real Ray, engine, proxy, bubblewrap, FSDP2
 trainer), in one sync run: a teacher (another tiny model, same tokenizer) scores every trained rollout and its
 logprobs are in the shards; dynamic sampling replaces groups whose rewards are all equal (capped); the overlong
 penalty and a mismatch correction (IcePop) run and report their metrics every step."""
@@ -21,9 +21,9 @@ def test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run(tmp_path, 
     teacher = build_tiny_model(tmp_path / "teacher", tokenizer_dir=tiny_model_dir, seed=1)
     run_dir = tmp_path / "run"
     run_recipe(
-        "tictactoe_grpo",
+        "temporal_clue_grpo",
         "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", "2", "--group-size", "2",
-        "--games-per-step", "2", "--max-tokens", "24", "--trainer-workers", "1", "--wandb-mode", "offline",
+        "--puzzles-per-step", "2", "--puzzle-size", "3", "--max-tokens", "24", "--trainer-workers", "1", "--wandb-mode", "offline",
         "--distillation-teachers", str(teacher), "--distillation-kl-weight", "0.5",
         "--rollout-dynamic-sampling-enabled", "true", "--rollout-dynamic-sampling-max-extra-groups", "2",
         "--trainer-overlong-mode", "penalty", "--trainer-overlong-max-sampled-tokens", "40",
@@ -42,7 +42,7 @@ def test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run(tmp_path, 
             for key in ("rollout_kl_k1", "rollout_kl_k3", "is_masked_fraction", "is_truncated_fraction"):
                 assert f"train/{key}" in row, key
             assert row["train/rollout_kl_k3"] >= 0 and 0 <= row["train/is_masked_fraction"] <= 1
-            assert row["train/overlong_penalty_mean"] <= 0
+            assert row["data/overlong_penalty_mean"] <= 0
     scored = 0
     for path in sorted((run_dir / "trajectories").glob("shard-*.parquet")):
         for trajectory in pq.read_table(path).to_pylist():

@@ -43,9 +43,13 @@ def test_recipe_help_lists_every_field_and_bad_values_fail_fast():
     )
     assert completed.returncode == 0
     flags = config_flags(TicTacToeGrpoConfig)
-    assert {"engine.num_cpus", "engine.kind", "proxy.kind", "rollout.mode", "monitoring.wandb_mode"} <= set(
-        flags
-    )
+    assert {
+        "engine.num_cpus",
+        "engine.kind",
+        "proxy.kind",
+        "rollout.mode",
+        "monitoring.wandb_mode",
+    } <= set(flags)
     assert {"algorithms.grpo.loss.clip_low", "algorithms.grpo.loss.kl_coef", "sandbox.num_warm"} <= set(flags)
     assert "--proxy {local,serve}" in completed.stdout  # a slot's flag lists the registered kinds
     for flag in flags.values():  # every field of every brick
@@ -141,6 +145,28 @@ def test_claude_code_recipe_one_step(tmp_path, tiny_model_dir):
     for row in rows:  # Claude Code itself ran in the sandbox and called the policy through the proxy
         assert dict(row["metrics"])["num_policy_calls"] >= 1, row["failure_reason"]
         assert '"type":"result"' in row["log"], row["log"][:2000]
+
+
+def test_mixed_harness_recipe_one_step(tmp_path, tiny_model_dir):
+    """One policy across two agents: the white-box SWE agent and the unmodified mini-swe-agent, a group each."""
+    run_dir = tmp_path / "run"
+    run_recipe(
+        "swe_grpo",
+        "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", "1", "--num-tasks", "2",
+        "--group-size", "1", "--max-turns", "2", "--proxy", "local", "--wandb-mode", "offline",
+        "--wall-time-s", "150", "--harness", "swe_agent,mini_swe_agent", timeout_s=540,
+    )  # fmt: skip
+    assert_complete_run(run_dir, num_steps=1, rollouts_per_step=2)
+    rows = _trajectory_rows(run_dir)
+    assert sorted(row["harness"] for row in rows) == ["mini-swe-agent", "swe-agent"], [
+        row["failure_reason"] for row in rows
+    ]
+    for row in rows:  # each agent called the policy through the proxy
+        assert dict(row["metrics"])["num_policy_calls"] >= 1, row["failure_reason"] + row["log"][-2000:]
+    [metrics] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    for name in ("mini-swe-agent", "swe-agent"):
+        assert metrics[f"harness/{name}/num_trajectories"] == 1, sorted(metrics)
+        assert f"harness/{name}/reward_mean" in metrics and f"harness/{name}/failures" in metrics
 
 
 def _trajectory_rows(run_dir: Path) -> list[dict]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 
 import pytest
 import torch
@@ -133,7 +134,7 @@ async def test_lora_adapters_load_and_swap_per_version(engine, vllm_server, tmp_
 
     params = SamplingParams(max_tokens=10, seed=2)
     base = await engine.generate(PROMPTS[3], params)
-    folders = []
+    folders, results = [], []
     for version, seed in ((11, 0), (12, 1)):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32)
@@ -146,11 +147,23 @@ async def test_lora_adapters_load_and_swap_per_version(engine, vllm_server, tmp_
         folders.append(folder)
         await engine.load_lora_adapter(folder, version)
         result = await engine.generate(PROMPTS[3], params)
+        results.append(result)
         assert result.weight_versions == (version,) * len(result.output_ids)
         assert result.logprobs != base.logprobs
     models = await engine._request("GET", "/v1/models")
     names = {card["id"] for card in models["data"]}
     assert folders[1].name in names and folders[0].name not in names, json.dumps(models)[:500]
+    # a second policy on the same server: its own adapter (v11's weights, another name) and versions
+    other_folder = shutil.copytree(folders[0], folders[0].with_name(folders[0].name + "-other"))
+    other = engine.policy("other")
+    await other.load_lora_adapter(other_folder, 21)
+    mine, theirs = await asyncio.gather(
+        engine.generate(PROMPTS[3], params), other.generate(PROMPTS[3], params)
+    )
+    assert mine.weight_versions == (12,) * len(mine.output_ids) and other.weight_version == 21
+    assert theirs.weight_versions == (21,) * len(theirs.output_ids)
+    assert theirs.logprobs == pytest.approx(results[0].logprobs, abs=1e-5)
+    await engine.unload_lora_adapter(policy="other")
     await engine.unload_lora_adapter()  # back to the base model for later tests
     assert (await engine.generate(PROMPTS[3], params)).logprobs == pytest.approx(base.logprobs, abs=1e-5)
 

@@ -212,7 +212,11 @@ def test_family_conversation_keeps_tito_exact(tokenizer, name, stream):
     server.start_in_thread()
     try:
         session_id = server.call(lambda: registry.open_session())
-        client = OpenAI(base_url=server.session_url(session_id) + "/v1", api_key="x", max_retries=0)
+        client = OpenAI(
+            base_url=server.session_url(session_id) + "/v1",
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
         seen = run_conversation(client, family, stream=stream)
         record = server.call(lambda: registry.describe(session_id))
         assert record["tool_format"] == family.tool_format  # detected from the real template (or named)
@@ -250,7 +254,11 @@ def test_a_template_that_moves_history_starts_a_segment_with_its_reason(tokenize
     server.start_in_thread()
     try:
         session_id = server.call(lambda: registry.open_session())
-        client = OpenAI(base_url=server.session_url(session_id) + "/v1", api_key="x", max_retries=0)
+        client = OpenAI(
+            base_url=server.session_url(session_id) + "/v1",
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List files."}]
         first = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
         assert first.tool_calls[0].id == "AAAA00001"  # the 9 characters the model wrote are the call's id
@@ -315,7 +323,11 @@ def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
     server.start_in_thread()
     try:
         session_id = server.call(lambda: registry.open_session())
-        client = anthropic.Anthropic(base_url=server.session_url(session_id), api_key="x", max_retries=0)
+        client = anthropic.Anthropic(
+            base_url=server.session_url(session_id),
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
         tools = [{"name": "bash", "description": "Run.", "input_schema": TOOLS[0]["function"]["parameters"]}]
         messages: list[dict] = [{"role": "user", "content": "Fix the failing test."}]
         turns = []
@@ -378,7 +390,11 @@ def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
     server.start_in_thread()
     try:
         session_id = server.call(lambda: registry.open_session())
-        client = OpenAI(base_url=server.session_url(session_id) + "/v1", api_key="x", max_retries=0)
+        client = OpenAI(
+            base_url=server.session_url(session_id) + "/v1",
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
         tools = [{"type": "function", **TOOLS[0]["function"]}]
         events = list(client.responses.create(model="m", input="Fix it.", tools=tools, stream=True))
         deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
@@ -428,7 +444,7 @@ def test_gemini_streams_text_chunks_as_tokens_arrive(tokenizer):
     try:
         session_id = server.call(lambda: registry.open_session())
         client = genai.Client(
-            api_key="x",
+            api_key=config.session_keys.session_token(session_id),
             http_options=types.HttpOptions(base_url=server.session_url(session_id), api_version="v1beta"),
         )
         declaration = types.FunctionDeclaration(
@@ -448,3 +464,17 @@ def test_gemini_streams_text_chunks_as_tokens_arrive(tokenizer):
         assert [(c.name, c.args, c.id) for c in calls] == [("bash", {"cmd": "ls -la"}, "functions.bash:0")]
     finally:
         server.stop_thread()
+
+
+def test_recipes_name_the_formats_on_their_proxy_brick(capsys):
+    from components.recipe_config import parse_config
+    from recipes.swe_grpo import SweGrpoConfig
+
+    config = parse_config(
+        SweGrpoConfig, ["--proxy-tool-format", "llama3_json", "--proxy-reasoning-format", "none"]
+    )
+    assert (config.proxy.tool_format, config.proxy.reasoning_format) == ("llama3_json", "none")
+    assert parse_config(SweGrpoConfig, []).proxy.tool_format is None  # detected from the template
+    with pytest.raises(SystemExit):
+        parse_config(SweGrpoConfig, ["--proxy-tool-format", "gemma"])
+    assert "unknown format 'gemma'" in capsys.readouterr().err

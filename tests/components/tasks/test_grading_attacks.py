@@ -50,14 +50,18 @@ NO_NEUTRALISING = (
     "_REMOVED_NAMES = set()",
 )
 CONFTESTS_LOADED = ('        "--noconftest",\n', "")
+NO_ROLE_RESTORE = (
+    "        if is_test_file(relative) or read_by_the_test_runner(relative):",
+    "        if is_test_file(relative):",
+)
 NOT_ISOLATED = ('            "-I",\n', "")
 WORKSPACE_ON_PYTHONPATH = (
     '        "PYTHONHASHSEED": "0",\n',
     '        "PYTHONHASHSEED": "0",\n        "PYTHONPATH": workspace,\n',
 )
 TEST_FILES_EXEMPT = (
-    '        if is_test_file(relative) or relative.rsplit("/", 1)[-1] in _CONFIG_NAMES:',
-    '        if is_test_file(relative):\n            continue\n        if relative.rsplit("/", 1)[-1] in _CONFIG_NAMES:',
+    "        if is_test_file(relative) or read_by_the_test_runner(relative):",
+    "        if is_test_file(relative):\n            continue\n        if read_by_the_test_runner(relative):",
 )
 HIDDEN_TESTS_ON_DISK = (
     "    write_hidden_placeholders(workspace, sorted(hidden))\n",
@@ -148,7 +152,7 @@ _pytest.reports.TestReport.__init__ = _always_passed
 
 async def test_library_code_patching_pytest_at_import(task, sandbox_factory, real):
     diff = await agent_diff(task, sandbox_factory, real, {"minilib/__init__.py": INIT + OBFUSCATED_FORGE})
-    weak = weakened_grader(sandbox_factory, NO_FINGERPRINT)
+    weak = weakened_grader(sandbox_factory, NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME)
     result = await assert_weak_one_real_zero(task, weak, real, diff)
     assert "_pytest.reports.TestReport" in result.log
 
@@ -156,7 +160,12 @@ async def test_library_code_patching_pytest_at_import(task, sandbox_factory, rea
 async def test_conftest_patching_pytest(task, sandbox_factory, real):
     diff = await agent_diff(task, sandbox_factory, real, {"conftest.py": FORCE_PASS_CONFTEST})
     weak = weakened_grader(
-        sandbox_factory, NO_NEUTRALISING, CONFTESTS_LOADED, reject_test_runner_tampering=False
+        sandbox_factory,
+        NO_NEUTRALISING,
+        NO_ROLE_RESTORE,
+        CONFTESTS_LOADED,
+        TRUSTS_THE_REPORTED_OUTCOME,
+        reject_test_runner_tampering=False,
     )
     result = await assert_weak_one_real_zero(task, weak, real, diff)
     assert f"{HIDDEN_TEST} (failed)" in result.log and "conftest.py" in result.log
@@ -165,7 +174,14 @@ async def test_conftest_patching_pytest(task, sandbox_factory, real):
 async def test_sitecustomize_on_the_python_path(task, sandbox_factory, real):
     files = {"sitecustomize.py": OBFUSCATED_FORGE, "minilib/usercustomize.py": OBFUSCATED_FORGE}
     diff = await agent_diff(task, sandbox_factory, real, files)
-    weak = weakened_grader(sandbox_factory, NO_NEUTRALISING, NOT_ISOLATED, WORKSPACE_ON_PYTHONPATH)
+    weak = weakened_grader(
+        sandbox_factory,
+        NO_NEUTRALISING,
+        NO_ROLE_RESTORE,
+        NOT_ISOLATED,
+        WORKSPACE_ON_PYTHONPATH,
+        TRUSTS_THE_REPORTED_OUTCOME,
+    )
     result = await assert_weak_one_real_zero(task, weak, real, diff)
     assert f"{HIDDEN_TEST} (failed)" in result.log
 
@@ -176,7 +192,7 @@ async def test_file_exempt_by_its_test_name_imported_by_the_library(task, sandbo
         "minilib/__init__.py": INIT + "from . import test_support  # noqa: F401\n",
     }
     diff = await agent_diff(task, sandbox_factory, real, files)
-    weak = weakened_grader(sandbox_factory, TEST_FILES_EXEMPT, NO_FINGERPRINT)
+    weak = weakened_grader(sandbox_factory, TEST_FILES_EXEMPT, NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME)
     result = await assert_weak_one_real_zero(task, weak, real, diff)
     assert "minilib/test_support.py" in result.log  # restored (removed): the import then fails
 
@@ -207,7 +223,7 @@ async def test_binary_diff_hiding_a_pytest_patch(task, sandbox_factory, real):
             test_timeout_s=TIMEOUT_S, reject_test_runner_tampering=False, reject_interpreter_tampering=False
         ),
     )
-    weak.runner_source = weakened_runner(NO_FINGERPRINT)
+    weak.runner_source = weakened_runner(NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME)
     result = await assert_weak_one_real_zero(task, weak, real, diff)
     assert "minilib/_native.py references the test runner" in result.log
 
@@ -275,7 +291,8 @@ def _forge():
             continue
         for node_id in _NODE_IDS:
             for when in ("setup", "call", "teardown"):
-                event = {{"kind": "test", "nodeid": node_id, "when": when, "outcome": "passed"}}
+                event = {{"kind": "test", "nodeid": node_id, "when": when, "outcome": "passed",
+                          "xfail": False, "raised": False}}
                 channel.send(_json.dumps(event).encode())
         channel.send(_json.dumps({{"kind": "done", "exit_status": 0}}).encode())
 
@@ -436,3 +453,120 @@ async def test_hanging_test_process_is_a_zero_not_a_grading_error(task, sandbox_
     real_result = await SweGrader(sandbox_factory, SweGraderConfig(**quick)).grade_patch(task, diff)
     assert real_result.reward == 0.0 and not real_result.error, real_result
     assert "timed out after 5s" in real_result.log
+
+
+# -- only a plain pass is a pass (issue #28.1) ----------------------------------------------------------------
+
+# A plugin, registered through frames reached from a traceback (no name the text scan rejects), that turns
+# every report into a pass after pytest made it.
+REWRITE_REPORTS_THROUGH_A_PLUGIN = """
+class _Rewriter:
+    def pytest_runtest_logreport(self, report):
+        report.outcome, report.longrepr = "passed", None
+
+
+def _plugin_manager():
+    try:
+        raise LookupError
+    except LookupError as error:
+        frame = error.__traceback__.tb_frame
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if hasattr(getattr(owner, "config", None), "pluginmanager"):
+            return owner.config.pluginmanager
+        frame = frame.f_back
+
+
+_plugin_manager().register(_Rewriter())
+"""
+TRUSTS_THE_REPORTED_OUTCOME = (
+    "        elif all(is_plain_pass(seen[when]) for when in _PHASES):",
+    '        elif all(seen[when].get("outcome") == "passed" for when in _PHASES):',
+)
+
+
+async def test_a_plugin_rewriting_reports_to_passed(task, sandbox_factory, real):
+    """The rewritten report says passed; the phase's CallInfo still holds the AssertionError: not a plain pass."""
+    diff = await agent_diff(
+        task, sandbox_factory, real, {"minilib/__init__.py": INIT + REWRITE_REPORTS_THROUGH_A_PLUGIN}
+    )
+    weak = weakened_grader(sandbox_factory, NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME)
+    await assert_weak_one_real_zero(task, weak, real, diff)
+    without_fingerprint = await weakened_grader(sandbox_factory, NO_FINGERPRINT).grade_patch(task, diff)
+    assert without_fingerprint.reward == 0.0, without_fingerprint
+    assert f"{HIDDEN_TEST} (raised)" in without_fingerprint.log
+
+
+# -- values cannot lie about equality (issue #28.7) -----------------------------------------------------------
+
+# slugify's (still buggy) result, dressed as a str whose comparisons always say what the test wants.
+LYING_STR = """
+from . import text as _text
+
+_original_slugify = _text.slugify
+
+
+class _AgreeableStr(str):
+    __hash__ = str.__hash__
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+
+def _agreeable_slugify(value, separator="-"):
+    return _AgreeableStr(_original_slugify(value, separator))
+
+
+_text.slugify = _agreeable_slugify
+"""
+# The same with an object of no builtin type at all.
+LYING_OBJECT = LYING_STR.replace("class _AgreeableStr(str):", "class _AgreeableStr:").replace(
+    "    __hash__ = str.__hash__\n", "    def __init__(self, value):\n        self.value = value\n"
+)
+NO_HONEST_COMPARISONS = (
+    "            tree = honest_asserts(ast.parse(source, filename=filename))",
+    "            tree = ast.parse(source, filename=filename)",
+)
+
+
+@pytest.mark.parametrize("payload", [LYING_STR, LYING_OBJECT], ids=["str-subclass", "object"])
+async def test_a_value_whose_eq_always_says_yes(task, sandbox_factory, real, payload):
+    diff = await agent_diff(task, sandbox_factory, real, {"minilib/__init__.py": INIT + payload})
+    weak = weakened_grader(sandbox_factory, NO_HONEST_COMPARISONS)
+    result = await assert_weak_one_real_zero(task, weak, real, diff)
+    assert f"{HIDDEN_TEST} (failed)" in result.log
+
+
+# -- an honest zero stays a zero (issue #28.4) ----------------------------------------------------------------
+
+# A message nested too deeply for any JSON parser's recursion, on the observer's own channel.
+DEEPLY_NESTED_EVENT = """
+import os as _os
+import socket as _socket
+
+for _fd in range(3, 64):
+    try:
+        _channel = _socket.socket(fileno=_os.dup(_fd))
+    except OSError:
+        continue
+    if _channel.type == _socket.SOCK_SEQPACKET:
+        _channel.send(b"[" * 30000 + b"]" * 30000)
+"""
+NARROW_CHANNEL_ERRORS = (
+    "        except Exception:  # noqa: BLE001 - garbage of any shape (too deep: RecursionError) counts for nothing\n"
+    "            pass",
+    "        except (ValueError, KeyError, TypeError, AttributeError):\n            pass",
+)
+
+
+async def test_deeply_nested_data_on_the_channel_is_a_zero_not_a_grading_error(task, sandbox_factory, real):
+    diff = await agent_diff(task, sandbox_factory, real, {"minilib/__init__.py": INIT + DEEPLY_NESTED_EVENT})
+    weak_result = await weakened_grader(sandbox_factory, NARROW_CHANNEL_ERRORS).grade_patch(task, diff)
+    assert weak_result.reward is None and "RecursionError" in weak_result.error, weak_result
+    assert weak_result.error_kind == "observer"
+    real_result = await real.grade_patch(task, diff)
+    assert real_result.reward == 0.0 and not real_result.error, real_result
+    assert f"{HIDDEN_TEST} (failed)" in real_result.log

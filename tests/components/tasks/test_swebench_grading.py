@@ -108,9 +108,13 @@ def pytest_runtest_makereport(item, call):
 
 
 class _NoRestoreGrader(SweBenchGrader):
-    """The weakened variant: leaves whatever the agent did to tests and test infrastructure in place."""
+    """The weakened variant: leaves whatever the agent did to tests and test infrastructure in place, and reads
+    the log (the observer would also see that each rewritten report's phase raised: not a plain pass)."""
 
-    async def _restore(self, sandbox, base, path) -> None:
+    async def _restore_paths(self, sandbox, base, paths) -> None:
+        return None
+
+    def _observer_invocation(self, task):
         return None
 
 

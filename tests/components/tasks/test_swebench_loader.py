@@ -12,6 +12,7 @@ import pytest
 
 from components.tasks.swebench import (
     RepoSources,
+    RowError,
     SweBenchInstance,
     instance_from_row,
     load_swebench,
@@ -161,6 +162,11 @@ def test_images_named_by_row_by_mapping_or_by_swebench_convention(tmp_path: Path
     assert sources.image_for(calc) == f"docker-archive:{images / 'calc.tar'}"
     (images / "images.json").write_text(json.dumps({"calc-1": "docker-archive:calc.tar"}))
     assert sources.image_for(instance_from_row(_row("calc-1"))) == f"docker-archive:{images / 'calc.tar'}"
+    # A plain image name, as a row's image_name (issue #28.9): found in the store the same way.
+    (images / "images.json").write_text(json.dumps({"calc-1": "swebench/sweb.eval.x86_64.django_1776_django-11099:latest", "calc-2": "org/absent:v1"}))  # fmt: skip
+    assert sources.image_for(instance_from_row(_row("calc-1"))) == f"oci:{layout}:latest"
+    with pytest.raises(RowError, match="unknown image 'org/absent:v1'"):
+        sources.image_for(instance_from_row(_row("calc-2")))
     unknown = tmp_path / "rows.jsonl"
     unknown.write_text(json.dumps(_row("calc-9", image_name="org/nothing:latest")) + "\n")
     loaded = load_swebench(unknown, sources)

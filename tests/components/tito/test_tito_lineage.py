@@ -146,7 +146,7 @@ def test_lineage_survives_the_store_and_old_files_read_as_roots(tokenizer, make_
     call = _turn(
         tito, tokenizer, make_result, main, (TASK,), tool_reply("", [("Task", {"prompt": SUBAGENT_PROMPT})])
     )
-    _turn(tito, tokenizer, make_result, [ChatMessage(role="user", content=SUBAGENT_PROMPT)], (), "done")
+    _turn(tito, tokenizer, make_result, [ChatMessage(role="user", content=SUBAGENT_PROMPT)], (BASH,), "done")
     assert call.tool_calls
     trajectory = Trajectory(
         trajectory_id="t",
@@ -196,3 +196,18 @@ def test_lineage_survives_the_store_and_old_files_read_as_roots(tokenizer, make_
     assert [s.token_ids.tolist() for s in old_read.segments] == [
         s.token_ids.tolist() for s in trajectory.segments
     ]
+
+
+def test_a_toolless_request_quoting_a_call_is_a_side_call(tokenizer, make_result):
+    """Claude Code's command checks quote the policy's Bash command to a tool-less model call: a side call,
+    not a sub-agent."""
+    tito = TitoSession(tokenizer, context_window=32_000, session_id="check")
+    command = "python -m pytest -q tests/test_text.py -k slugify"
+    main = [SYSTEM, ChatMessage(role="user", content="Fix it.")]
+    _turn(tito, tokenizer, make_result, main, (BASH,), tool_reply("", [("Bash", {"command": command})]))
+    check = [
+        ChatMessage(role="system", content="Detect the command prefix."),
+        ChatMessage(role="user", content=f"Command: {command}"),
+    ]
+    _turn(tito, tokenizer, make_result, check, (), "python")
+    assert [s.branch_kind for s in tito.segments()] == [BranchKind.ROOT, BranchKind.SIDE_CALL]

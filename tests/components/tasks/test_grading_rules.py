@@ -1,0 +1,105 @@
+"""The grader's rules as pure functions (no sandbox): strict resolution, what counts as test infrastructure,
+honest comparisons (issue #28)."""
+
+from __future__ import annotations
+
+import collections
+import fractions
+import sys
+from pathlib import Path
+
+import pytest
+
+from components.tasks.grading_runner import (
+    DishonestComparison,
+    HonestComparisons,
+    honest_asserts,
+    outcomes_from_events,
+    read_by_the_test_runner,
+)
+from components.tasks.swebench_grading import passed_strictly
+
+
+def test_only_passed_passes_and_truncated_ids_match_only_passes():
+    statuses = {"a": "PASSED", "b": "XFAIL", "c": "SKIPPED", "t[x-1]": "PASSED", "t[x-2]": "XFAIL"}
+    assert [passed_strictly(test_id, statuses) for test_id in ("a", "b", "c", "missing")] == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert not passed_strictly("t[x", statuses)  # one of its matches is an XFAIL
+    assert passed_strictly("t[x-1", statuses)
+
+
+def test_a_phase_that_raised_or_was_expected_to_fail_is_not_a_pass():
+    def events(nodeid, **call):
+        phases = [{"when": when, "outcome": "passed", "raised": False, "xfail": False} for when in ("setup", "call", "teardown")]  # fmt: skip
+        phases[1].update(call)
+        return [{"nodeid": nodeid, **phase} for phase in phases]
+
+    outcomes = outcomes_from_events(
+        events("plain") + events("rewritten", raised=True) + events("xpass", xfail=True) + events("short")[:2]
+    )
+    assert outcomes == {"plain": "passed", "rewritten": "raised", "xpass": "xpassed", "short": "incomplete"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["pytest.ini", "a/.pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "x/pytest.toml", "lib/conftest.py",
+     "sitecustomize/__init__.py", "usercustomize.py", "evil.pth", "pkg.egg-info/entry_points.txt",
+     "pkg-1.0.dist-info/entry_points.txt", "m/__pycache__/x.cpython-311.pyc", "old.pyc"],
+)  # fmt: skip
+def test_files_pytest_reads_are_test_infrastructure(path):
+    assert read_by_the_test_runner(path)
+
+
+@pytest.mark.parametrize("path", ["lib/core.py", "README.md", "lib/data.json", "tests/test_x.py"])
+def test_code_and_data_are_not_test_infrastructure(path):
+    assert not read_by_the_test_runner(path)
+
+
+@pytest.fixture
+def own_module(tmp_path: Path, monkeypatch):
+    (tmp_path / "agentlib.py").write_text(
+        "class Liar:\n    def __eq__(self, other):\n        return True\n\n\n"
+        "class Agreeable(str):\n    __hash__ = str.__hash__\n\n    def __eq__(self, other):\n        return True\n\n\n"
+        "class Box:\n    def __init__(self, value):\n        self.value = value\n\n"
+        "    def __eq__(self, other):\n        return isinstance(other, Box) and other.value == self.value\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import agentlib
+
+    yield HonestComparisons(str(tmp_path)), agentlib
+    sys.modules.pop("agentlib", None)
+
+
+def test_values_of_the_agents_types_cannot_lie_to_builtins(own_module):
+    compare, agentlib = own_module
+    for operators, *operands in [(("==",), agentlib.Liar(), 3), (("!=",), agentlib.Liar(), 3),
+                                 (("==",), [agentlib.Liar()], [3]), (("in",), agentlib.Liar(), [3])]:  # fmt: skip
+        with pytest.raises(DishonestComparison):
+            compare(operators, *operands)
+    assert compare(("==",), agentlib.Agreeable("a"), "b") is False  # compared as the plain str it holds
+    assert compare(("==",), agentlib.Agreeable("a"), "a") is True
+    assert compare(("==",), agentlib.Box(1), agentlib.Box(1))  # the agent's own types: the code under test
+    assert compare(("in",), 3, [agentlib.Box(1), 3])  # membership in a container of the agent's values
+
+
+def test_honest_comparisons_keep_builtin_semantics():
+    compare = HonestComparisons("/nonexistent-workspace")
+    point = collections.namedtuple("Point", "x y")
+    assert compare(("==",), point(1, 2), (1, 2)) and compare(("==",), fractions.Fraction(1, 2), 0.5)
+    assert compare(("<", "<="), 1, 2, 2) and not compare(("<", "<"), 1, 3, 2)
+    assert compare(("==",), collections.OrderedDict(a=[1]), {"a": [1]}) and compare(("is",), None, None)
+    assert compare(("==",), pytest.approx(0.3), 0.1 + 0.2)
+
+
+def test_only_comparisons_in_asserts_are_rewritten():
+    import ast
+
+    tree = honest_asserts(ast.parse("assert f(1) == 2 and x not in y\nz = a == b\n"))
+    assert ast.unparse(tree).splitlines() == [
+        "assert @rein_compare(('==',), f(1), 2) and @rein_compare(('not in',), x, y)",
+        "z = a == b",
+    ]

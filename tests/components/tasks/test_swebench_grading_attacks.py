@@ -1,0 +1,187 @@
+"""Attacks on SWE-bench-format grading (issue #28), on a small pytest repository in real bubblewrap sandboxes
+(the host's Python runs the tests: no image needed). Each attack earns 1 against a named weakened variant of
+``SweBenchGrader`` and 0 — never a grading error — against the real one, on the path it targets (observer or
+log parsing)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from components.tasks.swe import python_tool_paths
+from components.tasks.swebench import SweBenchTask, instance_from_row
+from components.tasks.swebench_grading import SweBenchGrader, pytest_invocation
+from sandboxes.bwrap import BwrapSandbox
+from tests.components.tasks.test_swebench_loader import _row
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+OBSERVED = "python3 -m pytest --no-header -rA --tb=no -p no:cacheprovider tests"
+LOGGED = OBSERVED + " || true"  # shell syntax: the log-parsing path
+
+pytestmark = pytest.mark.slow
+
+
+def calc_task(tmp_path: Path, test_cmd: str, **changes) -> SweBenchTask:
+    snapshot = tmp_path / "repo"
+    snapshot.mkdir(exist_ok=True)
+    (snapshot / "calc.py").write_text(BUGGY)
+    fields = {"test_cmd": test_cmd, "FAIL_TO_PASS": json.dumps(["tests/test_calc.py::test_add"]), **changes}
+    if "eval_script" in changes:  # SWE-bench's eval scripts run on the repository's own history
+        git = ["git", "-C", str(snapshot), "-c", "user.name=t", "-c", "user.email=t@t"]
+        for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+            subprocess.run([*git, *command], check=True)
+        head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+        fields["base_commit"] = head.stdout.strip()
+    row = _row("calc-attack", **fields)
+    return SweBenchTask(
+        instance=instance_from_row(row),
+        image=None,
+        snapshot_source=snapshot,
+        cache_dir=tmp_path / "cache",
+        tool_paths=python_tool_paths(),
+    )
+
+
+def replacing_calc(source: str) -> str:
+    """A diff that replaces calc.py with ``source``."""
+    old, new = BUGGY.splitlines(), source.splitlines()
+    return (
+        f"diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,{len(old)} +1,{len(new)} @@\n"
+        + "".join(f"-{line}\n" for line in old)
+        + "".join(f"+{line}\n" for line in new)
+    )
+
+
+class SwebenchLenientGrader(SweBenchGrader):
+    """The weakened variant: swebench's own resolution (``get_eval_tests_report``: XFAIL passes, a skipped
+    PASS_TO_PASS test is maintained)."""
+
+    def _resolution(self, task, statuses):
+        from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
+        from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+
+        gold = {
+            FAIL_TO_PASS: list(task.instance.fail_to_pass),
+            PASS_TO_PASS: list(task.instance.pass_to_pass),
+        }
+        status = get_resolution_status(get_eval_tests_report(statuses, gold))
+        return status == ResolvedStatus.FULL.value, f"swebench: {status}"
+
+
+# -- only a plain pass is a pass (#28.1) ----------------------------------------------------------------------
+
+# An expected failure raised through pytest's own exception class, found without naming it anywhere.
+RAISE_XFAIL = """def _every(kind):
+    for sub in kind.__subclasses__():
+        yield sub
+        yield from _every(sub)
+
+
+def add(a, b):
+    raise next(kind for kind in _every(BaseException) if kind.__name__ == "XFailed")("later")
+"""
+
+
+@pytest.mark.parametrize("test_cmd", [OBSERVED, LOGGED], ids=["observer", "log"])
+async def test_an_expected_failure_is_not_a_pass(tmp_path: Path, test_cmd: str) -> None:
+    task = calc_task(tmp_path, test_cmd)
+    assert (pytest_invocation(task) is not None) == (test_cmd == OBSERVED)
+    diff = replacing_calc(RAISE_XFAIL)
+    weak = await SwebenchLenientGrader(BwrapSandbox.create).grade_patch(task, diff)
+    assert weak.reward == 1.0, weak.log + weak.error
+    real = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, diff)
+    assert real.reward == 0.0 and not real.error, real
+    assert "tests/test_calc.py::test_add (XFAIL)" in real.log
+
+
+# -- papercut (#28.9): a file that fails to collect is reported with its error ----------------------------------
+
+
+async def test_a_collection_error_is_reported_with_its_text(tmp_path: Path) -> None:
+    task = calc_task(tmp_path, OBSERVED)
+    result = await SweBenchGrader(BwrapSandbox.create).grade_patch(
+        task, replacing_calc("def add(a, b):\n    return a +* b\n")
+    )
+    assert result.reward == 0.0 and not result.error, result
+    assert "collection error in tests/test_calc.py" in result.log and "SyntaxError" in result.log, result.log
+    assert "no test outcome" not in result.log
+
+
+# -- everything pytest reads is restored (#28.2) --------------------------------------------------------------
+
+# A conftest pytest loads while it collects tests/, in a directory whose name a diff-header regex cannot read;
+# its hook (naming nothing the diff scan rejects) makes the terminal summary print PASSED for every test.
+SUMMARY_SAYS_PASSED = """def pytest_report_teststatus(report, config):
+    if report.when == "call":
+        return "passed", ".", "PASSED"
+"""
+
+
+def adding(path: str, source: str) -> str:
+    lines = source.splitlines()
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+        f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{line}\n" for line in lines)
+    )
+
+
+class DiffHeaderPathsGrader(SweBenchGrader):
+    """The weakened variant: the agent's paths read from the diff's headers with a regex (the pre-#28 way)."""
+
+    async def _patched_paths(self, sandbox, grader_dir):
+        import re
+
+        patch = (await sandbox.read_file(f"{grader_dir}/agent.patch")).decode()
+        return [m.group(2) for m in re.finditer(r"^diff --git a/(\S+) b/(\S+)$", patch, re.MULTILINE)]
+
+
+async def test_a_conftest_the_diff_header_regex_cannot_see(tmp_path: Path) -> None:
+    task = calc_task(tmp_path, LOGGED)
+    diff = adding("tests/more cases/conftest.py", SUMMARY_SAYS_PASSED)
+    weak = await DiffHeaderPathsGrader(BwrapSandbox.create).grade_patch(task, diff)
+    assert weak.reward == 1.0, weak.log + weak.error
+    real = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, diff)
+    assert real.reward == 0.0 and not real.error, real
+    assert "restored to the base: tests/more cases/conftest.py" in real.log
+
+
+# -- an honest zero stays a zero (#28.4) ----------------------------------------------------------------------
+
+KILL_THE_EVAL_SCRIPT = """import os
+import signal
+
+os.kill(os.getppid(), signal.SIGKILL)
+
+
+def add(a, b):
+    return a - b
+"""
+
+
+class MissingEndMarkerIsTheDatasGrader(SweBenchGrader):
+    """The weakened variant: an eval script without its end marker is a broken row (a grading error)."""
+
+    def _unfinished_eval_script(self, output, exit_code, log):
+        from components.errors import GradingError
+
+        raise GradingError("eval script printed no end marker", kind="data")
+
+
+async def test_killing_the_eval_script_is_a_zero_not_a_grading_error(tmp_path: Path) -> None:
+    from tests.components.tasks.test_swebench_loader import TEST_PATCH
+
+    script = "\n".join(
+        ["#!/bin/bash", "set -uxo pipefail", "git apply -v - <<'EOF_1'", TEST_PATCH.rstrip("\n"),
+         "EOF_1", ": '>>>>> Start Test Output'", OBSERVED, ": '>>>>> End Test Output'"]
+    )  # fmt: skip
+    task = calc_task(tmp_path, OBSERVED, eval_script=script)
+    assert task.instance.eval_script
+    diff = replacing_calc(KILL_THE_EVAL_SCRIPT)
+    weak = await MissingEndMarkerIsTheDatasGrader(BwrapSandbox.create).grade_patch(task, diff)
+    assert weak.reward is None and weak.error_kind == "data", weak
+    real = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, diff)
+    assert real.reward == 0.0 and not real.error, real
+    assert "never printed its end marker" in real.log

@@ -1,0 +1,39 @@
+"""The README's vLLM command: ``recipes/swe_grpo.py --engine vllm --vllm-url …`` (sync rollouts, default
+``proxy=serve``: the vLLM client travels into the Ray session-shard actors) against the session's real vLLM
+server. The trainer's new weights reach the server through ``RUN_DIR/weights`` and carry the new version."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from components.trajectory_store import TrajectoryStore
+from tests.recipes.recipe_runs import assert_complete_run, run_recipe
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def test_swe_grpo_one_step_on_a_real_vllm_server(tmp_path, vllm_server):
+    run_dir = tmp_path / "run"
+    run_recipe(
+        "swe_grpo",
+        "--model", str(vllm_server.model_dir), "--run-dir", str(run_dir), "--engine", "vllm",
+        "--vllm-url", vllm_server.url, "--num-steps", "1", "--num-tasks", "1", "--group-size", "2",
+        "--max-turns", "2", "--proxy-replicas", "1", "--wandb-mode", "offline",
+        timeout_s=840,
+    )  # fmt: skip
+    assert_complete_run(run_dir, num_steps=1, rollouts_per_step=2)
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["engine"]["kind"] == "vllm" and config["vllm"]["url"] == vllm_server.url
+    store = TrajectoryStore(run_dir)
+    rollouts = [t for path in store.shard_paths() for t in store.read_shard(path)]
+    assert rollouts and all(t.status != "engine_error" for t in rollouts), [
+        t.failure_reason for t in rollouts
+    ]
+    for trajectory in rollouts:  # step 0 was sampled by version 0
+        for segment in trajectory.segments:
+            assert set(segment.weight_versions[segment.loss_mask == 1].tolist()) <= {0}
+    # the step's weights reached the server, labelled with the new version
+    assert httpx.get(f"{vllm_server.url}/weight_info").json()["weight_version"] == "1"
