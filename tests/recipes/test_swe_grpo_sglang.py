@@ -35,7 +35,7 @@ def test_swe_grpo_on_sglang_behind_the_default_serve_proxy(tmp_path, tiny_model_
     assert_complete_run(run_dir, num_steps=2, rollouts_per_step=2)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["proxy"]["kind"] == "serve" and config["engine"]["kind"] == "sglang"
-    assert config["sglang"]["api_key"] == "***" and config["sglang"]["admin_api_key"] == "***"
+    assert config["engine"]["api_key"] == "***" and config["engine"]["admin_api_key"] == "***"
     paths = [entry["path"] for entry in log]
     assert paths.count("/generate") >= 4, "the rollouts did not generate on the SGLang server"
     # Both steps' weights reached the server, each inside pause … continue, with the admin key.

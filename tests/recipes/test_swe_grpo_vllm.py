@@ -26,7 +26,7 @@ def test_swe_grpo_one_step_on_a_real_vllm_server(tmp_path, vllm_server):
     )  # fmt: skip
     assert_complete_run(run_dir, num_steps=1, rollouts_per_step=2)
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["engine"]["kind"] == "vllm" and config["vllm"]["url"] == vllm_server.url
+    assert config["engine"]["kind"] == "vllm" and config["engine"]["url"] == vllm_server.url
     store = TrajectoryStore(run_dir)
     rollouts = [t for path in store.shard_paths() for t in store.read_shard(path)]
     assert rollouts and all(t.status != "engine_error" for t in rollouts), [
