@@ -78,6 +78,7 @@ from tenacity import (
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.policy_view import PolicyView
+from components.engine.server_client import HttpServerClient
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
 from components.protocols import FinishReason, GenerationResult, SamplingParams
@@ -198,7 +199,7 @@ def _is_transient(error: BaseException) -> bool:
     return isinstance(error, httpx.HTTPStatusError) and error.response.status_code in _TRANSIENT_STATUS
 
 
-class SGLangEngine:
+class SGLangEngine(HttpServerClient):
     """``InferenceEngine`` client of one SGLang server. Create with ``await SGLangEngine.connect(config)``."""
 
     def __init__(self, config: SGLangEngineConfig, *, client: httpx.AsyncClient | None = None) -> None:
@@ -209,34 +210,6 @@ class SGLangEngine:
         self._update_lock: asyncio.Lock | None = None
         # policy ("" = the engine-wide adapter) → (loaded name, version) of the adapter its requests are served with
         self._loras: dict[str, tuple[str, int]] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        # An open HTTP client (sockets, its event loop) cannot travel to another process: the copy opens its own.
-        state = dict(self.__dict__)
-        state.update(_client=None, _update_lock=None)
-        return state
-
-    @property
-    def url(self) -> str:
-        return self.config.base_url.rstrip("/")
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """This process's HTTP client to the server (opened on first use)."""
-        if self._client is None:
-            headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
-            self._client = httpx.AsyncClient(
-                base_url=self.url,
-                headers=headers,
-                timeout=httpx.Timeout(self.config.request_timeout_s, connect=self.config.connect_timeout_s),
-            )
-        return self._client
-
-    @property
-    def update_lock(self) -> asyncio.Lock:
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
-        return self._update_lock
 
     @classmethod
     async def connect(cls, config: SGLangEngineConfig) -> SGLangEngine:

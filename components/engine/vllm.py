@@ -55,6 +55,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.policy_view import PolicyView
+from components.engine.server_client import HttpServerClient
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
 from components.protocols import FinishReason, GenerationResult, SamplingParams
@@ -137,7 +138,7 @@ def require_matching_logprobs(
         )
 
 
-class VLLMEngine:
+class VLLMEngine(HttpServerClient):
     """``InferenceEngine`` (and ``InferenceServer`` of a ``ServerFleet``) over one vLLM server. Create with
     ``await VLLMEngine.connect(config)``."""
 
@@ -151,34 +152,6 @@ class VLLMEngine:
         self._update_lock: asyncio.Lock | None = None
         # policy ("" = the engine-wide adapter) → (loaded adapter name, its version)
         self._loras: dict[str, tuple[str, int]] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        # An open HTTP client (sockets, its event loop) cannot travel to another process: the copy opens its own.
-        state = dict(self.__dict__)
-        state.update(_client=None, _update_lock=None)
-        return state
-
-    @property
-    def url(self) -> str:
-        return self.config.base_url.rstrip("/")
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """This process's HTTP client to the server (opened on first use)."""
-        if self._client is None:
-            headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
-            self._client = httpx.AsyncClient(
-                base_url=self.url,
-                headers=headers,
-                timeout=httpx.Timeout(self.config.request_timeout_s, connect=self.config.connect_timeout_s),
-            )
-        return self._client
-
-    @property
-    def update_lock(self) -> asyncio.Lock:
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
-        return self._update_lock
 
     @classmethod
     async def connect(cls, config: VLLMEngineConfig) -> VLLMEngine:
