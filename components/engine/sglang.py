@@ -334,6 +334,10 @@ class SGLangEngine(HttpServerClient):
         await self._checked_success(await self._request("POST", "/update_weight_version", json=body))
         self._weight_version = int(version)
 
+    async def labelled(self) -> bool:
+        """Whether the weights carry a version Rein set (``/model_info``; a restarted server says ``default``)."""
+        return (await self._model_info()).get("weight_version") not in (None, "default")
+
     async def router_workers(self) -> list[str] | None:
         """The worker URLs when this URL is an SGLang router (sgl-model-gateway ``GET /workers`` →
         ``{"workers": [{"url": …}]}``, the older sglang-router ``GET /list_workers`` → ``{"urls": […]}``);

@@ -289,6 +289,10 @@ class VLLMEngine(HttpServerClient):
         """``GET /load``: requests in flight (every client's; 0 unless ``--enable-server-load-tracking``)."""
         return int((await self._request("GET", "/load")).get("server_load", 0))
 
+    async def labelled(self) -> bool:
+        """Whether the weights carry a version Rein set (``/weight_info``; a restarted server says ``default``)."""
+        return (await self._request("GET", "/weight_info")).get("weight_version") not in (None, "default")
+
     async def pause_generation(self, mode: str | None = None) -> None:
         """``POST /pause?mode=...``: new requests wait; running ones finish (``wait``), freeze (``keep``) or
         are aborted (``abort``)."""
