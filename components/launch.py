@@ -204,6 +204,11 @@ class RolloutBrickConfig:
     dynamic_sampling: DynamicSamplingConfig = option(
         DynamicSamplingConfig(), "DAPO dynamic sampling (components/rollout/dynamic_sampling.py)"
     )
+    engine_error_rounds: int = option(
+        2,
+        "sync: a group that lost a rollout to an engine failure (a server that died) is rolled out again, at "
+        "most this many rounds per step; the failed rollouts stay in the shard, excluded from training",
+    )
 
     def __post_init__(self) -> None:
         require_one_of(self.mode, "mode", ("sync", "async", "partial"))
@@ -213,6 +218,7 @@ class RolloutBrickConfig:
         self.actor_resource_amounts  # noqa: B018 -- validates actor_resources
         require_non_negative(self.max_staleness, "max_staleness")
         require_non_negative(self.max_steps_ahead, "max_steps_ahead")
+        require_non_negative(self.engine_error_rounds, "engine_error_rounds")
         require(
             self.mode != "partial" or self.max_staleness >= 1,
             "max_staleness",
@@ -635,6 +641,7 @@ class RunStack:
         rewards are all equal are replaced by groups of ``replacement_tasks(round)`` and left out of the shard
         (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
         from components.rollout.dynamic_sampling import sample_step
+        from components.rollout.engine_failures import replace_engine_failures
 
         shard = self.ledger.stored_shard(step)
         self.last_sampling_metrics: dict[str, float] = {}
@@ -649,8 +656,17 @@ class RunStack:
         )
         if self.config.rollout.dynamic_sampling.enabled:
             self.last_sampling_metrics = sampled.metrics()
-        trained = await self.score_with_teachers(sampled.trained)
-        return sampled.trajectories, self.store.write(trained)
+        replacements = await replace_engine_failures(
+            lambda batch, first_index: runner.run(batch, step, first_index=first_index),
+            sampled.trained,
+            {task.task_id: task for task in tasks},
+            first_index=len(tasks) + sampled.num_extra_groups,
+            max_rounds=self.config.rollout.engine_error_rounds,
+            engine=self.engine,
+        )
+        self.last_sampling_metrics["rollout/engine_error_replacements"] = float(len(replacements))
+        trained = await self.score_with_teachers([*sampled.trained, *replacements])
+        return [*sampled.trajectories, *replacements], self.store.write(trained)
 
     async def train_and_sync(self, step: int, shard: Path | None) -> dict[str, float]:
         """One optimizer step on the shard, then the new weights to the engine (the caller logs the step, then
