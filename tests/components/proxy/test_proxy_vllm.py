@@ -73,10 +73,8 @@ def test_rein_proxy_engine_vllm_serves_an_agent_request(vllm_server, tmp_path):
     import sys
     from pathlib import Path
 
-    import httpx
-
     from components.trajectory_store import TrajectoryStore
-    from tests.components.proxy.proxy_helpers import read_rein_proxy_start
+    from tests.components.proxy.proxy_helpers import one_reply_through_rein_proxy, read_rein_proxy_start
 
     rein = Path(sys.executable).parent / "rein"
     command = [
@@ -89,17 +87,7 @@ def test_rein_proxy_engine_vllm_serves_an_agent_request(vllm_server, tmp_path):
         assert (
             f"vLLM {vllm_server.url}" in banner and f"context window {vllm_server.context_window}" in banner
         )
-        admin = {"Authorization": f"Bearer {admin_key}"}
-        session = httpx.post(f"{url}/sessions", headers=admin).json()
-        client = openai.OpenAI(
-            base_url=f"{session['base_url']}/v1", api_key=session["api_key"], max_retries=0
-        )
-        reply = client.chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=5
-        )
-        assert reply.usage.completion_tokens == 5
-        finalized = httpx.post(f"{url}/s/{session['session_id']}/finalize", headers=admin, json={}).json()
-        assert finalized["status"] == "ok"
+        one_reply_through_rein_proxy(url, admin_key)
     finally:
         proxy.terminate()
         proxy.wait(timeout=30)
