@@ -7,6 +7,8 @@ finishes every step: nothing lost, nothing hangs. Uses the session's server (kil
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 
@@ -21,10 +23,19 @@ from tests.vllm_fixture import restart_vllm_server
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.vllm_kills_server(restarts=True)]
 
 
-def server_state(url: str) -> tuple[str, int]:
-    """(weight label, requests in flight) of the server."""
-    version = httpx.get(f"{url}/weight_info", timeout=5).json()["weight_version"]
-    return version, int(httpx.get(f"{url}/load", timeout=5).json().get("server_load", 0))
+def requests_in_flight(url: str) -> int:
+    """The server's running + waiting requests (0 while it is too busy to answer within 5 s)."""
+    try:
+        return int(httpx.get(f"{url}/load", timeout=5).json().get("server_load", 0))
+    except httpx.HTTPError:
+        return 0
+
+
+def weights_label(url: str) -> str:
+    try:
+        return httpx.get(f"{url}/weight_info", timeout=5).json()["weight_version"]
+    except httpx.HTTPError:
+        return ""
 
 
 def test_server_killed_mid_step_comes_back_with_the_weights_and_the_lost_rollouts_are_replaced(
@@ -39,24 +50,26 @@ def test_server_killed_mid_step_comes_back_with_the_weights_and_the_lost_rollout
         "--wandb-mode", "offline",
     )  # fmt: skip
     log = (tmp_path / "recipe.log").open("w")
-    recipe = subprocess.Popen(command, cwd=REPO_ROOT, env=recipe_env(), stdout=log, stderr=subprocess.STDOUT)
+    recipe = subprocess.Popen(
+        command, cwd=REPO_ROOT, env=recipe_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         # kill it while step 1 (sampled by version 1) has a request in flight
         deadline = time.monotonic() + 900
         while True:
             assert recipe.poll() is None, (tmp_path / "recipe.log").read_text()[-6000:]
             assert time.monotonic() < deadline, "step 1 never started generating"
-            version, in_flight = server_state(vllm_server.url)
-            if version == "1" and in_flight > 0:
+            if requests_in_flight(vllm_server.url) > 0 and weights_label(vllm_server.url) == "1":
                 break
-            time.sleep(0.05)
+            time.sleep(0.1)
         vllm_server.process.kill()
         killed_at = time.monotonic()
         restart_vllm_server(vllm_server)
         assert recipe.wait(timeout=1200) == 0, (tmp_path / "recipe.log").read_text()[-8000:]
     finally:
-        if recipe.poll() is None:
-            recipe.kill()
+        if recipe.poll() is None:  # the recipe and the Ray processes it started
+            os.killpg(recipe.pid, signal.SIGKILL)
+            recipe.wait()
         log.close()
     assert time.monotonic() - killed_at < 1200
     shards = shard_steps(run_dir)
