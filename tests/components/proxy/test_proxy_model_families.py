@@ -1,9 +1,8 @@
 """Model families end to end: multi-turn tool conversations through the proxy with the official openai SDK,
-for each family under its real chat template (vLLM's ``examples/tool_chat_template_*.jinja``, downloaded by
-``make setup-test`` into ``.templates/``), with a scripted policy writing that family's tool-call format.
-
-GLM-4.5, Kimi K2 and gpt-oss harmony have no template in that sdist: they run on SmolLM2's ChatML template
-(no tool support) with ``tool_format`` named, so Rein renders tools and past calls in the family's format.
+for each family under its real chat template, downloaded by ``make setup-test`` into ``.templates/``: vLLM's
+``examples/tool_chat_template_*.jinja`` (its sdist on PyPI) and llama.cpp's ``models/templates`` for GLM-4.6
+(GLM-4.5's format), Kimi K2 and gpt-oss (vendored in llama-cpp-python's sdist on PyPI), with a scripted policy
+writing that family's tool-call format.
 
 Each conversation checks: the format is detected from the template (or the named one is used); every turn's
 prompt extends the previous prompt + sampled ids exactly (one segment); the sampled ids are exactly the
@@ -72,6 +71,20 @@ DEEPSEEK = (
     "<｜tool▁output▁begin｜>",
     "<｜tool▁output▁end｜>",
 )
+GLM = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>")
+KIMI = (
+    "<|im_system|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_middle|>",
+    "<|im_end|>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+)
+HARMONY = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
 FAMILIES = {
     "hermes": Family("hermes", "tool_chat_template_hermes.jinja"),
     "qwen3_coder": Family("qwen3_coder", "tool_chat_template_qwen3coder.jinja"),
@@ -104,9 +117,9 @@ FAMILIES = {
     "deepseek_r1": Family(
         "deepseek_v3", "tool_chat_template_deepseekr1.jinja", DEEPSEEK, DEEPSEEK[0], DEEPSEEK[1]
     ),
-    "glm45": Family("glm45", None),
-    "kimi_k2": Family("kimi_k2", None),
-    "harmony": Family("harmony", None),
+    "glm45": Family("glm45", "GLM-4.6.jinja", GLM, "[gMASK]", "<|observation|>"),
+    "kimi_k2": Family("kimi_k2", "moonshotai-Kimi-K2.jinja", KIMI, None, "<|im_end|>"),
+    "harmony": Family("harmony", "openai-gpt-oss-120b.jinja", HARMONY, None, "<|call|>", False),
 }
 
 
