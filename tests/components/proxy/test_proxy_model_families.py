@@ -71,7 +71,16 @@ DEEPSEEK = (
     "<｜tool▁output▁begin｜>",
     "<｜tool▁output▁end｜>",
 )
-GLM = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>")
+GLM = (
+    "[gMASK]",
+    "<sop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<think>",
+    "</think>",
+)
 KIMI = (
     "<|im_system|>",
     "<|im_user|>",
@@ -123,6 +132,7 @@ FAMILIES = {
 }
 
 
+XML_ARGUMENTS = ("glm45", "qwen3_coder")  # arguments are XML parameters: each call's come whole
 _TOKENIZERS: dict[str, object] = {}
 
 
@@ -175,7 +185,7 @@ def run_conversation(
     seen = []
     for _ in scripted_turns(family):
         if stream:
-            content, calls = "", {}
+            content, calls, pieces = "", {}, []
             for chunk in client.chat.completions.create(
                 model="policy", messages=messages, tools=TOOLS, stream=True
             ):
@@ -183,12 +193,15 @@ def run_conversation(
                 if delta is None:
                     continue
                 content += delta.content or ""
-                for call in delta.tool_calls or []:
-                    calls[call.index] = {
-                        "id": call.id,
-                        "type": "function",
-                        "function": {"name": call.function.name, "arguments": call.function.arguments},
-                    }
+                for call in delta.tool_calls or []:  # the first chunk names the call; the arguments add up
+                    if call.index not in calls:
+                        calls[call.index] = {
+                            "id": call.id,
+                            "type": "function",
+                            "function": {"name": call.function.name, "arguments": ""},
+                        }
+                    calls[call.index]["function"]["arguments"] += call.function.arguments or ""
+                    pieces.append(call.function.arguments)
             tool_calls = [calls[i] for i in sorted(calls)]
         else:
             message = (
@@ -201,6 +214,8 @@ def run_conversation(
         seen.append(
             (content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in tool_calls])
         )
+        if stream and tool_calls and family.tool_format not in XML_ARGUMENTS:
+            assert len(pieces) > 2 * len(tool_calls)  # the arguments came as their tokens wrote them
         assistant = {"role": "assistant", "content": content}
         if tool_calls:
             assistant["tool_calls"] = tool_calls
@@ -496,7 +511,9 @@ def test_recipes_name_the_formats_on_their_proxy_brick(capsys):
 @pytest.mark.parametrize(
     ("name", "expected_segments"), [("harmony", ["start", "prefix_mismatch"]), ("glm45", ["start"])]
 )
-def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(tokenizer, name, expected_segments):
+def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(
+    tokenizer, name, expected_segments
+):
     """gpt-oss' template drops a tool-call turn's analysis once a final answer follows it: the next user turn
     rewrites what the model saw (the new messages render differently after it), so TITO starts a
     ``prefix_mismatch`` segment and the drift audit reports it. GLM-4.6's drops the reasoning of turns before the
@@ -555,6 +572,8 @@ def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(t
         reports = audit_session(registry._sessions[session_id].tito)
         assert [s["reason"] for s in record["segments"]] == expected_segments
         assert [r.segment_reason for r in reports] == expected_segments
-        assert reports[0].num_mismatched > 0  # a re-render without the dropped reasoning is not what was sampled
+        assert (
+            reports[0].num_mismatched > 0
+        )  # a re-render without the dropped reasoning is not what was sampled
     finally:
         server.stop_thread()
