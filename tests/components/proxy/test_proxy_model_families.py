@@ -28,7 +28,7 @@ from components.proxy.sessions import LocalSessionRegistry
 from components.tito.drift_audit import audit_session
 from components.tito.formats import tool_format_named
 from components.tito.messages import ToolCall
-from tests.components.proxy.proxy_helpers import assert_one_segment_record
+from tests.components.proxy.proxy_helpers import assert_one_segment_record, streamed_tool_calls
 
 TEMPLATES = Path(__file__).resolve().parents[3] / ".templates"
 TOOLS = [
@@ -185,24 +185,12 @@ def run_conversation(
     seen = []
     for _ in scripted_turns(family):
         if stream:
-            content, calls, pieces = "", {}, []
-            for chunk in client.chat.completions.create(
-                model="policy", messages=messages, tools=TOOLS, stream=True
-            ):
-                delta = chunk.choices[0].delta if chunk.choices else None
-                if delta is None:
-                    continue
-                content += delta.content or ""
-                for call in delta.tool_calls or []:  # the first chunk names the call; the arguments add up
-                    if call.index not in calls:
-                        calls[call.index] = {
-                            "id": call.id,
-                            "type": "function",
-                            "function": {"name": call.function.name, "arguments": ""},
-                        }
-                    calls[call.index]["function"]["arguments"] += call.function.arguments or ""
-                    pieces.append(call.function.arguments)
-            tool_calls = [calls[i] for i in sorted(calls)]
+            chunks = list(
+                client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stream=True)
+            )
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            pieces = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+            tool_calls = streamed_tool_calls(chunks)
         else:
             message = (
                 client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
