@@ -488,7 +488,13 @@ class RunStack:
     async def _start(self) -> None:
         from components.training import latest_checkpoint
 
+        from components.process_guard import ProcessGuard
+
         config, run = self.config, self.run
+        # First: the local Ray, sandboxes, servers and agents started from here on die with this driver, even
+        # when it is SIGKILLed (the guard closes last, after every other cleanup).
+        guard = ProcessGuard.start(log_path=run.path / "logs" / "process_guard.log")
+        self._cleanups.append(lambda: _to_thread(guard.close))
         connect_ray(config)
         checkpoint = latest_checkpoint(run.path / "checkpoints")
         # A LoRA checkpoint is an adapter folder: the engine starts on the base and gets the resumed adapter
