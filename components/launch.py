@@ -486,9 +486,8 @@ class RunStack:
             await stack.close()
 
     async def _start(self) -> None:
-        from components.training import latest_checkpoint
-
         from components.process_guard import ProcessGuard
+        from components.training import latest_checkpoint
 
         config, run = self.config, self.run
         # First: the local Ray, sandboxes, servers and agents started from here on die with this driver, even

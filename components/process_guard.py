@@ -107,7 +107,9 @@ class _Watch:
                     pass
             time.sleep(SWEEP_SETTLE_S)
             table = process_table()
-            frozen = {pid: ident for pid, ident in frozen.items() if pid in table and table[pid][1] == ident[0]}
+            frozen = {
+                pid: ident for pid, ident in frozen.items() if pid in table and table[pid][1] == ident[0]
+            }
             candidates = {}
             for pid in frozen:
                 for child in descendants(pid, table):
