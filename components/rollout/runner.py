@@ -40,17 +40,18 @@ from components.proxy.sessions import validate_policy_name
 from components.rewards.compose import RewardWeights, apply_group_reward
 from components.rollout.failures import classify_exception
 from components.rollout.log_text import clip_text
-from components.trajectory import TRAINABLE_STATUSES, Trajectory, TrajectoryStatus
+from components.trajectory import (
+    INFRASTRUCTURE_STATUSES,
+    TRAINABLE_STATUSES,
+    Trajectory,
+    TrajectoryStatus,
+)
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 OPEN_PROXY_API_KEY = "rein"  # what harnesses send to a proxy without per-session tokens (any key is accepted)
-
-_INFRA_STATUSES = frozenset(
-    {TrajectoryStatus.SANDBOX_ERROR, TrajectoryStatus.ENGINE_ERROR, TrajectoryStatus.GRADING_ERROR}
-)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -362,7 +363,7 @@ class RolloutRunner(GroupRollouts):
     async def _check_sandbox(self, sandbox: Sandbox, rollout: _Rollout) -> None:
         """A sandbox that died under the harness makes the rollout an infrastructure failure, whatever the
         harness concluded from its dying commands."""
-        if rollout.status in _INFRA_STATUSES:
+        if rollout.status in INFRASTRUCTURE_STATUSES:
             return
         try:
             probe = await asyncio.wait_for(
