@@ -85,6 +85,7 @@ from components.training.distillation import DistillationConfig
 from components.training.overlong import OverlongConfig
 from components.training.step import OptimizerConfig
 from components.training.trainer import TrainerConfig
+from components.training.turn_credit import TurnCreditConfig
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 from monitoring.logger import MetricsLoggersConfig, WandbLoggersConfig
@@ -132,6 +133,9 @@ class TrainerBrickConfig:
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
     overlong: OverlongConfig = option(
         OverlongConfig(), "overlong (truncated) trajectories (components/training/overlong.py)"
+    )
+    turn_credit: TurnCreditConfig = option(
+        TurnCreditConfig(), "per-turn advantages from process rewards (components/training/turn_credit.py)"
     )
     # the optimizer's and the step's knobs; their defaults are those of the configs they go to
     weight_decay: float = option(OptimizerConfig.weight_decay, "AdamW decoupled weight decay")
@@ -596,6 +600,7 @@ class RunStack:
                 max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch,
                 overlong=config.trainer.overlong,
                 distillation=config.distillation,
+                turn_credit=config.trainer.turn_credit,
             ),
             lora=config.trainer.lora_settings(),
             gradient_checkpointing=config.trainer.gradient_checkpointing,
