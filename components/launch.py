@@ -78,12 +78,14 @@ from components.proxy.providers import ProxyBrickConfig, ServeProxyConfig
 from components.recipe_config import config_to_json, option, slot
 from components.registry import ENGINES, LOGGERS, PROXIES, SANDBOXES
 from components.rollout.dynamic_sampling import DynamicSamplingConfig
+from components.rollout.partial_groups import PartialGroupConfig
 from components.sampling import SamplingDistribution
 from components.training.algorithms import AlgorithmOptions
 from components.training.distillation import DistillationConfig
 from components.training.overlong import OverlongConfig
 from components.training.step import OptimizerConfig
 from components.training.trainer import TrainerConfig
+from components.training.turn_credit import TurnCreditConfig
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 from monitoring.logger import MetricsLoggersConfig, WandbLoggersConfig
@@ -131,6 +133,9 @@ class TrainerBrickConfig:
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
     overlong: OverlongConfig = option(
         OverlongConfig(), "overlong (truncated) trajectories (components/training/overlong.py)"
+    )
+    turn_credit: TurnCreditConfig = option(
+        TurnCreditConfig(), "per-turn advantages from process rewards (components/training/turn_credit.py)"
     )
     # the optimizer's and the step's knobs; their defaults are those of the configs they go to
     weight_decay: float = option(OptimizerConfig.weight_decay, "AdamW decoupled weight decay")
@@ -203,6 +208,10 @@ class RolloutBrickConfig:
     )
     dynamic_sampling: DynamicSamplingConfig = option(
         DynamicSamplingConfig(), "DAPO dynamic sampling (components/rollout/dynamic_sampling.py)"
+    )
+    partial_groups: PartialGroupConfig = option(
+        PartialGroupConfig(),
+        "groups that lost members to infrastructure failures (components/rollout/partial_groups.py)",
     )
 
     def __post_init__(self) -> None:
@@ -486,9 +495,14 @@ class RunStack:
             await stack.close()
 
     async def _start(self) -> None:
+        from components.process_guard import ProcessGuard
         from components.training import latest_checkpoint
 
         config, run = self.config, self.run
+        # First: the local Ray, sandboxes, servers and agents started from here on die with this driver, even
+        # when it is SIGKILLed (the guard closes last, after every other cleanup).
+        guard = ProcessGuard.start(log_path=run.path / "logs" / "process_guard.log")
+        self._cleanups.append(lambda: _to_thread(guard.close))
         connect_ray(config)
         checkpoint = latest_checkpoint(run.path / "checkpoints")
         # A LoRA checkpoint is an adapter folder: the engine starts on the base and gets the resumed adapter
@@ -586,6 +600,7 @@ class RunStack:
                 max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch,
                 overlong=config.trainer.overlong,
                 distillation=config.distillation,
+                turn_credit=config.trainer.turn_credit,
             ),
             lora=config.trainer.lora_settings(),
             gradient_checkpointing=config.trainer.gradient_checkpointing,
@@ -632,8 +647,9 @@ class RunStack:
     ) -> tuple[list[Trajectory], Path | None]:
         """This step's trajectories and their shard: read back when stored before a restart, else rolled out
         (``runner.run(tasks, step)``) and written as one shard. With ``rollout.dynamic_sampling`` groups whose
-        rewards are all equal are replaced by groups of ``replacement_tasks(round)`` and left out of the shard
-        (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
+        rewards are all equal are replaced by groups of ``replacement_tasks(round)``, and groups left with too
+        few survivors of infrastructure failures (``rollout.partial_groups``) by new groups of their task; both
+        are left out of the shard (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
         from components.rollout.dynamic_sampling import sample_step
 
         shard = self.ledger.stored_shard(step)
@@ -646,9 +662,11 @@ class RunStack:
             lambda batch, first_index: runner.run(batch, step, first_index=first_index),
             tasks,
             replacement_tasks,
+            partial=self.config.rollout.partial_groups,
         )
         if self.config.rollout.dynamic_sampling.enabled:
             self.last_sampling_metrics = sampled.metrics()
+        self.last_sampling_metrics.update(sampled.partial_group_metrics())
         trained = await self.score_with_teachers(sampled.trained)
         return sampled.trajectories, self.store.write(trained)
 
