@@ -10,7 +10,6 @@ import pytest
 from components.tito.formats import ReplyParser, reasoning_format_named, tool_format_named
 from components.tito.messages import ToolCall, ToolSpec
 
-
 TOOLS = (
     ToolSpec(
         name="write",
