@@ -395,7 +395,8 @@ def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
 
 def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
     """Codex's protocol: the message text comes as one ``output_text.delta`` per settled piece, the call as a
-    ``function_call`` item (GLM-4.5 format, named, on SmolLM2's ChatML)."""
+    ``function_call`` item whose arguments arrive as ``function_call_arguments.delta`` pieces (GLM-4.5 format,
+    named, on SmolLM2's ChatML)."""
     family = FAMILIES["glm45"]
     fmt = tool_format_named("glm45")
     call = ToolCall(id="c1", name="bash", arguments='{"cmd": "ls -la"}')
@@ -420,6 +421,8 @@ def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
             e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
         ]
         assert [(item.name, json.loads(item.arguments)) for item in done] == [("bash", {"cmd": "ls -la"})]
+        pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+        assert len(pieces) > 2 and "".join(pieces) == done[0].arguments  # as the XML parameters were written
     finally:
         server.stop_thread()
 
