@@ -76,10 +76,10 @@ from components.protocols import (
 )
 from components.proxy.providers import ProxyBrickConfig, ServeProxyConfig
 from components.recipe_config import config_to_json, option, slot
-from components.registry import ENGINES, LOGGERS, PROXIES, SANDBOXES
+from components.registry import ALGORITHMS, ENGINES, LOGGERS, PROXIES, SANDBOXES
 from components.rollout.dynamic_sampling import DynamicSamplingConfig
 from components.sampling import SamplingDistribution
-from components.training.algorithms import AlgorithmOptions
+from components.training.algorithms import AlgorithmConfig, GRPOConfig
 from components.training.distillation import DistillationConfig
 from components.training.overlong import OverlongConfig
 from components.training.step import OptimizerConfig
@@ -270,15 +270,12 @@ class RunConfig:
     run_dir: str = option("", "run directory; '' makes runs/<recipe>-<time>; an existing one is resumed")
     num_steps: int = option(2, "training steps (rollout → train → weight sync → log/checkpoint)")
     group_size: int = option(2, "rollouts per task per step (one GRPO group)")
-    algorithm: Literal["grpo", "dr_grpo", "gspo", "rloo"] = option(
-        "grpo",
+    algorithm: AlgorithmConfig = slot(
+        ALGORITHMS,
+        GRPOConfig(),
         "policy-gradient algorithm (components/training/algorithms/): GRPO, Dr.GRPO, GSPO (sequence-level ratio "
-        "and clipping) or RLOO (leave-one-out baseline)",
-    )
-    algorithms: AlgorithmOptions = option(
-        AlgorithmOptions(),
-        "each algorithm's config and loss knobs (the --algorithm one is used): clip range, mismatch correction "
-        "(importance_sampling), KL coefficient and estimator, loss aggregation (sample_weighting)",
+        "and clipping) or RLOO (leave-one-out baseline); its fields are its loss knobs: clip range, mismatch "
+        "correction (importance_sampling), KL coefficient and estimator, loss aggregation (sample_weighting)",
     )
     checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
     seed: int = option(0, "seed of the trainer and of task selection")
@@ -429,7 +426,6 @@ class Bricks:
     @classmethod
     def from_config(cls, config: RunConfig, *, sandbox_paths: Sequence[str] = ()) -> Bricks:
         """The bricks ``config`` names; ``sandbox_paths``: host paths the sandboxes bind read-only."""
-        from components.training.algorithms import make_algorithm
         from sandboxes.resilient import ResilientSandboxProvider, SandboxResilienceConfig
 
         sandboxes = config.sandbox.build(read_only_paths=sandbox_paths)
@@ -439,7 +435,7 @@ class Bricks:
                 record_routed_experts=config.sampling.record_routed_experts,
             ),
             proxy=config.proxy.build(),
-            algorithm=make_algorithm(config.algorithm, config.algorithms),
+            algorithm=config.algorithm.build(),
             sandboxes=ResilientSandboxProvider(
                 sandboxes, SandboxResilienceConfig()
             ),  # retries, circuit breaker

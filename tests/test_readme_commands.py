@@ -48,7 +48,7 @@ END_TO_END = {
     "python recipes/temporal_clue_grpo.py --model tiny --distillation-teachers M --distillation-kl-weight 0.5": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
     ),
-    "python recipes/temporal_clue_grpo.py --model tiny --algorithms-grpo-loss-importance-sampling icepop "
+    "python recipes/temporal_clue_grpo.py --model tiny --algorithm-loss-importance-sampling icepop "
     "--rollout-dynamic-sampling-enabled true --trainer-overlong-mode penalty": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
     ),

@@ -60,4 +60,4 @@ def test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run(tmp_path, 
     assert scored > 0 or all(row["dynamic_sampling/kept_groups"] == 0 for row in rows)
 
 
-ALGORITHM_FLAGS = ("--algorithms-grpo-loss-importance-sampling", "icepop")
+ALGORITHM_FLAGS = ("--algorithm-loss-importance-sampling", "icepop")
