@@ -23,7 +23,7 @@ Placement through Ray resources:
     ``--proxy local`` serves it from the driver process instead (one fewer moving part, no Serve start-up);
   - sandboxes: the driver's bubblewrap pool keeps ``sandbox.num_warm`` started (``--sandbox-backend e2b``: E2B's
     cloud); on a multi-node cluster use ``sandboxes.ray_pool`` whose capacity is the ``sandbox_slots`` resource;
-  - trainer: ``trainer.workers`` Ray Train FSDP2 workers with ``trainer.cpus_per_worker`` CPUs (1 GPU each when
+  - trainer: ``trainer.num_workers`` Ray Train FSDP2 workers with ``trainer.cpus_per_worker`` CPUs (1 GPU each when
     ``trainer.use_gpu``);
   - rollout producer (harness runs, grading, the agents' sandboxes): in the driver, or with
     ``--rollout-placement actor`` one Ray actor with ``rollout.actor_num_cpus`` CPUs and the custom resources
@@ -62,7 +62,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.providers import EmbeddedEngineBrickConfig, EngineBrickConfig
-from components.lora import LoraSettings
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
 from components.protocols import (
     Algorithm,
@@ -81,9 +80,7 @@ from components.rollout.dynamic_sampling import DynamicSamplingConfig
 from components.sampling import SamplingDistribution
 from components.training.algorithms import AlgorithmConfig, GRPOConfig
 from components.training.distillation import DistillationConfig
-from components.training.overlong import OverlongConfig
-from components.training.step import OptimizerConfig
-from components.training.trainer import TrainerConfig
+from components.training.trainer_config import TrainerBrickConfig, TrainerConfig
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 from monitoring.logger import MetricsLoggersConfig, WandbLoggersConfig
@@ -103,70 +100,9 @@ WORKING_DIR_EXCLUDES = [".venv", ".models", ".agents", "runs", ".git", "**/__pyc
 # Where a field goes: a field that configures one brick goes into that brick's config below (its flag is
 # ``--<brick>-<field>``, or a historical flag kept with ``option(..., flag=...)``); a field the whole run shares
 # (model, steps, seed, sampling) stays on ``RunConfig``. A recipe changes a brick's defaults by giving the brick
-# field a new default instance: ``trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5))``.
+# field a new default instance: ``sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=192))``.
+# The trainer brick's config lives with the trainer (``components/training/trainer_config.py``).
 # ``--config FILE`` takes the same fields nested by brick (``trainer: {workers: 2}``).
-
-
-@dataclass(kw_only=True, frozen=True)
-class TrainerBrickConfig:
-    """The trainer brick: the Ray Train FSDP2 worker group and its optimizer."""
-
-    workers: int = option(2, "Ray Train FSDP2 workers")
-    cpus_per_worker: float = option(1.0, "Ray CPUs per trainer worker")
-    use_gpu: bool = option(False, "train on GPUs (one per worker, NCCL)")
-    learning_rate: float = option(1e-5, "AdamW learning rate", flag="learning-rate")
-    max_tokens_per_micro_batch: int = option(
-        1024,
-        "token budget of one packed training row (bounds trainer memory)",
-        flag="max-tokens-per-micro-batch",
-    )
-    lora_rank: int = option(0, "LoRA rank (peft adapter); 0 trains every weight", flag="lora-rank")
-    lora_alpha: float = option(0.0, "LoRA alpha; 0 means 2 x rank", flag="lora-alpha")
-    lora_dropout: float = option(0.0, "LoRA dropout", flag="lora-dropout")
-    lora_target: str = option(
-        "all-linear",
-        "LoRA target modules: all-linear or comma-separated names (q_proj,v_proj)",
-        flag="lora-target",
-    )
-    gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
-    overlong: OverlongConfig = option(
-        OverlongConfig(), "overlong (truncated) trajectories (components/training/overlong.py)"
-    )
-    # the optimizer's and the step's knobs; their defaults are those of the configs they go to
-    weight_decay: float = option(OptimizerConfig.weight_decay, "AdamW decoupled weight decay")
-    max_grad_norm: float = option(
-        OptimizerConfig.max_grad_norm, "clip the global gradient norm to this (0: no clipping)"
-    )
-    num_updates_per_step: int = option(
-        TrainerConfig.num_updates_per_step,
-        "optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)",
-    )
-    entropy_coef: float = option(
-        TrainerConfig.entropy_coef, "entropy bonus weight, added to every algorithm's loss"
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("workers", "cpus_per_worker", "learning_rate", "max_tokens_per_micro_batch"):
-            require_positive(getattr(self, name), name)
-        self.optimizer()  # validates weight_decay and max_grad_norm
-        require_positive(self.num_updates_per_step, "num_updates_per_step")
-        require_non_negative(self.entropy_coef, "entropy_coef")
-        self.lora_settings()  # validates the lora_* fields
-
-    def optimizer(self) -> OptimizerConfig:
-        """The trainer's AdamW config."""
-        return OptimizerConfig(
-            learning_rate=self.learning_rate, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm
-        )
-
-    def lora_settings(self) -> LoraSettings:
-        targets = self.lora_target if self.lora_target == "all-linear" else tuple(self.lora_target.split(","))
-        return LoraSettings(
-            rank=self.lora_rank,
-            alpha=self.lora_alpha or None,
-            dropout=self.lora_dropout,
-            target_modules=targets,
-        )
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -560,34 +496,16 @@ class RunStack:
         return await score_with_teachers(self.config.distillation, self.teachers, trajectories)
 
     def _start_trainer(self) -> Trainer:
-        from components.training import Trainer
-
-        return Trainer(self.trainer_config(), algorithm=self.bricks.algorithm)
+        return self.trainer_config().build(algorithm=self.bricks.algorithm)
 
     def trainer_config(self) -> TrainerConfig:
         """The config the run's trainer starts with (the trainer brick, the sampling temperature, the seed)."""
-        from components.training import SampleBatchConfig
-
-        config, run = self.config, self.run
-        return TrainerConfig(
-            model_path=run.model_path,
-            run_dir=run.path,
-            num_workers=config.trainer.workers,
-            use_gpu=config.trainer.use_gpu,
-            cpus_per_worker=config.trainer.cpus_per_worker,
-            optimizer=config.trainer.optimizer(),
-            num_updates_per_step=config.trainer.num_updates_per_step,
-            entropy_coef=config.trainer.entropy_coef,
-            batching=SampleBatchConfig(
-                max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch,
-                overlong=config.trainer.overlong,
-                distillation=config.distillation,
-            ),
-            lora=config.trainer.lora_settings(),
-            gradient_checkpointing=config.trainer.gradient_checkpointing,
-            temperature=config.sampling.temperature,
-            seed=config.seed,
-            resume=True,
+        return self.config.trainer.for_run(
+            model_path=self.run.model_path,
+            run_dir=self.run.path,
+            temperature=self.config.sampling.temperature,
+            seed=self.config.seed,
+            distillation=self.config.distillation,
         )
 
     async def _start_proxy(self) -> tuple[str, SessionControl]:

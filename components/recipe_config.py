@@ -2,11 +2,11 @@
 
 A recipe config is a frozen dataclass whose fields are plain values or *brick configs* (frozen dataclasses of
 their own: engine, proxy, sandbox, trainer, algorithm, rollout, monitoring). ``parse_config`` turns it into one
-flat, readable command line — one convention: a brick's field ``trainer.workers`` is ``--trainer-workers``
+flat, readable command line — one convention: a brick's field ``trainer.use_gpu`` is ``--trainer-use-gpu``
 (a field may keep a shorter historical flag with ``option(..., flag="learning-rate")``) — and reads
-``--config FILE`` (YAML or JSON, nested like the dataclasses: ``trainer: {workers: 2}``); flags given on the
+``--config FILE`` (YAML or JSON, nested like the dataclasses: ``trainer: {num_workers: 2}``); flags given on the
 command line override the file. ``--help`` lists every field, grouped by brick, with its meaning and default.
-A bad value fails naming the field (``trainer.workers: must be > 0``).
+A bad value fails naming the field (``trainer.num_workers: must be > 0``).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def _leaves(
     hints = typing.get_type_hints(config_class)
     leaves = []
     for field in dataclasses.fields(config_class):
-        if not field.init:
+        if not field.init or "set_by" in field.metadata:
             continue
         value = getattr(brick_default, field.name) if brick_default is not None else _field_default(field)
         field_path = (*path, field.name)
@@ -171,7 +171,7 @@ def _leaves(
 
 
 def config_flags(config_class: type, kinds: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Every plain field of ``config_class`` and its bricks (dotted: ``trainer.workers``; a slot's kind:
+    """Every plain field of ``config_class`` and its bricks (dotted: ``trainer.use_gpu``; a slot's kind:
     ``engine.kind``) → its command-line flag (``--trainer-workers``; a field with a historical flag: that one).
     ``kinds`` (slot path → kind, e.g. ``{"engine": "sglang"}``) lists another kind's fields than the default's."""
     by_path = {tuple(path.split(".")): kind for path, kind in (kinds or {}).items()}
@@ -229,7 +229,7 @@ def _build(
     """``config_class`` (or ``base``, a brick's default) with ``overrides`` (nested dicts) applied; validation
     errors name the dotted field."""
     hints = typing.get_type_hints(config_class)
-    fields = {f.name: f for f in dataclasses.fields(config_class) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(config_class) if f.init and "set_by" not in f.metadata}
     changes: dict[str, Any] = {}
     for name, value in overrides.items():
         where = ".".join((*path, name))

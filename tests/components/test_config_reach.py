@@ -49,7 +49,7 @@ RUN_WING_BRICKS = {"rollout": "the loop (components/loop.py) and RolloutConfig i
 SGLANG_URL = "http://127.0.0.1:9"
 # Fields valid only beside another field's value: that flag is given to both sides of the comparison.
 COMPANION_FLAGS = {
-    "trainer.overlong.buffer_tokens": lambda model_dir: ["--trainer-overlong-max-sampled-tokens", "64"],
+    "trainer.batching.overlong.buffer_tokens": lambda model_dir: ["--trainer-overlong-max-sampled-tokens", "64"],
     "distillation.teacher_rules": lambda model_dir: ["--distillation-teachers", str(model_dir)],
 }
 # (kind, field) with a single valid value in that kind.

@@ -188,7 +188,7 @@ def test_every_loss_knob_reaches_the_algorithm_from_flags_and_errors_name_the_do
         3,
     )
     assert (loss.kl_coef, loss.kl_estimator, loss.ratio_level) == (0.05, "k2", "sequence")
-    optimizer = config.trainer.optimizer()
+    optimizer = config.trainer.optimizer
     assert (optimizer.weight_decay, optimizer.max_grad_norm, optimizer.learning_rate) == (0.1, 0.5, 1e-5)
     assert (config.trainer.num_updates_per_step, config.trainer.entropy_coef) == (2, 0.01)
     # the other algorithms keep their own defaults; Dr.GRPO's aggregation is its own
@@ -198,7 +198,7 @@ def test_every_loss_knob_reaches_the_algorithm_from_flags_and_errors_name_the_do
     assert Bricks.from_config(aggregated).algorithm.config.sample_weighting == "token"
     for bad, field in (
         (["--algorithm-loss-clip-low", "1.5"], "algorithm.loss.clip_low"),
-        (["--trainer-max-grad-norm", "-1"], "trainer.max_grad_norm"),
+        (["--trainer-max-grad-norm", "-1"], "trainer.optimizer.max_grad_norm"),
         (["--trainer-num-updates-per-step", "0"], "trainer.num_updates_per_step"),
     ):
         with pytest.raises(SystemExit):
