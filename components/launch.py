@@ -58,10 +58,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from components.config import require, require_non_negative, require_one_of, require_positive
+from components.config import require, require_non_negative, require_positive
 from components.engine.providers import EmbeddedEngineBrickConfig, EngineBrickConfig
+from components.loop import RolloutBrickConfig
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
 from components.protocols import (
     Algorithm,
@@ -76,7 +77,6 @@ from components.protocols import (
 from components.proxy.providers import ProxyBrickConfig, ServeProxyConfig
 from components.recipe_config import config_to_json, option, slot
 from components.registry import ALGORITHMS, ENGINES, LOGGERS, PROXIES, SANDBOXES
-from components.rollout.dynamic_sampling import DynamicSamplingConfig
 from components.sampling import SamplingDistribution
 from components.training.algorithms import AlgorithmConfig, GRPOConfig
 from components.training.distillation import DistillationConfig
@@ -103,64 +103,6 @@ WORKING_DIR_EXCLUDES = [".venv", ".models", ".agents", "runs", ".git", "**/__pyc
 # field a new default instance: ``sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=192))``.
 # The trainer brick's config lives with the trainer (``components/training/trainer_config.py``).
 # ``--config FILE`` takes the same fields nested by brick (``trainer: {workers: 2}``).
-
-
-@dataclass(kw_only=True, frozen=True)
-class RolloutBrickConfig:
-    """How rollouts are scheduled against training (the loop: ``components/loop.py``)."""
-
-    mode: Literal["sync", "async", "partial"] = option(
-        "sync",
-        "sync: roll out, then train (the reference); async: rollouts stay in flight across steps, the trainer "
-        "takes complete groups as they come; partial: step n+1 rolls out while step n trains, in-flight "
-        "rollouts continue on new weights (see components/loop.py)",
-    )
-    max_staleness: int = option(
-        1,
-        "async/partial: drop (and count) a group whose oldest sampled token is more versions behind",
-        flag="max-staleness",
-    )
-    max_steps_ahead: int = option(
-        1,
-        "async/partial: while the trainer is the bottleneck (its last step found its groups complete), start "
-        "groups at most this many steps beyond its step (capped by max_staleness; each step more would be a "
-        "version of staleness on every group); while rollouts are (it waits for groups), up to max_staleness",
-        flag="max-steps-ahead",
-    )
-    max_concurrency: int = option(4, "rollouts in flight at once", flag="max-concurrency")
-    placement: Literal["driver", "actor"] = option(
-        "driver",
-        "where the rollout producer runs: in the driver, or in a Ray actor placed by actor_num_cpus / "
-        "actor_resources on any node (needs proxy kind serve; see components/rollout/producer.py)",
-    )
-    actor_num_cpus: float = option(1.0, "Ray CPUs of the rollout producer actor (placement actor)")
-    actor_resources: str = option(
-        "", "custom Ray resources the producer actor needs, name=amount,... e.g. rollout=1 (placement actor)"
-    )
-    dynamic_sampling: DynamicSamplingConfig = option(
-        DynamicSamplingConfig(), "DAPO dynamic sampling (components/rollout/dynamic_sampling.py)"
-    )
-
-    def __post_init__(self) -> None:
-        require_one_of(self.mode, "mode", ("sync", "async", "partial"))
-        require_positive(self.max_concurrency, "max_concurrency")
-        require_one_of(self.placement, "placement", ("driver", "actor"))
-        require_non_negative(self.actor_num_cpus, "actor_num_cpus")
-        self.actor_resource_amounts  # noqa: B018 -- validates actor_resources
-        require_non_negative(self.max_staleness, "max_staleness")
-        require_non_negative(self.max_steps_ahead, "max_steps_ahead")
-        require(
-            self.mode != "partial" or self.max_staleness >= 1,
-            "max_staleness",
-            "must be >= 1 in rollout mode partial (step n+1's rollouts start under step n's weights)",
-        )
-
-    @property
-    def actor_resource_amounts(self) -> dict[str, float]:
-        """``actor_resources`` as Ray custom resources."""
-        from components.rollout.producer import parse_resources
-
-        return parse_resources(self.actor_resources)
 
 
 @dataclass(kw_only=True, frozen=True)
