@@ -133,6 +133,9 @@ HARNESSES: Registry = Registry(
         "harnesses.mini_swe_agent",
         "harnesses.claude_code",
         "harnesses.codex",
+        "harnesses.opencode",
+        "harnesses.openclaw",
+        "harnesses.qwen_code",
     ),
 )
 TASK_SOURCES: Registry = Registry("tasks")

@@ -22,7 +22,8 @@ from components.engine.sglang_fleet import sglang_fleet_config
 from components.engine.vllm_fleet import vllm_fleet_config
 from components.launch import Bricks, RunDirectory, RunStack
 from components.recipe_config import _leaves, parse_config
-from recipes.swe_grpo import SweGrpoConfig, build_harness
+from components.registry import HARNESSES
+from recipes.swe_grpo import SweGrpoConfig, build_harness, harness_kinds
 
 # Read by the run wing (components/launch.py, components/loop.py) or the recipe's own task loading, not by a
 # brick's build: each is checked by the tests of its reader (tests/components/test_loop_scheduling.py,
@@ -42,14 +43,16 @@ RUN_WING_FIELDS = {
     "snapshots": "load_tasks in the recipe",
     "harness": "the recipe's harness mix (recipes/swe_grpo.py: harness_weights)",
     "harness_mix_within_groups": "the recipe's harness mix",
-    "claude_code_bare": "the recipe's claude_code agent",
 }
 RUN_WING_BRICKS = {"rollout": "the loop (components/loop.py) and RolloutConfig in the recipe"}
 
 SGLANG_URL = "http://127.0.0.1:9"
 # Fields valid only beside another field's value: that flag is given to both sides of the comparison.
 COMPANION_FLAGS = {
-    "trainer.batching.overlong.buffer_tokens": lambda model_dir: ["--trainer-overlong-max-sampled-tokens", "64"],
+    "trainer.batching.overlong.buffer_tokens": lambda model_dir: [
+        "--trainer-overlong-max-sampled-tokens",
+        "64",
+    ],
     "distillation.teacher_rules": lambda model_dir: ["--distillation-teachers", str(model_dir)],
 }
 # (kind, field) with a single valid value in that kind.
@@ -153,7 +156,8 @@ def built(config: SweGrpoConfig, model_dir: Path, run_dir: Path) -> Any:
         )
     stack = RunStack(config, RunDirectory(path=run_dir, recipe="swe_grpo", model_path=model_dir), bricks)
     trainer = stack.trainer_config()
-    harness, sandbox_paths = build_harness(config, "swe_agent")
+    every_kind = dataclasses.replace(config, harness=",".join(HARNESSES.kinds()))
+    harnesses = [build_harness(config, kind) for kind in harness_kinds(every_kind).values()]
     rewards = config.reward.build(tests=None)
     proxy = stack.proxy_config(admin_key="a-fixed-admin-key-of-the-test")
     return state(
@@ -165,8 +169,7 @@ def built(config: SweGrpoConfig, model_dir: Path, run_dir: Path) -> Any:
             bricks.loggers,
             engine_state,
             trainer,
-            harness,
-            sandbox_paths,
+            harnesses,
             rewards,
             proxy,
         )
