@@ -138,7 +138,7 @@ HARNESSES: Registry = Registry(
         "harnesses.qwen_code",
     ),
 )
-TASK_SOURCES: Registry = Registry("tasks")
+TASK_SOURCES: Registry = Registry("tasks", builtin_modules=("components.tasks.sources",))
 REWARDS: Registry = Registry("reward", builtin_modules=("components.rewards.config",))
 ALGORITHMS: Registry = Registry(
     "algorithm",

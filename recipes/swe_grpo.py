@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from pathlib import Path
 
 from components.config import require, require_positive
 from components.launch import (
@@ -33,19 +32,15 @@ from components.launch import (
 from components.loop import run_recipe_loop
 from components.protocols import Harness
 from components.recipe_config import option, slot
-from components.registry import HARNESSES, REWARDS
+from components.registry import HARNESSES, REWARDS, TASK_SOURCES
 from components.rewards.config import HiddenTestsRewardConfig, RewardBrickConfig
 from components.rollout import RolloutConfig, RolloutRunner
 from components.rollout.mixture import HarnessMix
-from components.tasks import SweGrader, load_builtin_tasks
+from components.tasks.sources import BuiltinTaskSourceConfig, TaskSourceConfig
 from components.tasks.swe import python_tool_paths
-from components.tasks.swebench import R2E_TESTS_PATH, SnapshotPrefetcher, load_task_set
-from components.tasks.swebench_grading import SweBenchGrader
 from harnesses.blackbox import HarnessBrickConfig
 from harnesses.claude_code import ClaudeCodeBrickConfig
 from harnesses.swe_agent import SweAgentBrickConfig
-from sandboxes import BwrapSandbox
-from sandboxes.image import ImageSandboxConfig, ImageSandboxProvider
 
 
 def harness_weights(spec: str) -> dict[str, float]:
@@ -83,10 +78,11 @@ class SweGrpoConfig(RunConfig):
     swe_agent: SweAgentBrickConfig = option(SweAgentBrickConfig(), "the swe_agent harness kind")
     claude_code: ClaudeCodeBrickConfig = option(ClaudeCodeBrickConfig(), "the claude_code harness kind")
     num_tasks: int = option(2, "tasks (GRPO groups) per step, taken in order from the task list")
-    task_ids: tuple[str, ...] = option((), "comma-separated built-in task ids to train on (default: all 45)")
-    tasks: str = option("builtin", "builtin, swebench:PATH or r2e:PATH (Parquet / JSONL rows)")
-    images: str = option("", "image store for swebench:/r2e: tasks (OCI layouts / docker archives)")
-    snapshots: str = option("", "repository snapshots for swebench:/r2e: tasks (<instance_id>[.tar.gz])")
+    tasks: TaskSourceConfig = slot(
+        TASK_SOURCES,
+        BuiltinTaskSourceConfig(),
+        "the tasks: the built-in SWE tasks, or a SWE-bench-format set (swebench:PATH, r2e:PATH: Parquet / JSONL)",
+    )
     max_turns: int = option(3, "model calls per rollout")
     sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=192), "the policy's sampling")
     wall_time_s: float = option(300.0, "wall-clock bound of one agent run")
@@ -126,52 +122,13 @@ def build_harness(config: SweGrpoConfig, kind: HarnessBrickConfig) -> tuple[Harn
     return harness, (*python_tool_paths(), *kind.read_only_paths())
 
 
-def load_tasks(config: SweGrpoConfig) -> list:
-    """The built-in tasks, or those named by ``task_ids`` (an unknown id fails naming the field); or a
-    SWE-bench-format set (``tasks``), whose bad rows are reported and skipped."""
-    if config.tasks != "builtin":
-        loaded = load_task_set(
-            config.tasks,
-            images=Path(config.images) if config.images else None,
-            snapshots=Path(config.snapshots) if config.snapshots else None,
-        )
-        for row in loaded.rejected:
-            print(f"skipped instance {row.instance_id}: {row.reason}")
-        require(bool(loaded.tasks), "tasks", f"no usable instance in {config.tasks}")
-        return loaded.tasks
-    tasks = load_builtin_tasks()
-    if not config.task_ids:
-        return tasks
-    by_id = {task.task_id: task for task in tasks}
-    unknown = [task_id for task_id in config.task_ids if task_id not in by_id]
-    require(not unknown, "task_ids", f"unknown task ids {unknown}; known: {sorted(by_id)}")
-    return [by_id[task_id] for task_id in config.task_ids]
-
-
-async def swebench_sandboxes(config: SweGrpoConfig, stack: RunStack, tasks: list, agent_paths, exits):
-    """SWE-bench-format tasks: agents and grader on the tasks' images (a pool per image; R2E-Gym's hidden
-    tests hidden from agents), or on the host root when the set has no image store."""
-    exits.callback(SnapshotPrefetcher(tasks).start().stop)  # first unpacks off the rollout event loop
-    if not any(task.image for task in tasks):
-        return stack.sandboxes, SweBenchGrader(BwrapSandbox.create)
-    hidden = (R2E_TESTS_PATH,) if config.tasks.startswith("r2e:") else ()
-    agents = ImageSandboxProvider(ImageSandboxConfig(read_only_paths=tuple(agent_paths), hidden_paths=hidden))
-    grading = ImageSandboxProvider(ImageSandboxConfig(num_warm_per_image=0))
-    for provider in (agents, grading):
-        await exits.enter_async_context(provider)
-    return agents, SweBenchGrader(grading)
-
-
 async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
-    tasks = load_tasks(config)
+    tasks = config.tasks.build()
     run = RunDirectory.create(config, recipe=recipe)
     harnesses = {name: build_harness(config, kind) for name, kind in harness_kinds(config).items()}
     sandbox_paths = tuple(dict.fromkeys(path for _, paths in harnesses.values() for path in paths))
-    async with RunStack.start(config, run, sandbox_paths=sandbox_paths) as stack, AsyncExitStack() as images:
-        # Grading gets fresh sandboxes of its own, never the agent's.
-        sandboxes, grader = stack.sandboxes, SweGrader(BwrapSandbox.create)
-        if config.tasks != "builtin":
-            sandboxes, grader = await swebench_sandboxes(config, stack, tasks, sandbox_paths, images)
+    async with RunStack.start(config, run, sandbox_paths=sandbox_paths) as stack, AsyncExitStack() as exits:
+        sandboxes, grader = await config.tasks.environment(tasks, stack.sandboxes, sandbox_paths, exits)
         grader, group_reward, reward_weights = config.reward.build(grader)
         runners = {
             RolloutRunner(

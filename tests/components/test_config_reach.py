@@ -37,14 +37,13 @@ RUN_WING_FIELDS = {
     "ray_address": "connect_ray",
     "ray_num_cpus": "connect_ray",
     "num_tasks": "tasks_for_step in the recipe",
-    "task_ids": "load_tasks in the recipe",
-    "tasks": "load_tasks in the recipe",
-    "images": "load_tasks in the recipe",
-    "snapshots": "load_tasks in the recipe",
     "harness": "the recipe's harness mix (recipes/swe_grpo.py: harness_weights)",
     "harness_mix_within_groups": "the recipe's harness mix",
 }
-RUN_WING_BRICKS = {"rollout": "the loop (components/loop.py) and RolloutConfig in the recipe"}
+RUN_WING_BRICKS = {
+    "rollout": "the loop (components/loop.py) and RolloutConfig in the recipe",
+    "tasks": "the task source's build and environment (tests/components/tasks/test_task_sources.py)",
+}
 
 SGLANG_URL = "http://127.0.0.1:9"
 # Fields valid only beside another field's value: that flag is given to both sides of the comparison.
@@ -74,6 +73,8 @@ def kind_flags(kinds: dict[str, str], rubric: str) -> list[str]:
         flags += ["--sandbox-backend" if slot == "sandbox" else f"--{slot}", kind]
     if kinds.get("engine") == "sglang":
         flags += ["--sglang-url", SGLANG_URL]
+    if kinds.get("tasks") in ("swebench", "r2e"):
+        flags += ["--tasks-path", "rows.parquet"]
     if kinds.get("engine") == "vllm":
         flags += ["--vllm-url", SGLANG_URL]
     if kinds.get("reward") in ("judge", "tests+judge"):
