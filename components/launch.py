@@ -360,9 +360,14 @@ class RunStack:
             await stack.close()
 
     async def _start(self) -> None:
+        from components.process_guard import ProcessGuard
         from components.training import latest_checkpoint
 
         config, run = self.config, self.run
+        # First: the local Ray, sandboxes, servers and agents started from here on die with this driver, even
+        # when it is SIGKILLed (the guard closes last, after every other cleanup).
+        guard = ProcessGuard.start(log_path=run.path / "logs" / "process_guard.log")
+        self._cleanups.append(lambda: _to_thread(guard.close))
         connect_ray(config)
         checkpoint = latest_checkpoint(run.path / "checkpoints")
         # A LoRA checkpoint is an adapter folder: the engine starts on the base and gets the resumed adapter
@@ -488,8 +493,9 @@ class RunStack:
     ) -> tuple[list[Trajectory], Path | None]:
         """This step's trajectories and their shard: read back when stored before a restart, else rolled out
         (``runner.run(tasks, step)``) and written as one shard. With ``rollout.dynamic_sampling`` groups whose
-        rewards are all equal are replaced by groups of ``replacement_tasks(round)`` and left out of the shard
-        (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
+        rewards are all equal are replaced by groups of ``replacement_tasks(round)``, and groups left with too
+        few survivors of infrastructure failures (``rollout.partial_groups``) by new groups of their task; both
+        are left out of the shard (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
         from components.rollout.dynamic_sampling import sample_step
 
         shard = self.ledger.stored_shard(step)
@@ -502,9 +508,11 @@ class RunStack:
             lambda batch, first_index: runner.run(batch, step, first_index=first_index),
             tasks,
             replacement_tasks,
+            partial=self.config.rollout.partial_groups,
         )
         if self.config.rollout.dynamic_sampling.enabled:
             self.last_sampling_metrics = sampled.metrics()
+        self.last_sampling_metrics.update(sampled.partial_group_metrics())
         trained = await self.score_with_teachers(sampled.trained)
         return sampled.trajectories, self.store.write(trained)
 

@@ -85,6 +85,11 @@ from components.rollout.dynamic_sampling import (
     DynamicSamplingConfig,
     is_informative,
 )
+from components.rollout.partial_groups import (
+    LOST_TO_INFRASTRUCTURE_DROP_REASON,
+    PartialGroupConfig,
+    partial_group_metrics,
+)
 from components.trajectory import Trajectory
 from components.trajectory_store import CorruptShard, TrajectoryStore
 
@@ -137,6 +142,10 @@ class RolloutBrickConfig:
     )
     dynamic_sampling: DynamicSamplingConfig = option(
         DynamicSamplingConfig(), "DAPO dynamic sampling (components/rollout/dynamic_sampling.py)"
+    )
+    partial_groups: PartialGroupConfig = option(
+        PartialGroupConfig(),
+        "groups that lost members to infrastructure failures (components/rollout/partial_groups.py)",
     )
 
     def __post_init__(self) -> None:
@@ -446,6 +455,7 @@ class OverlappedLoop:
         self.committed_since_step: list[Trajectory] = []
         self.dropped_groups = 0
         self.extra_groups = 0  # groups drawn this step in place of groups whose rewards were all equal
+        self.replaced_short_groups = 0  # groups drawn this step in place of groups too short to train
         self.monitor: Any = None
 
     # --- resume --------------------------------------------------------------------------------------------
@@ -568,18 +578,25 @@ class OverlappedLoop:
                 self.monitor.rollout_finished(trajectory)
 
     def _replaced(self, index: int, trajectories: Sequence[Trajectory], shard: Path) -> bool:
-        """Dynamic sampling: a committed group whose rewards are all equal is recorded as dropped and another
-        group is drawn, while the step's ``max_extra_groups`` allow (called holding ``changed``)."""
-        sampling = self.rollout.dynamic_sampling
-        if (
+        """A committed group left with too few survivors of infrastructure failures (``partial_groups``, while
+        the step's ``max_replacements`` allow), or, with dynamic sampling, whose rewards are all equal (while
+        ``max_extra_groups`` allow), is recorded as dropped and another group is drawn (called holding
+        ``changed``)."""
+        sampling, partial = self.rollout.dynamic_sampling, self.rollout.partial_groups
+        if partial.is_short(trajectories) and self.replaced_short_groups < partial.max_replacements:
+            self.ledger.record_dropped([shard], LOST_TO_INFRASTRUCTURE_DROP_REASON)
+            self.replaced_short_groups += 1
+            logger.info("group %d lost too many members to infrastructure failures: replaced", index)
+        elif (
             not sampling.enabled
             or is_informative(trajectories)
             or self.extra_groups >= sampling.max_extra_groups
         ):
             return False
-        self.ledger.record_dropped([shard], ZERO_VARIANCE_DROP_REASON)
+        else:
+            self.ledger.record_dropped([shard], ZERO_VARIANCE_DROP_REASON)
+            self.extra_groups += 1
         self.open_groups.discard(index)
-        self.extra_groups += 1
         self.groups_wanted += 1
         self.changed.notify_all()
         if self.monitor is not None:
@@ -747,6 +764,11 @@ class OverlappedLoop:
                 extra["staleness/groups_dropped"] = float(self.dropped_groups)
                 if self.rollout.dynamic_sampling.enabled:
                     extra["dynamic_sampling/extra_groups"] = float(self.extra_groups)
+                extra.update(
+                    partial_group_metrics(
+                        [g.trajectories for g in groups], num_replaced=self.replaced_short_groups
+                    )
+                )
                 extra["pipeline/buffer_depth"] = float(buffer_depth)
                 extra["pipeline/rollouts_in_flight"] = float(self.slots.running)
                 extra["pipeline/trainer_wait_s"] = waited_s
@@ -762,6 +784,7 @@ class OverlappedLoop:
                 await self.stack.checkpoint_if_due(step)
                 self.dropped_groups = 0
                 self.extra_groups = 0
+                self.replaced_short_groups = 0
                 step_started = now
 
     async def _wait_for_groups(

@@ -110,6 +110,11 @@ class SGLangBrickConfig:
         "trainer and servers share GPUs: servers release memory while training (rollout mode sync)",
         flag="sglang-colocated",
     )
+    server_return_timeout_s: float = option(
+        600.0,
+        "how long the run waits for a server that went down to come back (0 = fail at once)",
+        flag="sglang-server-return-timeout-s",
+    )
 
     def __post_init__(self) -> None:
         from components.engine.sglang_fleet import parse_server_urls
@@ -117,6 +122,7 @@ class SGLangBrickConfig:
         parse_server_urls(self.url, field="url")
         for name in ("startup_timeout_s", "request_timeout_s"):
             require_positive(getattr(self, name), name)
+        require_non_negative(self.server_return_timeout_s, "server_return_timeout_s")
         require_non_negative(self.context_window, "context_window")
         require_one_of(self.weight_sync, "weight_sync", ("disk", "nccl"))
 
@@ -204,6 +210,8 @@ class SGLangEngineProvider:
         )
         if resumed:  # the server still serves whatever it was started with
             await engine.update_weights_from_disk(str(model_path), weight_version)
+        engine.remember_weights(model_path, weight_version)  # what a server that comes back is given
+        engine.start_watching()
         return engine, weight_sync
 
     async def close(self) -> None:
@@ -236,6 +244,11 @@ class VLLMBrickConfig:
         "weight updates: running requests finish on the old weights (wait), freeze (keep) or abort",
         flag="vllm-pause-mode",
     )
+    server_return_timeout_s: float = option(
+        600.0,
+        "how long the run waits for a server that went down to come back (0 = fail at once)",
+        flag="vllm-server-return-timeout-s",
+    )
 
     def __post_init__(self) -> None:
         from components.engine.server_fleet import parse_server_urls
@@ -243,6 +256,7 @@ class VLLMBrickConfig:
         parse_server_urls(self.url, field="url")
         for name in ("startup_timeout_s", "request_timeout_s"):
             require_positive(getattr(self, name), name)
+        require_non_negative(self.server_return_timeout_s, "server_return_timeout_s")
         require_non_negative(self.context_window, "context_window")
         require_one_of(self.pause_mode, "pause_mode", ("wait", "keep", "abort"))
         if self.logprobs_mode:
@@ -291,6 +305,8 @@ class VLLMEngineProvider:
             require_matching_logprobs(self.sampling, server.logprobs_mode)
         if resumed or engine.weight_version != weight_version:  # the servers serve what they last loaded
             await engine.update_weights_from_disk(str(model_path), weight_version)
+        engine.remember_weights(model_path, weight_version)  # what a server that comes back is given
+        engine.start_watching()
         return engine, WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
 
     async def close(self) -> None:

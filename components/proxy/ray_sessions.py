@@ -183,6 +183,7 @@ class ShardedSessionRegistry:
         harness: str | None = None,
         step: int | None = None,
         log: str = "",
+        turn_rewards: Sequence[float] | None = None,
     ) -> Trajectory:
         """See ``LocalSessionRegistry.finalize`` (the shard writes the trajectory to its store)."""
         reply = self._shard(session_id).finalize.remote(
@@ -196,6 +197,7 @@ class ShardedSessionRegistry:
             harness=harness,
             step=step,
             log=log,
+            turn_rewards=None if turn_rewards is None else [float(r) for r in turn_rewards],
         )
         return await self._result(reply)
 

@@ -40,6 +40,7 @@ from components.config import option, require_positive
 from components.protocols import Algorithm
 from components.training.distillation import DistillationConfig, token_advantages
 from components.training.overlong import OverlongConfig, length_penalty, overlong_trajectories
+from components.training.turn_credit import TurnCreditConfig, spread_over_turns, turn_advantages
 from components.trajectory import (
     TRAINABLE_STATUSES,
     TRAJECTORY_SCHEMA,
@@ -58,7 +59,7 @@ TRAJECTORY_COLUMNS = ["trajectory_id", "group_id", "status", "reward", "segments
 NO_SAMPLED_VERSION = np.iinfo(np.int32).max
 TOKEN_LIST_COLUMNS = ("token_ids", "loss_mask", "logprobs", "weight_versions")
 # per-segment columns carried from the trajectory schema as they are, with the value an empty row gets
-SEGMENT_LIST_COLUMNS = ("routed_experts", "routed_experts_shape", "teacher_logprobs")
+SEGMENT_LIST_COLUMNS = ("routed_experts", "routed_experts_shape", "teacher_logprobs", "turn_rewards")
 SAMPLING_COLUMNS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
 SEGMENT_SCHEMA = pa.schema(
@@ -79,6 +80,8 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("routed_experts", pa.list_(pa.int16())),
         pa.field("routed_experts_shape", pa.list_(pa.int32())),
         pa.field("teacher_logprobs", pa.list_(pa.float32())),  # empty unless a teacher scored the segment
+        pa.field("turn_rewards", pa.list_(pa.float32())),  # null unless per-turn rewards were given
+        pa.field("num_turns", pa.int32()),  # runs of sampled tokens (model calls)
         pa.field("num_tokens", pa.int32()),
         pa.field("num_sampled_tokens", pa.int32()),
         pa.field("min_sampled_version", pa.int32()),
@@ -98,6 +101,8 @@ SUMMARY_COLUMNS = [
     "min_sampled_version",
     "branch_kind",
     "unreadable_shard",
+    "num_turns",
+    "turn_rewards",
 ]
 
 MICRO_BATCH_SCHEMA = pa.schema(
@@ -142,6 +147,10 @@ class SampleBatchConfig:
         DistillationConfig(),
         "distillation's advantage weights",
         set_by="the run's distillation brick (TrainerBrickConfig.for_run)",
+    )
+    turn_credit: TurnCreditConfig = option(
+        TurnCreditConfig(),
+        "per-turn advantages from process rewards (turn_credit.py); off: one per trajectory",
     )
 
     def __post_init__(self) -> None:
@@ -226,6 +235,10 @@ def explode_segments(table: pa.Table) -> pa.Table:
     mask_values = _list_values(columns["loss_mask"]).astype(np.int64)
     versions = _list_values(columns["weight_versions"]).astype(np.int64)
     sampled_versions = np.where(mask_values == 1, versions, NO_SAMPLED_VERSION)
+    previous = np.concatenate([[0], mask_values[:-1]])
+    segment_starts = mask_offsets[:-1][mask_offsets[:-1] < len(mask_values)]
+    previous[segment_starts] = 0  # a segment's first sampled token starts a turn
+    turn_starts = ((mask_values == 1) & (previous != 1)).astype(np.int64)
     out = {
         "trajectory_id": table["trajectory_id"].take(rows),
         "group_id": table["group_id"].take(rows),
@@ -234,6 +247,7 @@ def explode_segments(table: pa.Table) -> pa.Table:
         "trainable": pa.array(trainable[rows]),
         "segment_index": pa.array(np.concatenate([segment_index, np.full(len(empty_rows), -1)]), pa.int32()),
         **columns,
+        "num_turns": pa.array(_segment_sums(turn_starts, mask_offsets), pa.int32()),
         "num_tokens": pa.array(np.diff(mask_offsets), pa.int32()),
         "num_sampled_tokens": pa.array(_segment_sums(mask_values, mask_offsets), pa.int32()),
         "min_sampled_version": pa.array(
@@ -274,6 +288,8 @@ class StepPlan:
 
     segment_advantage: dict[str, float] = field(default_factory=dict)
     segment_weight: dict[str, float] = field(default_factory=dict)
+    # with turn-level credit: per kept segment one advantage per turn (replacing ``segment_advantage``)
+    segment_turn_advantages: dict[str, np.ndarray] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -359,6 +375,18 @@ def plan_step(
     keys = _segment_keys(ids[keep_row], segment_index[keep_row])
     plan.segment_advantage = dict(zip(keys, advantages[trajectory_index[keep_row]].tolist(), strict=True))
     plan.segment_weight = dict(zip(keys, weights.tolist(), strict=True))
+    if config.turn_credit.enabled:
+        turns = _TurnRows(summary, rows, trajectory_index, segment_index, len(unique_ids))
+        per_trajectory = turn_advantages(
+            config.turn_credit, algorithm, turns.rewards, trajectory_rewards, list(trajectory_groups)
+        )
+        plan.segment_turn_advantages = {
+            key: per_trajectory[trajectory_index[row]][turns.start[row] : turns.start[row] + turns.count[row]]
+            for key, row in zip(keys, np.flatnonzero(keep_row), strict=True)
+        }
+        metrics["num_turns"] = float(sum(len(r) for r in turns.rewards))
+        metrics["num_turns_with_rewards"] = float(turns.num_given)
+        metrics["turn_reward_mean"] = turns.given_mean
     metrics["num_trained_trajectories"] = float(keep_trajectory.sum())
     metrics["num_trained_segments"] = float(keep_row.sum())
     metrics["num_segments_without_sampled_tokens"] = float((num_sampled == 0).sum())
@@ -367,6 +395,34 @@ def plan_step(
         float(np.abs(advantages[keep_trajectory]).mean()) if keep_trajectory.any() else 0.0
     )
     return plan
+
+
+class _TurnRows:
+    """Each trainable trajectory's turn rewards in segment order (0 for turns without one), and where each
+    segment row's turns start in its trajectory's list."""
+
+    def __init__(
+        self,
+        summary: pa.Table,
+        rows: np.ndarray,
+        trajectory_index: np.ndarray,
+        segment_index: np.ndarray,
+        num_trajectories: int,
+    ) -> None:
+        self.count = summary["num_turns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)[rows]
+        given = summary["turn_rewards"].take(pa.array(rows)).to_pylist()
+        self.start = np.zeros(len(rows), np.int64)
+        lists: list[list[float]] = [[] for _ in range(num_trajectories)]
+        given_values: list[float] = []
+        for row in np.lexsort((segment_index, trajectory_index)):
+            turns = lists[trajectory_index[row]]
+            self.start[row] = len(turns)
+            values = given[row]
+            turns.extend(values if values is not None else [0.0] * int(self.count[row]))
+            given_values.extend(values or ())
+        self.rewards = [np.asarray(turns, np.float64) for turns in lists]
+        self.num_given = len(given_values)
+        self.given_mean = float(np.mean(given_values)) if given_values else 0.0
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -443,6 +499,7 @@ def pack_micro_batches(
                 [
                     _segment_advantages(
                         plan.segment_advantage[keys[i]],
+                        turn_advantages=plan.segment_turn_advantages.get(keys[i]),
                         loss_mask=loss_mask[p],
                         logprobs=logprobs[p],
                         teacher=teacher_values[teacher_offsets[i] : teacher_offsets[i + 1]],
@@ -473,16 +530,23 @@ def pack_micro_batches(
 def _segment_advantages(
     advantage: float,
     *,
+    turn_advantages: np.ndarray | None,
     loss_mask: np.ndarray,
     logprobs: np.ndarray,
     teacher: np.ndarray,
     distillation: DistillationConfig,
 ) -> np.ndarray:
-    """The segment's advantage on each token; with a teacher's logprobs, mixed with its per-token signal."""
+    """The segment's advantage on each token (each turn's own with turn-level credit); with a teacher's
+    logprobs, mixed with its per-token signal."""
+    task = (
+        np.full(len(loss_mask), advantage, np.float32)
+        if turn_advantages is None
+        else spread_over_turns(turn_advantages, loss_mask)
+    )
     if len(teacher) == 0:
-        return np.full(len(loss_mask), advantage, np.float32)
+        return task
     return token_advantages(
-        distillation, advantage, loss_mask=loss_mask, student_logprobs=logprobs, teacher_logprobs=teacher
+        distillation, task, loss_mask=loss_mask, student_logprobs=logprobs, teacher_logprobs=teacher
     )
 
 

@@ -122,7 +122,7 @@ async def score_with_teachers(
 
 def token_advantages(
     config: DistillationConfig,
-    task_advantage: float,
+    task_advantage: float | np.ndarray,
     *,
     loss_mask: np.ndarray,
     student_logprobs: np.ndarray,

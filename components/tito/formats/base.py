@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -31,6 +32,23 @@ class ParsedCalls:
     pending_from: int | None = None
 
 
+@dataclass(frozen=True)
+class CallOpening:
+    """A call whose JSON arguments have begun in the text of an unfinished call block (streaming)."""
+
+    ordinal: int  # which call of the block (0 for formats with one call per block)
+    name: str
+    arguments_at: int  # where its arguments' JSON text starts in the block
+
+
+def last_opening(pattern: re.Pattern[str], block: str, name_group: int = 1) -> CallOpening | None:
+    """The last match of ``pattern`` (ending where a call's JSON arguments start) in ``block``, as an opening."""
+    found = None
+    for ordinal, match in enumerate(pattern.finditer(block)):
+        found = CallOpening(ordinal=ordinal, name=match.group(name_group), arguments_at=match.end())
+    return found
+
+
 @runtime_checkable
 class ToolFormat(Protocol):
     """How one model family writes tool calls.
@@ -45,6 +63,8 @@ class ToolFormat(Protocol):
     name: ClassVar[str]
     # Texts that open a tool call: a stream holds text back from where one of them (or its prefix) starts.
     call_markers: ClassVar[tuple[str, ...]]
+    # Texts that end a call (or a section of calls): a stream parses the text again only when a marker arrives.
+    end_markers: ClassVar[tuple[str, ...]]
     # Texts that end the model's turn besides EOS (e.g. Llama's ``<|eom_id|>``); stop ids when single tokens.
     stop_texts: ClassVar[tuple[str, ...]]
     # False where the family's template drops an assistant turn's content once it has tool calls.
@@ -66,6 +86,11 @@ class ToolFormat(Protocol):
 
     def parse(self, text: str, tools: Sequence[ToolSpec]) -> ParsedCalls:
         """Content and tool calls of sampled text (reasoning already split off); call ids may be empty."""
+        ...
+
+    def open_call(self, block: str) -> CallOpening | None:
+        """In an unfinished call block (``block`` starts at ``ParsedCalls.pending_from``), the last call whose
+        JSON arguments have begun (None: none yet, or a format whose arguments are not JSON text)."""
         ...
 
 

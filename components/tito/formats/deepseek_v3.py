@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
     arguments_object,
     arguments_text,
     json_object,
+    last_opening,
     template_json,
     tools_json_lines,
 )
@@ -30,6 +32,9 @@ _CALL = re.compile(
     + re.escape(CALL_END),
     re.DOTALL,
 )
+_OPENING = re.compile(
+    re.escape(CALL_BEGIN) + r"\s*(\w+)\s*" + re.escape(SEPARATOR) + r"\s*([^\n]+?)\s*\n```(?:json)?\s*(?=\{)"
+)
 
 
 class DeepSeekV3Format:
@@ -37,6 +42,7 @@ class DeepSeekV3Format:
 
     name: ClassVar[str] = "deepseek_v3"
     call_markers: ClassVar[tuple[str, ...]] = (CALLS_BEGIN,)
+    end_markers: ClassVar[tuple[str, ...]] = (CALL_END, CALLS_END)
     stop_texts: ClassVar[tuple[str, ...]] = ()
     keeps_content_with_calls: ClassVar[bool] = True
     writes_call_ids: ClassVar[bool] = False
@@ -83,3 +89,6 @@ class DeepSeekV3Format:
         return ParsedCalls(
             content=(text[:begin] + text[end + len(CALLS_END) :]).strip(), tool_calls=tuple(calls)
         )
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return last_opening(_OPENING, block, name_group=2)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
     arguments_object,
     arguments_text,
@@ -34,6 +35,7 @@ class Glm45Format:
 
     name: ClassVar[str] = "glm45"
     call_markers: ClassVar[tuple[str, ...]] = (OPEN,)
+    end_markers: ClassVar[tuple[str, ...]] = (CLOSE,)
     stop_texts: ClassVar[tuple[str, ...]] = ("<|observation|>",)
     keeps_content_with_calls: ClassVar[bool] = True
     writes_call_ids: ClassVar[bool] = False
@@ -85,3 +87,6 @@ class Glm45Format:
             num_malformed=text.count(OPEN) - len(calls),
             pending_from=opened if opened >= position else None,
         )
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return None  # XML parameters, not JSON text: each call's arguments come whole once it is complete

@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
     arguments_object,
     arguments_text,
     json_object,
+    last_opening,
     template_json,
     tools_json_lines,
 )
@@ -21,6 +23,9 @@ from components.tito.messages import ToolCall, ToolSpec
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_OPENING = re.compile(
+    r'^<tool_call>\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
+)
 
 
 def call_from_json(body: str) -> ToolCall | None:
@@ -46,6 +51,7 @@ class HermesFormat:
 
     name: ClassVar[str] = "hermes"
     call_markers: ClassVar[tuple[str, ...]] = (OPEN,)
+    end_markers: ClassVar[tuple[str, ...]] = (CLOSE,)
     stop_texts: ClassVar[tuple[str, ...]] = ()
     keeps_content_with_calls: ClassVar[bool] = True
     writes_call_ids: ClassVar[bool] = False
@@ -97,3 +103,6 @@ class HermesFormat:
             num_malformed=malformed,
             pending_from=pending,
         )
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return last_opening(_OPENING, block)

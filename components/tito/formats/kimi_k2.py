@@ -4,15 +4,18 @@ parser). The ``functions.NAME:INDEX`` id is part of what the model writes: it is
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
     arguments_object,
     arguments_text,
     json_object,
+    last_opening,
     template_json,
     tools_json_lines,
 )
@@ -32,6 +35,7 @@ _CALL = re.compile(
     re.DOTALL,
 )
 _ID = re.compile(r"^(?:functions\.)?(.+?)(?::\d+)?$")
+_OPENING = re.compile(re.escape(CALL_BEGIN) + r"\s*([^<\s]+?)\s*" + re.escape(ARGUMENT_BEGIN) + r"\s*(?=\{)")
 
 
 def kimi_call_id(call: ToolCall, index: int) -> str:
@@ -44,6 +48,7 @@ class KimiK2Format:
 
     name: ClassVar[str] = "kimi_k2"
     call_markers: ClassVar[tuple[str, ...]] = (SECTION_BEGIN,)
+    end_markers: ClassVar[tuple[str, ...]] = (CALL_END, SECTION_END)
     stop_texts: ClassVar[tuple[str, ...]] = ()
     keeps_content_with_calls: ClassVar[bool] = True
     writes_call_ids: ClassVar[bool] = True
@@ -87,3 +92,8 @@ class KimiK2Format:
         return ParsedCalls(
             content=(text[:begin] + text[end + len(SECTION_END) :]).strip(), tool_calls=tuple(calls)
         )
+
+    def open_call(self, block: str) -> CallOpening | None:
+        opening = last_opening(_OPENING, block)
+        name = None if opening is None else _ID.match(opening.name)
+        return None if opening is None or name is None else dataclasses.replace(opening, name=name.group(1))

@@ -5,12 +5,15 @@ that calls ends with ``<|eom_id|>`` or ``<|eot_id|>``; the template drops the co
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
     arguments_object,
+    last_opening,
     template_json,
     tools_json_lines,
 )
@@ -19,6 +22,7 @@ from components.tito.messages import ToolCall, ToolSpec
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
+_OPENING = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"parameters"\s*:\s*(?=\{)')
 
 
 class Llama3JsonFormat:
@@ -26,6 +30,7 @@ class Llama3JsonFormat:
 
     name: ClassVar[str] = "llama3_json"
     call_markers: ClassVar[tuple[str, ...]] = (PYTHON_TAG,)
+    end_markers: ClassVar[tuple[str, ...]] = ("}",)
     stop_texts: ClassVar[tuple[str, ...]] = ("<|eom_id|>",)
     keeps_content_with_calls: ClassVar[bool] = False
     writes_call_ids: ClassVar[bool] = False
@@ -75,3 +80,6 @@ class Llama3JsonFormat:
                 break
             position = len(text) - len(rest) + 1
         return ParsedCalls(content=text[end:].strip(), tool_calls=tuple(calls))
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return last_opening(_OPENING, block)

@@ -10,10 +10,12 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
     arguments_object,
     arguments_text,
     json_object,
+    last_opening,
     template_json,
 )
 from components.tito.messages import ToolCall, ToolSpec
@@ -22,6 +24,9 @@ TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
 _DECODER = json.JSONDecoder()
 _NAMED = re.compile(r"\s*([A-Za-z0-9_.-]+)\[ARGS\]")
+_OPENING = re.compile(
+    r'\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*(?=\{)|([A-Za-z0-9_.-]+)\[ARGS\]\s*(?=\{)'
+)
 
 
 def short_id(call_id: str) -> str:
@@ -34,6 +39,7 @@ class MistralFormat:
 
     name: ClassVar[str] = "mistral"
     call_markers: ClassVar[tuple[str, ...]] = (TOOL_CALLS,)
+    end_markers: ClassVar[tuple[str, ...]] = ("]", "}")
     stop_texts: ClassVar[tuple[str, ...]] = ()
     keeps_content_with_calls: ClassVar[bool] = False
     writes_call_ids: ClassVar[bool] = True
@@ -102,3 +108,9 @@ class MistralFormat:
                 return None
             calls.append(ToolCall(id="", name=match.group(1), arguments=arguments_text(arguments)))
         return tuple(calls)
+
+    def open_call(self, block: str) -> CallOpening | None:
+        opening = last_opening(_OPENING, block)
+        if opening is None:
+            opening = last_opening(_OPENING, block, name_group=2)
+        return opening

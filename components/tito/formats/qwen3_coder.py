@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
     arguments_object,
     arguments_text,
@@ -37,6 +38,7 @@ class Qwen3CoderFormat:
 
     name: ClassVar[str] = "qwen3_coder"
     call_markers: ClassVar[tuple[str, ...]] = (OPEN,)
+    end_markers: ClassVar[tuple[str, ...]] = (CLOSE,)
     stop_texts: ClassVar[tuple[str, ...]] = ()
     keeps_content_with_calls: ClassVar[bool] = True
     writes_call_ids: ClassVar[bool] = False
@@ -100,3 +102,6 @@ class Qwen3CoderFormat:
             num_malformed=malformed,
             pending_from=pending,
         )
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return None  # XML parameters, not JSON text: each call's arguments come whole once it is complete

@@ -1,9 +1,8 @@
 """Model families end to end: multi-turn tool conversations through the proxy with the official openai SDK,
-for each family under its real chat template (vLLM's ``examples/tool_chat_template_*.jinja``, downloaded by
-``make setup-test`` into ``.templates/``), with a scripted policy writing that family's tool-call format.
-
-GLM-4.5, Kimi K2 and gpt-oss harmony have no template in that sdist: they run on SmolLM2's ChatML template
-(no tool support) with ``tool_format`` named, so Rein renders tools and past calls in the family's format.
+for each family under its real chat template, downloaded by ``make setup-test`` into ``.templates/``: vLLM's
+``examples/tool_chat_template_*.jinja`` (its sdist on PyPI) and llama.cpp's ``models/templates`` for GLM-4.6
+(GLM-4.5's format), Kimi K2 and gpt-oss (vendored in llama-cpp-python's sdist on PyPI), with a scripted policy
+writing that family's tool-call format.
 
 Each conversation checks: the format is detected from the template (or the named one is used); every turn's
 prompt extends the previous prompt + sampled ids exactly (one segment); the sampled ids are exactly the
@@ -72,6 +71,20 @@ DEEPSEEK = (
     "<｜tool▁output▁begin｜>",
     "<｜tool▁output▁end｜>",
 )
+GLM = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>")
+KIMI = (
+    "<|im_system|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_middle|>",
+    "<|im_end|>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+)
+HARMONY = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
 FAMILIES = {
     "hermes": Family("hermes", "tool_chat_template_hermes.jinja"),
     "qwen3_coder": Family("qwen3_coder", "tool_chat_template_qwen3coder.jinja"),
@@ -104,9 +117,9 @@ FAMILIES = {
     "deepseek_r1": Family(
         "deepseek_v3", "tool_chat_template_deepseekr1.jinja", DEEPSEEK, DEEPSEEK[0], DEEPSEEK[1]
     ),
-    "glm45": Family("glm45", None),
-    "kimi_k2": Family("kimi_k2", None),
-    "harmony": Family("harmony", None),
+    "glm45": Family("glm45", "GLM-4.6.jinja", GLM, "[gMASK]", "<|observation|>"),
+    "kimi_k2": Family("kimi_k2", "moonshotai-Kimi-K2.jinja", KIMI, None, "<|im_end|>"),
+    "harmony": Family("harmony", "openai-gpt-oss-120b.jinja", HARMONY, None, "<|call|>", False),
 }
 
 
@@ -478,3 +491,70 @@ def test_recipes_name_the_formats_on_their_proxy_brick(capsys):
     with pytest.raises(SystemExit):
         parse_config(SweGrpoConfig, ["--proxy-tool-format", "gemma"])
     assert "unknown format 'gemma'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "expected_segments"), [("harmony", ["start", "prefix_mismatch"]), ("glm45", ["start"])]
+)
+def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(tokenizer, name, expected_segments):
+    """gpt-oss' template drops a tool-call turn's analysis once a final answer follows it: the next user turn
+    rewrites what the model saw (the new messages render differently after it), so TITO starts a
+    ``prefix_mismatch`` segment and the drift audit reports it. GLM-4.6's drops the reasoning of turns before the
+    last user turn, but the new messages render the same after the held ids: TITO keeps extending the ids the
+    model saw (one segment), and the drift audit reports how far a naive re-render would be."""
+    from components.tito.formats import detect_reasoning_format
+
+    family = FAMILIES[name]
+    family_tok = family_tokenizer(tokenizer, family)
+    fmt = tool_format_named(family.tool_format)
+    thinking = detect_reasoning_format(family_tok.chat_template)
+    call = ToolCall(id="functions.bash:0", name="bash", arguments='{"cmd": "ls"}')
+    replies = [
+        thinking.render("I should list the files.", fmt.render_calls("", [call])),
+        thinking.render("The listing is short.", fmt.render_calls("Listed.", [])),
+        fmt.render_calls("Bye.", []),
+    ]
+    engine = ScriptedEngine(family_tok, replies)
+    config = ProxyConfig(port=0)
+    registry = LocalSessionRegistry(engine, family_tok, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = OpenAI(
+            base_url=server.session_url(session_id) + "/v1",
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List files."}]
+        first = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in first.tool_calls] == [
+            ("bash", {"cmd": "ls"})
+        ]
+        # the client sends the reasoning back (``reasoning_content``), as agents that keep it do
+        assert first.model_extra["reasoning_content"] == "I should list the files."
+        messages += [
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": first.model_extra["reasoning_content"],
+                "tool_calls": [c.model_dump() for c in first.tool_calls],
+            },
+            {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "a.py"},
+        ]
+        second = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
+        assert second.content == "Listed."
+        record = server.call(lambda: registry.describe(session_id))
+        assert record["num_segments"] == 1  # the tool result extends the conversation exactly
+        messages += [
+            {"role": "assistant", "content": second.content, "reasoning_content": "The listing is short."},
+            {"role": "user", "content": "Thanks."},
+        ]
+        client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
+        record = server.call(lambda: registry.describe(session_id))
+        reports = audit_session(registry._sessions[session_id].tito)
+        assert [s["reason"] for s in record["segments"]] == expected_segments
+        assert [r.segment_reason for r in reports] == expected_segments
+        assert reports[0].num_mismatched > 0  # a re-render without the dropped reasoning is not what was sampled
+    finally:
+        server.stop_thread()
