@@ -93,3 +93,16 @@ def read_rein_proxy_start(proxy: Any) -> tuple[str, str, str]:
             admin_key = key.group(1)
         if served := re.search(r"^rein proxy: .* at (http://\S+) \(context window", line):
             return served.group(1), admin_key, line
+
+
+def streamed_tool_calls(chunks) -> list[dict[str, Any]]:
+    """The tool calls of streamed chat completion chunks, as an OpenAI client assembles them: the first chunk
+    of an index has its id and name, the arguments of all its chunks add up."""
+    calls: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if call.index not in calls:
+                function = {"name": call.function.name, "arguments": ""}
+                calls[call.index] = {"id": call.id, "type": "function", "function": function}
+            calls[call.index]["function"]["arguments"] += call.function.arguments or ""
+    return [calls[index] for index in sorted(calls)]
