@@ -414,13 +414,20 @@ class RunStack:
             logger.warning("warming up the trainer failed: %s", error)
 
     async def _start_teachers(self) -> list[Any]:
-        """One embedded engine in this process per ``distillation.teachers`` folder (same tokenizer as the
-        policy, else a ``ValueError`` naming the field)."""
+        """Per ``distillation.teachers`` entry: an embedded engine in this process for a model folder, or the
+        client of a ``vllm:URL`` / ``sglang:URL`` server (same tokenizer as the policy, else a ``ValueError``
+        naming the field)."""
         from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
         from components.training.distillation import require_same_tokenizer
+        from components.training.server_teachers import connect_server_teacher, server_kind
 
         teachers = []
         for name in self.config.distillation.teachers:
+            if server_kind(name):
+                teacher = await connect_server_teacher(name, policy_model=self.run.model_path)
+                self._cleanups.append(teacher.aclose)
+                teachers.append(teacher)
+                continue
             folder = resolve_model(name)
             require_same_tokenizer(self.run.model_path, folder, field="distillation.teachers")
             engine_config = EmbeddedEngineConfig(
