@@ -147,6 +147,11 @@ class RolloutBrickConfig:
         PartialGroupConfig(),
         "groups that lost members to infrastructure failures (components/rollout/partial_groups.py)",
     )
+    engine_error_rounds: int = option(
+        2,
+        "sync: a group that lost a rollout to an engine failure (a server that died) is rolled out again, at "
+        "most this many rounds per step; the failed rollouts stay in the shard, excluded from training",
+    )
 
     def __post_init__(self) -> None:
         require_one_of(self.mode, "mode", ROLLOUT_MODES)
@@ -156,6 +161,7 @@ class RolloutBrickConfig:
         self.actor_resource_amounts  # noqa: B018 -- validates actor_resources
         require_non_negative(self.max_staleness, "max_staleness")
         require_non_negative(self.max_steps_ahead, "max_steps_ahead")
+        require_non_negative(self.engine_error_rounds, "engine_error_rounds")
         require(
             self.mode != "partial" or self.max_staleness >= 1,
             "max_staleness",
