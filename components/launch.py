@@ -209,10 +209,16 @@ class RolloutBrickConfig:
         PartialGroupConfig(),
         "groups that lost members to infrastructure failures (components/rollout/partial_groups.py)",
     )
+    stall_report_after_s: float = option(
+        120.0,
+        "report any wait on a remote component (actor call, engine request) pending longer than this, naming "
+        "it, in the log and the run's stalls.jsonl (components/remote_waits.py)",
+    )
 
     def __post_init__(self) -> None:
         require_one_of(self.mode, "mode", ("sync", "async", "partial"))
         require_positive(self.max_concurrency, "max_concurrency")
+        require_positive(self.stall_report_after_s, "stall_report_after_s")
         require_one_of(self.placement, "placement", ("driver", "actor"))
         require_non_negative(self.actor_num_cpus, "actor_num_cpus")
         self.actor_resource_amounts  # noqa: B018 -- validates actor_resources

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from components.config import require, require_non_negative
 from components.protocols import Task
+from components.remote_waits import StallReporter
 from components.rollout.buffer import (
     LEDGER_KEY,
     Group,
@@ -227,6 +228,7 @@ class LoopInputs:
     tasks_for_step: TasksForStep
     loop_config: LoopConfig
     groups_per_step: int
+    stalls: StallReporter
 
 
 async def run_recipe_loop(
@@ -266,11 +268,18 @@ async def _run_steps(
         tasks_for_step=tasks_for_step,
         loop_config=LoopConfig.of(config),
         groups_per_step=groups_per_step,
+        stalls=StallReporter(run.path, report_after_s=config.rollout.stall_report_after_s),
     )
-    if inputs.loop_config.rollout_mode == "sync":
-        await _run_sync(inputs)
-    else:
-        await OverlappedLoop(inputs).run()
+    reporter = asyncio.create_task(inputs.stalls.run())  # no silent hang: see components/remote_waits.py
+    try:
+        if inputs.loop_config.rollout_mode == "sync":
+            await _run_sync(inputs)
+        else:
+            await OverlappedLoop(inputs).run()
+    finally:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
 
 
 def _monitor(inputs: LoopInputs, *, rollouts_per_step: int, first_step: int) -> RunMonitor:
@@ -366,6 +375,7 @@ async def _sync_steps(
         pipeline.update(staleness_histogram([0] * groups_per_step))
         pipeline.update(stack.last_sampling_metrics)
         pipeline.update(probe.take())
+        pipeline.update(inputs.stalls.take())
         # 4. log, 5. checkpoint when due (after the log: see ``RunStack.train_and_sync``)
         monitor.end_step(
             step,
@@ -745,6 +755,7 @@ class OverlappedLoop:
                 )
                 extra.update(staleness_histogram(staleness))
                 extra.update(probe.take())
+                extra.update(self.inputs.stalls.take())
                 extra["staleness/groups_dropped"] = float(self.dropped_groups)
                 if self.loop_config.dynamic_sampling.enabled:
                     extra["dynamic_sampling/extra_groups"] = float(self.extra_groups)
