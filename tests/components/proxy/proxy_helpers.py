@@ -106,3 +106,20 @@ def streamed_tool_calls(chunks) -> list[dict[str, Any]]:
                 calls[call.index] = {"id": call.id, "type": "function", "function": function}
             calls[call.index]["function"]["arguments"] += call.function.arguments or ""
     return [calls[index] for index in sorted(calls)]
+
+
+def one_reply_through_rein_proxy(url: str, admin_key: str, *, max_tokens: int = 5) -> None:
+    """Against a served ``rein proxy``: a session (admin key), one openai-SDK chat reply of ``max_tokens`` tokens
+    through it, then the session finalized (its trajectory written)."""
+    import httpx
+    from openai import OpenAI
+
+    admin = {"Authorization": f"Bearer {admin_key}"}
+    session = httpx.post(f"{url}/sessions", headers=admin).json()
+    client = OpenAI(base_url=f"{session['base_url']}/v1", api_key=session["api_key"], max_retries=0)
+    reply = client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=max_tokens
+    )
+    assert reply.usage.completion_tokens == max_tokens
+    finalized = httpx.post(f"{url}/s/{session['session_id']}/finalize", headers=admin, json={}).json()
+    assert finalized["status"] == "ok"
