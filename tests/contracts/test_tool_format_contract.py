@@ -188,6 +188,7 @@ def _arguments_streamed_as_written(tool_format, deltas, *, whole_calls_streamed:
                 assert "".join(pieces) == arguments
 
 
+@pytest.mark.built_in_only  # every built-in family streams its arguments; a brick may send them whole
 @SETTINGS
 @given(content=st.one_of(st.just(""), TEXT), drawn=CALLS.filter(bool))
 def test_call_arguments_stream_character_by_character(tool_format, content, drawn):
