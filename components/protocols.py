@@ -92,7 +92,9 @@ class InferenceEngine(Protocol):
     produced each token. A prompt at or over ``context_window`` raises ``ContextOverflowError`` and generates
     nothing; otherwise ``max_tokens`` is clamped to the room left. ``update_weights`` is atomic with respect
     to in-flight requests: every token is produced entirely by one version, and tokens sampled after the call
-    returns carry the new version. Many ``generate`` calls may be in flight at once.
+    returns carry the new version. Many ``generate`` calls may be in flight at once. ``adapter`` names the LoRA
+    policy that serves the request (multi-LoRA engines: ``policy(name)``); None is the engine's own policy, and an
+    engine without adapters refuses any other value with a ``ValueError`` naming ``adapter``.
     """
 
     @property
@@ -101,7 +103,9 @@ class InferenceEngine(Protocol):
     @property
     def weight_version(self) -> int: ...
 
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult: ...
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> GenerationResult: ...
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
 
