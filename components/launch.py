@@ -412,13 +412,20 @@ class RunStack:
             logger.warning("warming up the trainer failed: %s", error)
 
     async def _start_teachers(self) -> list[Any]:
-        """One embedded engine in this process per ``distillation.teachers`` folder (same tokenizer as the
-        policy, else a ``ValueError`` naming the field)."""
+        """Per ``distillation.teachers`` entry: an embedded engine in this process for a model folder, or the
+        client of a ``vllm:URL`` / ``sglang:URL`` server (same tokenizer as the policy, else a ``ValueError``
+        naming the field)."""
         from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
         from components.training.distillation import require_same_tokenizer
+        from components.training.server_teachers import connect_server_teacher, server_kind
 
         teachers = []
         for name in self.config.distillation.teachers:
+            if server_kind(name):
+                teacher = await connect_server_teacher(name, policy_model=self.run.model_path)
+                self._cleanups.append(teacher.aclose)
+                teachers.append(teacher)
+                continue
             folder = resolve_model(name)
             require_same_tokenizer(self.run.model_path, folder, field="distillation.teachers")
             engine_config = EmbeddedEngineConfig(
@@ -495,6 +502,7 @@ class RunStack:
         few survivors of infrastructure failures (``rollout.partial_groups``) by new groups of their task; both
         are left out of the shard (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
         from components.rollout.dynamic_sampling import sample_step
+        from components.rollout.engine_failures import replace_engine_failures
 
         shard = self.ledger.stored_shard(step)
         self.last_sampling_metrics: dict[str, float] = {}
@@ -511,8 +519,17 @@ class RunStack:
         if self.config.rollout.dynamic_sampling.enabled:
             self.last_sampling_metrics = sampled.metrics()
         self.last_sampling_metrics.update(sampled.partial_group_metrics())
-        trained = await self.score_with_teachers(sampled.trained)
-        return sampled.trajectories, self.store.write(trained)
+        replacements = await replace_engine_failures(
+            lambda batch, first_index: runner.run(batch, step, first_index=first_index),
+            sampled.trained,
+            {task.task_id: task for task in tasks},
+            first_index=len(tasks) + sampled.num_extra_groups,
+            max_rounds=self.config.rollout.engine_error_rounds,
+            engine=self.engine,
+        )
+        self.last_sampling_metrics["rollout/engine_error_replacements"] = float(len(replacements))
+        trained = await self.score_with_teachers([*sampled.trained, *replacements])
+        return [*sampled.trajectories, *replacements], self.store.write(trained)
 
     async def train_and_sync(self, step: int, shard: Path | None) -> dict[str, float]:
         """One optimizer step on the shard, then the new weights to the engine (the caller logs the step, then

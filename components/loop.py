@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from components.config import option, require, require_non_negative, require_one_of, require_positive
 from components.protocols import Task
+from components.remote_waits import StallReporter
 from components.rollout.buffer import (
     LEDGER_KEY,
     Group,
@@ -147,15 +148,27 @@ class RolloutBrickConfig:
         PartialGroupConfig(),
         "groups that lost members to infrastructure failures (components/rollout/partial_groups.py)",
     )
+    engine_error_rounds: int = option(
+        2,
+        "sync: a group that lost a rollout to an engine failure (a server that died) is rolled out again, at "
+        "most this many rounds per step; the failed rollouts stay in the shard, excluded from training",
+    )
+    stall_report_after_s: float = option(
+        120.0,
+        "report any wait on a remote component (actor call, engine request) pending longer than this, naming "
+        "it, in the log and the run's stalls.jsonl (components/remote_waits.py)",
+    )
 
     def __post_init__(self) -> None:
         require_one_of(self.mode, "mode", ROLLOUT_MODES)
         require_positive(self.max_concurrency, "max_concurrency")
+        require_positive(self.stall_report_after_s, "stall_report_after_s")
         require_one_of(self.placement, "placement", ("driver", "actor"))
         require_non_negative(self.actor_num_cpus, "actor_num_cpus")
         self.actor_resource_amounts  # noqa: B018 -- validates actor_resources
         require_non_negative(self.max_staleness, "max_staleness")
         require_non_negative(self.max_steps_ahead, "max_steps_ahead")
+        require_non_negative(self.engine_error_rounds, "engine_error_rounds")
         require(
             self.mode != "partial" or self.max_staleness >= 1,
             "max_staleness",
@@ -244,6 +257,7 @@ class LoopInputs:
     runner: RolloutRunner | ActorRolloutRunner
     tasks_for_step: TasksForStep
     groups_per_step: int
+    stalls: StallReporter
 
 
 async def run_recipe_loop(
@@ -282,11 +296,18 @@ async def _run_steps(
         runner=runner,
         tasks_for_step=tasks_for_step,
         groups_per_step=groups_per_step,
+        stalls=StallReporter(run.path, report_after_s=config.rollout.stall_report_after_s),
     )
-    if config.rollout.mode == "sync":
-        await _run_sync(inputs)
-    else:
-        await OverlappedLoop(inputs).run()
+    reporter = asyncio.create_task(inputs.stalls.run())  # no silent hang: see components/remote_waits.py
+    try:
+        if config.rollout.mode == "sync":
+            await _run_sync(inputs)
+        else:
+            await OverlappedLoop(inputs).run()
+    finally:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
 
 
 def _monitor(inputs: LoopInputs, *, rollouts_per_step: int, first_step: int) -> RunMonitor:
@@ -382,6 +403,7 @@ async def _sync_steps(
         pipeline.update(staleness_histogram([0] * groups_per_step))
         pipeline.update(stack.last_sampling_metrics)
         pipeline.update(probe.take())
+        pipeline.update(inputs.stalls.take())
         # 4. log, 5. checkpoint when due (after the log: see ``RunStack.train_and_sync``)
         monitor.end_step(
             step,
@@ -761,6 +783,7 @@ class OverlappedLoop:
                 )
                 extra.update(staleness_histogram(staleness))
                 extra.update(probe.take())
+                extra.update(self.inputs.stalls.take())
                 extra["staleness/groups_dropped"] = float(self.dropped_groups)
                 if self.rollout.dynamic_sampling.enabled:
                     extra["dynamic_sampling/extra_groups"] = float(self.extra_groups)

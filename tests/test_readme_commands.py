@@ -72,6 +72,16 @@ END_TO_END = {
     "--num-steps 1 --num-tasks 1 --group-size 2 --max-turns 2": (
         "tests/recipes/test_swe_grpo_vllm.py::test_swe_grpo_one_step_on_a_real_vllm_server"
     ),
+    "python recipes/swe_grpo.py --model M --run-dir RUN_DIR --engine vllm --vllm-url "
+    "http://GPU1:8000,http://GPU2:8000 --rollout-mode async --num-steps 1 --num-tasks 1 --group-size 2 "
+    "--max-turns 2": "tests/recipes/test_swe_grpo_vllm.py::test_swe_grpo_async_step_on_several_vllm_servers",
+    "ray job submit --address http://HEAD:8265 --working-dir . -- python recipes/swe_grpo.py --model M --engine "
+    "vllm --vllm-url http://GPU:8000 --num-steps 1 --num-tasks 1 --group-size 2 --max-turns 2": (
+        "tests/recipes/test_ray_job.py::test_ray_job_submit_runs_one_swe_step_on_vllm"
+    ),
+    "rein proxy --engine vllm --vllm-url http://GPU:8000 --model M --port 0 --run-dir RUN_DIR": (
+        "tests/components/proxy/test_proxy_vllm.py::test_rein_proxy_engine_vllm_serves_an_agent_request"
+    ),
     "python recipes/swe_grpo.py --model M --run-dir RUN_DIR --engine sglang --sglang-url http://GPU:30000 "
     "--sglang-api-key KEY --sglang-admin-api-key ADMIN_KEY --num-steps 2 --num-tasks 1 --group-size 2 "
     "--max-turns 2": "tests/recipes/test_swe_grpo_sglang.py::test_swe_grpo_on_sglang_behind_the_default_serve_proxy",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from components.config import option, require_non_negative, require_one_of, require_positive
+from components.config import option, require, require_non_negative, require_one_of, require_positive
 from components.protocols import InferenceEngine
 from components.registry import ENGINES
 from components.sampling import SamplingDistribution
@@ -37,6 +37,18 @@ class EngineProvider(Protocol):
     ) -> tuple[InferenceEngine, WeightSync]: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class StandaloneEngine(Protocol):
+    """An engine kind ``rein proxy`` can serve alone (no trainer, no Ray)."""
+
+    async def start_standalone(
+        self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
+    ) -> tuple[InferenceEngine, Any]:
+        """The started engine and the tokenizer the proxy encodes with (refusing ``sampling`` it cannot record
+        logprobs under)."""
+        ...
 
 
 class EngineBrickConfig(Protocol):
@@ -86,6 +98,19 @@ class EmbeddedEngineBrickConfig:
     ) -> EmbeddedEngineProvider:
         """The provider of this config."""
         return EmbeddedEngineProvider(self)
+
+    async def start_standalone(
+        self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
+    ) -> tuple[InferenceEngine, Any]:
+        """The torch engine in this process."""
+        from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+        engine = EmbeddedEngine(
+            EmbeddedEngineConfig(
+                model_path=model_path, num_threads=self.threads, max_batch_size=self.max_batch_size
+            )
+        )
+        return engine, engine.tokenizer
 
 
 @ENGINES.register("sglang")
@@ -154,6 +179,20 @@ class SGLangBrickConfig:
     ) -> SGLangEngineProvider:
         """The provider of this config."""
         return SGLangEngineProvider(self, record_routed_experts=record_routed_experts)
+
+    async def start_standalone(
+        self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
+    ) -> tuple[InferenceEngine, Any]:
+        """The fleet over ``url`` (waits for every server), checked against ``sampling`` first."""
+        from transformers import AutoTokenizer
+
+        from components.engine.sglang_fleet import SGLangFleet, sglang_fleet_config
+
+        self.check_sampling(sampling)  # before any server is contacted
+        config = sglang_fleet_config(
+            self, model_path=model_path, record_routed_experts=record_routed_experts, initial_weight_version=0
+        )
+        return await SGLangFleet.connect(config), AutoTokenizer.from_pretrained(model_path)
 
 
 class EmbeddedEngineProvider:
@@ -297,6 +336,25 @@ class VLLMBrickConfig:
     ) -> VLLMEngineProvider:
         """The provider of this config."""
         return VLLMEngineProvider(self, sampling=sampling or SamplingDistribution())
+
+    async def start_standalone(
+        self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
+    ) -> tuple[InferenceEngine, Any]:
+        """The fleet over ``url`` (waits for every server), checked against each server's --logprobs-mode."""
+        from transformers import AutoTokenizer
+
+        from components.engine.vllm import require_matching_logprobs
+        from components.engine.vllm_fleet import VLLMFleet, vllm_fleet_config
+
+        require(not record_routed_experts, "record_routed_experts", "vLLM does not return routed experts")
+        fleet = await VLLMFleet.connect(vllm_fleet_config(self, initial_weight_version=0))
+        try:
+            for server in fleet.servers:  # the run's sampling against each server's own --logprobs-mode
+                require_matching_logprobs(sampling, server.logprobs_mode)
+        except BaseException:
+            await fleet.aclose()
+            raise
+        return fleet, AutoTokenizer.from_pretrained(model_path)
 
 
 class VLLMEngineProvider:

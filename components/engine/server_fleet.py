@@ -506,7 +506,9 @@ class ServerFleet:
                 if (
                     not labelled
                 ):  # restarted since the last push (or never labelled): give it the run's weights
-                    self._take_out(index, "its weights carry no version Rein set (restarted)")
+                    self._take_out(
+                        index, "its weights carry no version this run set (new to the run, or restarted)"
+                    )
             for index in list(self._down):
                 try:
                     await self._bring_back(index)

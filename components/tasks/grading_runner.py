@@ -363,6 +363,7 @@ def run_test_process(bundle, workspace, hidden, verdict):
                     "plugins": bundle.get("plugins", []),
                     "pytest_args": pytest_args,
                     "bridge_fd": bridge_fds[0] if bridge_fds else None,
+                    "changed_paths": bundle.get("changed_paths", []),
                 }
             ),
         ],
@@ -550,21 +551,29 @@ class HonestComparisons:
 
     def __call__(self, operators, *operands):
         values = [self.canonical(operand, 0) for operand in operands]
+        result = True
         for index, operator in enumerate(operators):
             left, right = values[index], values[index + 1]
-            if operator in ("in", "not in"):  # an own container's membership is the code under test's
-                dishonest = self.holds_own(left) and not self.holds_own(right)
-            else:
-                dishonest = operator not in ("is", "is not") and self.holds_own(left) != self.holds_own(right)
-            if dishonest:
+            reason = self.dishonesty(operator, left, right)
+            if reason:
                 raise DishonestComparison(
-                    f"a hidden test compared {type(operands[index]).__name__} with "
-                    f"{type(operands[index + 1]).__name__} using {operator!r}: one side is a value of the "
-                    "code under test's own type, the other is not, so its comparison cannot be trusted"
+                    f"a test compared {type(operands[index]).__name__} with "
+                    f"{type(operands[index + 1]).__name__} using {operator!r}: {reason}"
                 )
-            if not _COMPARISONS[operator](left, right):
-                return False
-        return True
+            result = _COMPARISONS[operator](left, right)
+            if len(operators) > 1 and not result:  # a chain stops at its first false link, as Python's does
+                return result
+        return result  # one comparison: its own result (an array stays an array)
+
+    def dishonesty(self, operator, left, right):
+        """Why this comparison cannot be trusted, or "" (see the class docstring)."""
+        if operator in ("in", "not in"):  # an own container's membership is the code under test's
+            dishonest = self.holds_own(left) and not self.holds_own(right)
+        else:
+            dishonest = operator not in ("is", "is not") and self.holds_own(left) != self.holds_own(right)
+        if dishonest:
+            return "one side is a value of the code under test's own type, the other is not"
+        return ""
 
     def canonical(self, value, depth):
         if depth > _MAX_COMPARED_DEPTH:
@@ -618,21 +627,119 @@ class HonestComparisons:
         return path.startswith(self.workspace) and path not in self.hidden_paths
 
 
+class ProbingComparisons(HonestComparisons):
+    """Honest comparisons for a repository's own tests (SWE-bench rows, repository mode), whose types compare with
+    builtin values legitimately: nothing is refused or copied. A value is the agent's when its type (or a class of
+    its MRO) was defined, or has a method compiled, in a file the agent's patch changed. When such a value is said
+    to equal a value that is not the agent's (``==``, or found ``in`` a container that is not the agent's), it is
+    asked again against two *probes* of the same shape as that value: every leaf changed (``"x"`` becomes
+    ``"x\\0rein-probe"``, ``3`` becomes ``7922``, ...) and every leaf a fresh object. An honest ``__eq__`` says no
+    to both; one that says yes to either cannot tell values apart, and the test fails. A liar that recognises the
+    probes (it reads the test's frame: it shares the test's process) is not caught; nor is ``!=``, ordering,
+    or a comparison nested in a call (``(a == b).all()``), which is not rewritten."""
+
+    def __init__(self, own_files):
+        super().__init__(os.sep)
+        self.own_files = {os.path.realpath(path) for path in own_files}
+
+    def canonical(self, value, depth):
+        return value
+
+    def _inside(self, filename):
+        return bool(filename) and os.path.realpath(filename) in self.own_files
+
+    def dishonesty(self, operator, left, right):
+        own_left, own_right = self.holds_own(left), self.holds_own(right)
+        if operator == "==" and own_left != own_right:
+            own, other = (left, right) if own_left else (right, left)
+
+            def says_equal(probe):
+                return own == probe if own_left else probe == own
+        elif operator in ("in", "not in") and own_left and not own_right:
+            own, other = left, right
+
+            def says_equal(probe):
+                return own in probe
+        else:
+            return ""
+        for fresh in (False, True):
+            try:
+                said_yes = bool(says_equal(_probe_of(other, fresh)))
+            except Exception:  # noqa: BLE001 - a probe it cannot compare with is not a lie
+                continue
+            if said_yes:
+                return (
+                    f"the value of the agent's type {type(own).__name__} also equals a probe of the other side "
+                    "(every leaf changed or replaced): its equality cannot be trusted"
+                )
+        return ""
+
+
+class _Probe:
+    """A fresh object no honest ``__eq__`` equals."""
+
+    __slots__ = ()
+
+
+def _probe_of(value, fresh, depth=0):
+    """``value``'s shape with every leaf changed (``fresh``: replaced by a ``_Probe``)."""
+    kind = type(value)
+    if depth > _MAX_COMPARED_DEPTH:
+        return _Probe()
+    if kind in (list, tuple):
+        return kind(_probe_of(item, fresh, depth + 1) for item in value)
+    if kind is dict:
+        return {key: _probe_of(item, fresh, depth + 1) for key, item in value.items()}
+    if kind in (set, frozenset):
+        return kind(_Probe() for _ in value)
+    changed = None if fresh else _PROBE_CHANGES.get(kind)
+    return _Probe() if changed is None else changed(value)
+
+
+_PROBE_CHANGES = {
+    bool: lambda value: not value,
+    int: lambda value: value + 7919,
+    float: lambda value: value + max(1.0, abs(value)) if abs(value) < 1e300 else _Probe(),
+    str: lambda value: value + "\0rein-probe",
+    bytes: lambda value: value + b"\0rein-probe",
+}
+
+
 COMPARE_NAME = "@rein_compare"  # not an identifier: no test source can name it
 
 
 class _HonestAsserts(ast.NodeTransformer):
     """Every comparison inside an ``assert`` becomes a call of ``HonestComparisons`` (operands still evaluated
-    once each, left to right; a chain's later operands are evaluated even when an earlier link is false)."""
+    once each, left to right; a chain's later operands are evaluated even when an earlier link is false). With
+    ``top_level_only``, only comparisons the assert itself tests (``assert a == b``, ``assert a == b and not
+    c in d``), never one whose result a call uses (``assert (a == b).all()``: an array, not a truth)."""
+
+    def __init__(self, top_level_only=False):
+        self.top_level_only = top_level_only
 
     def visit_Assert(self, node):
-        node.test = _CompareCalls().visit(node.test)
+        node.test = (
+            _top_level_compares(node.test) if self.top_level_only else _CompareCalls().visit(node.test)
+        )
         return node
+
+
+def _top_level_compares(test):
+    if isinstance(test, ast.Compare):
+        return _CompareCalls().compare_call(test)
+    if isinstance(test, ast.BoolOp):
+        test.values = [_top_level_compares(value) for value in test.values]
+    elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test.operand = _top_level_compares(test.operand)
+    return test
 
 
 class _CompareCalls(ast.NodeTransformer):
     def visit_Compare(self, node):
         self.generic_visit(node)
+        return self.compare_call(node)
+
+    def compare_call(self, node):
         operators = ast.Constant(tuple(_AST_OPERATORS[type(op).__name__] for op in node.ops))
         call = ast.Call(
             func=ast.Name(COMPARE_NAME, ast.Load()),
@@ -642,9 +749,24 @@ class _CompareCalls(ast.NodeTransformer):
         return ast.copy_location(call, node)
 
 
-def honest_asserts(tree):
+def honest_asserts(tree, top_level_only=False):
     """``tree`` with every comparison in its ``assert`` statements routed through ``HonestComparisons``."""
-    return ast.fix_missing_locations(_HonestAsserts().visit(tree))
+    return ast.fix_missing_locations(_HonestAsserts(top_level_only).visit(tree))
+
+
+def honest_repository_asserts(comparisons):
+    """Repository mode: every module pytest's assertion rewriting rewrites (the repository's test modules and
+    conftests, as they are on disk: the data set's tests are not edited) first routes the comparisons its
+    asserts test through ``comparisons``, found under a name no source can spell, in builtins."""
+    from _pytest.assertion import rewrite
+
+    rewrite_asserts = rewrite.rewrite_asserts
+
+    def rewrite_honestly(mod, source, module_path=None, config=None):
+        rewrite_asserts(honest_asserts(mod, top_level_only=True), source, module_path, config)
+
+    rewrite.rewrite_asserts = rewrite_honestly
+    setattr(builtins, COMPARE_NAME, comparisons)
 
 
 # -- the code under test, in a process of its own -----------------------------------------------------------
@@ -1155,6 +1277,8 @@ def test_process(source_fd, event_fd, options):
             if entry.endswith(("site-packages", "dist-packages"))
         ]
         sys.path.insert(site[0] if site else len(sys.path), workspace)
+        changed = [os.path.join(workspace, path) for path in options.get("changed_paths", [])]
+        honest_repository_asserts(ProbingComparisons(changed))  # before the fingerprint (sessionstart)
         arguments = ["-p", "no:cacheprovider"]
         for plugin in options.get("plugins", []):
             arguments += ["-p", plugin]

@@ -32,6 +32,7 @@ import numpy as np
 from components.errors import ReinError
 from components.lora import AdapterGatherer, LoraAdapter, LoraSettings
 from components.protocols import Algorithm
+from components.remote_waits import PENDING_WAITS
 from components.training.checkpoint import (
     Checkpoint,
     TrainerState,
@@ -45,6 +46,8 @@ from components.training.trainer_config import TrainerConfig
 from components.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
+
+COORDINATOR_DEADLINE_S = 120.0  # handing a command to the workers' coordinator actor (no work in it)
 
 
 class TrainerError(ReinError):
@@ -436,23 +439,29 @@ class Trainer:
 
         reply = self._coordinator.wait.remote(command_id)
         deadline = time.monotonic() + timeout_s
-        while True:
-            done, _ = ray.wait([reply], timeout=0.5)
-            if done:
-                return ray.get(reply)
-            if not self._fit_thread.is_alive():
-                raise TrainerError(f"the trainer's worker group stopped: {self._fit_error!r}")
-            if time.monotonic() > deadline:
-                raise TrainerError(f"trainer command {command_id} did not finish within {timeout_s:.0f}s")
+        with PENDING_WAITS.waiting("trainer workers", command_id, timeout_s):  # reported when it stalls
+            while True:
+                done, _ = ray.wait([reply], timeout=0.5)
+                if done:
+                    return ray.get(reply)
+                if not self._fit_thread.is_alive():
+                    raise TrainerError(f"the trainer's worker group stopped: {self._fit_error!r}")
+                if time.monotonic() > deadline:
+                    raise TrainerError(
+                        f"trainer command {command_id} did not finish within {timeout_s:.0f}s"
+                    )
 
     def _call(self, command: WorkerCommand, *, timeout_s: float | None = None) -> list[Any]:
         """Run ``command`` on every worker; one reply per rank."""
-        import ray
-
         if self._closed:
             raise TrainerError("the trainer was shut down")
         command_id = f"{type(command).__name__}-{next(self._ids)}"
-        ray.get(self._coordinator.submit.remote(command_id, command))
+        PENDING_WAITS.get_within(
+            self._coordinator.submit.remote(command_id, command),
+            deadline_s=COORDINATOR_DEADLINE_S,
+            component="trainer coordinator",
+            request=f"submit {command_id}",
+        )
         return self._wait(command_id, timeout_s=timeout_s or self.config.step_timeout_s)
 
     def step(self, trajectories: TrajectorySource, current_version: int) -> dict[str, float]:

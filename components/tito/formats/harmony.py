@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from components.tito.formats.base import (
     CallOpening,
     ParsedCalls,
+    ToolFormatDefaults,
     arguments_object,
     arguments_text,
     json_object,
@@ -74,15 +75,12 @@ def _typescript(schema: Any) -> str:
     return {"integer": "number", "array": "any[]", "object": "object"}.get(kind, kind or "any")
 
 
-class HarmonyFormat:
+class HarmonyFormat(ToolFormatDefaults):
     """gpt-oss (harmony response format) tool calls."""
 
     name: ClassVar[str] = "harmony"
     call_markers: ClassVar[tuple[str, ...]] = ("to=functions.", CHANNEL, MESSAGE, END, CALL, RETURN, START)
-    end_markers: ClassVar[tuple[str, ...]] = ()
     stop_texts: ClassVar[tuple[str, ...]] = (CALL, RETURN)
-    keeps_content_with_calls: ClassVar[bool] = True
-    writes_call_ids: ClassVar[bool] = False
 
     def matches_template(self, template: str) -> bool:
         return CHANNEL in template

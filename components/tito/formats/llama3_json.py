@@ -12,6 +12,7 @@ from typing import ClassVar
 from components.tito.formats.base import (
     CallOpening,
     ParsedCalls,
+    ToolFormatDefaults,
     arguments_object,
     last_opening,
     template_json,
@@ -25,7 +26,7 @@ _DECODER = json.JSONDecoder()
 _OPENING = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"parameters"\s*:\s*(?=\{)')
 
 
-class Llama3JsonFormat:
+class Llama3JsonFormat(ToolFormatDefaults):
     """``{"name": …, "parameters": …}`` replies (Llama 3.1, 3.2, 3.3)."""
 
     name: ClassVar[str] = "llama3_json"
@@ -33,7 +34,6 @@ class Llama3JsonFormat:
     end_markers: ClassVar[tuple[str, ...]] = ("}",)
     stop_texts: ClassVar[tuple[str, ...]] = ("<|eom_id|>",)
     keeps_content_with_calls: ClassVar[bool] = False
-    writes_call_ids: ClassVar[bool] = False
 
     def matches_template(self, template: str) -> bool:
         return "<|start_header_id|>" in template and '"parameters": ' in template

@@ -12,6 +12,7 @@ from typing import ClassVar
 from components.tito.formats.base import (
     CallOpening,
     ParsedCalls,
+    ToolFormatDefaults,
     arguments_object,
     arguments_text,
     json_object,
@@ -34,13 +35,12 @@ def short_id(call_id: str) -> str:
     return call_id[-9:]
 
 
-class MistralFormat:
+class MistralFormat(ToolFormatDefaults):
     """``[TOOL_CALLS]`` JSON arrays (Mistral 7B v0.3, Mixtral, Mistral Nemo/Small)."""
 
     name: ClassVar[str] = "mistral"
     call_markers: ClassVar[tuple[str, ...]] = (TOOL_CALLS,)
     end_markers: ClassVar[tuple[str, ...]] = ("]", "}")
-    stop_texts: ClassVar[tuple[str, ...]] = ()
     keeps_content_with_calls: ClassVar[bool] = False
     writes_call_ids: ClassVar[bool] = True
 

@@ -28,7 +28,7 @@ from components.proxy.sessions import LocalSessionRegistry
 from components.tito.drift_audit import audit_session
 from components.tito.formats import tool_format_named
 from components.tito.messages import ToolCall
-from tests.components.proxy.proxy_helpers import assert_one_segment_record
+from tests.components.proxy.proxy_helpers import assert_one_segment_record, streamed_tool_calls
 
 TEMPLATES = Path(__file__).resolve().parents[3] / ".templates"
 TOOLS = [
@@ -71,7 +71,16 @@ DEEPSEEK = (
     "<｜tool▁output▁begin｜>",
     "<｜tool▁output▁end｜>",
 )
-GLM = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>")
+GLM = (
+    "[gMASK]",
+    "<sop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<think>",
+    "</think>",
+)
 KIMI = (
     "<|im_system|>",
     "<|im_user|>",
@@ -123,6 +132,7 @@ FAMILIES = {
 }
 
 
+XML_ARGUMENTS = ("glm45", "qwen3_coder")  # arguments are XML parameters: each call's come whole
 _TOKENIZERS: dict[str, object] = {}
 
 
@@ -175,21 +185,12 @@ def run_conversation(
     seen = []
     for _ in scripted_turns(family):
         if stream:
-            content, calls = "", {}
-            for chunk in client.chat.completions.create(
-                model="policy", messages=messages, tools=TOOLS, stream=True
-            ):
-                delta = chunk.choices[0].delta if chunk.choices else None
-                if delta is None:
-                    continue
-                content += delta.content or ""
-                for call in delta.tool_calls or []:
-                    calls[call.index] = {
-                        "id": call.id,
-                        "type": "function",
-                        "function": {"name": call.function.name, "arguments": call.function.arguments},
-                    }
-            tool_calls = [calls[i] for i in sorted(calls)]
+            chunks = list(
+                client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stream=True)
+            )
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            pieces = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+            tool_calls = streamed_tool_calls(chunks)
         else:
             message = (
                 client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
@@ -201,6 +202,8 @@ def run_conversation(
         seen.append(
             (content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in tool_calls])
         )
+        if stream and tool_calls and family.tool_format not in XML_ARGUMENTS:
+            assert len(pieces) > 2 * len(tool_calls)  # the arguments came as their tokens wrote them
         assistant = {"role": "assistant", "content": content}
         if tool_calls:
             assistant["tool_calls"] = tool_calls
@@ -496,7 +499,9 @@ def test_recipes_name_the_formats_on_their_proxy_brick(capsys):
 @pytest.mark.parametrize(
     ("name", "expected_segments"), [("harmony", ["start", "prefix_mismatch"]), ("glm45", ["start"])]
 )
-def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(tokenizer, name, expected_segments):
+def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(
+    tokenizer, name, expected_segments
+):
     """gpt-oss' template drops a tool-call turn's analysis once a final answer follows it: the next user turn
     rewrites what the model saw (the new messages render differently after it), so TITO starts a
     ``prefix_mismatch`` segment and the drift audit reports it. GLM-4.6's drops the reasoning of turns before the
@@ -555,6 +560,8 @@ def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(t
         reports = audit_session(registry._sessions[session_id].tito)
         assert [s["reason"] for s in record["segments"]] == expected_segments
         assert [r.segment_reason for r in reports] == expected_segments
-        assert reports[0].num_mismatched > 0  # a re-render without the dropped reasoning is not what was sampled
+        assert (
+            reports[0].num_mismatched > 0
+        )  # a re-render without the dropped reasoning is not what was sampled
     finally:
         server.stop_thread()
