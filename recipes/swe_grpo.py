@@ -48,6 +48,7 @@ def _black_box_agents():
     """The unmodified agents by the name a user types (each builds its ``AgentSpec``)."""
     from harnesses.claude_code import ClaudeCodeAgent
     from harnesses.codex import CodexAgent
+    from harnesses.gemini_cli import GeminiCliAgent
     from harnesses.mini_swe_agent import MiniSweAgent
     from harnesses.openclaw import OpenClawAgent
     from harnesses.opencode import OpencodeAgent
@@ -60,10 +61,22 @@ def _black_box_agents():
         "opencode": lambda config: OpencodeAgent(),
         "openclaw": lambda config: OpenClawAgent(),
         "qwen_code": lambda config: QwenCodeAgent(),
+        "gemini_cli": lambda config: GeminiCliAgent(),
     }
 
 
-HARNESSES = ("swe_agent", "mini_swe_agent", "claude_code", "codex", "opencode", "openclaw", "qwen_code")
+HARNESSES = (
+    *(
+        "swe_agent",
+        "mini_swe_agent",
+        "claude_code",
+        "codex",
+        "opencode",
+        "openclaw",
+        "qwen_code",
+        "gemini_cli",
+    ),
+)
 
 
 def harness_weights(spec: str) -> dict[str, float]:
@@ -88,7 +101,7 @@ class SweGrpoConfig(RunConfig):
     harness: str = option(
         "swe_agent",
         "the agent: white-box swe_agent, or black-box mini_swe_agent / claude_code / codex / opencode / openclaw /"
-        " qwen_code; several, comma-separated with optional weights (claude_code:2,codex:1), split the GRPO"
+        " qwen_code / gemini_cli; several, comma-separated with optional weights (claude_code:2,codex:1), split the GRPO"
         " groups between them",
     )
     harness_mix_within_groups: bool = option(

@@ -22,7 +22,6 @@ from typing import Any
 import httpx
 import pytest
 
-from components.engine.scripted import ScriptedEngine
 from components.engine.scripted_policies import first_hunk_edit, step_policy, tool_call
 from components.proxy.auth import SessionKeys
 from components.rollout import RolloutConfig, RolloutRunner
@@ -35,7 +34,7 @@ from harnesses.gemini_cli import GeminiCliAgent
 from harnesses.openclaw import OPENCLAW
 from harnesses.opencode import OPENCODE
 from harnesses.qwen_code import QWEN_CODE
-from tests.components.engine.fake_sglang import FakeSGLangServer
+from tests.components.engine.fake_sglang import FakeSGLangServer, ScriptedSGLangEngine
 from tests.components.proxy.proxy_helpers import read_rein_proxy_start
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -88,21 +87,13 @@ class SwappedPolicy:
         return step_policy(self.replies)(prompt)
 
 
-class ScriptedSGLangEngine(ScriptedEngine):
-    """The scripted policy as the SGLang stand-in's engine (which decodes with ``engine.tokenizer``)."""
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
-
-
 @dataclass
 class RunningReinProxy:
     url: str
     keys: SessionKeys
     run_dir: Path
     policy: SwappedPolicy
-    engine: ScriptedEngine
+    engine: ScriptedSGLangEngine
 
 
 @pytest.fixture(scope="module")
