@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config import require_positive
+from components.errors import EngineError
 from components.protocols import InferenceEngine
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import RemoteCallError, from_remote, to_remote
@@ -31,8 +32,13 @@ from components.proxy.sessions import (
     new_session_id,
     validate_session_id,
 )
+from components.remote_waits import PENDING_WAITS, EngineStalledError
 from components.tito.messages import ChatMessage, ToolSpec
 from components.trajectory import Trajectory
+
+# A shard call includes the engine's generation of a turn (see ``ENGINE_CALL_DEADLINE_S``), and a little more.
+SHARD_CALL_DEADLINE_S = 960.0
+SHARD_START_DEADLINE_S = 300.0  # a shard actor loads its tokenizer; Ray may first start a worker for it
 
 
 class SessionShard:
@@ -119,18 +125,28 @@ class ShardedSessionRegistry:
         """The shard actor owning ``session_id``."""
         return self.shards[self.shard_index(session_id)]
 
-    @staticmethod
-    async def _result(reply: Any) -> Any:
-        """Await one shard call; remote errors come back typed."""
-        from ray.exceptions import RayTaskError
+    async def _result(self, session_id: str, request: str, reply: Any) -> Any:
+        """Await one call on ``session_id``'s shard for at most ``SHARD_CALL_DEADLINE_S``; remote errors come back
+        typed; a dead or stalled shard is an ``EngineError`` naming it (the rollout is an ``engine_error``:
+        replaced, never trained; its session is gone with the shard)."""
+        from ray.exceptions import RayActorError, RayTaskError
 
+        shard = f"session shard {self.shard_index(session_id)}"
         try:
-            return await reply
+            return await PENDING_WAITS.within(
+                reply,
+                deadline_s=SHARD_CALL_DEADLINE_S,
+                component=shard,
+                request=f"{request}(session {session_id})",
+                error=EngineStalledError,
+            )
         except RayTaskError as error:
             cause = getattr(error, "cause", None)
             if isinstance(cause, RemoteCallError):
                 raise from_remote(cause) from None
             raise
+        except RayActorError as error:
+            raise EngineError(f"{shard} died; session {session_id} was discarded with it: {error}") from None
 
     async def open_session(
         self,
@@ -145,6 +161,8 @@ class ShardedSessionRegistry:
         """Start recording a new session bound to ``policy`` on its shard; returns its id."""
         session_id = validate_session_id(session_id) if session_id is not None else new_session_id()
         return await self._result(
+            session_id,
+            "open_session",
             self._shard(session_id).open_session.remote(
                 session_id=session_id,
                 task_id=task_id,
@@ -152,23 +170,29 @@ class ShardedSessionRegistry:
                 harness=harness,
                 step=step,
                 policy=policy,
-            )
+            ),
         )
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
         """See ``LocalSessionRegistry.run_turn``."""
-        return await self._result(self._shard(session_id).run_turn.remote(session_id, request))
+        return await self._result(
+            session_id, "run_turn", self._shard(session_id).run_turn.remote(session_id, request)
+        )
 
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> int:
         """See ``LocalSessionRegistry.count_tokens``."""
         shard = self._shard(session_id)
-        return await self._result(shard.count_tokens.remote(session_id, tuple(messages), tuple(tools)))
+        return await self._result(
+            session_id,
+            "count_tokens",
+            shard.count_tokens.remote(session_id, tuple(messages), tuple(tools)),
+        )
 
     async def describe(self, session_id: str) -> dict[str, Any]:
         """See ``LocalSessionRegistry.describe``."""
-        return await self._result(self._shard(session_id).describe.remote(session_id))
+        return await self._result(session_id, "describe", self._shard(session_id).describe.remote(session_id))
 
     async def finalize(
         self,
@@ -183,6 +207,7 @@ class ShardedSessionRegistry:
         harness: str | None = None,
         step: int | None = None,
         log: str = "",
+        turn_rewards: Sequence[float] | None = None,
     ) -> Trajectory:
         """See ``LocalSessionRegistry.finalize`` (the shard writes the trajectory to its store)."""
         reply = self._shard(session_id).finalize.remote(
@@ -196,18 +221,27 @@ class ShardedSessionRegistry:
             harness=harness,
             step=step,
             log=log,
+            turn_rewards=None if turn_rewards is None else [float(r) for r in turn_rewards],
         )
-        return await self._result(reply)
+        return await self._result(session_id, "finalize", reply)
 
     async def discard(self, session_id: str) -> None:
         """See ``LocalSessionRegistry.discard``."""
-        await self._result(self._shard(session_id).discard.remote(session_id))
+        await self._result(session_id, "discard", self._shard(session_id).discard.remote(session_id))
 
     async def num_open_sessions(self) -> int:
         """Open sessions over all shards."""
         import asyncio
 
-        return sum(await asyncio.gather(*(shard.num_open_sessions.remote() for shard in self.shards)))
+        replies = asyncio.gather(*(shard.num_open_sessions.remote() for shard in self.shards))
+        return sum(
+            await PENDING_WAITS.within(
+                replies,
+                deadline_s=SHARD_CALL_DEADLINE_S,
+                component="session shards",
+                request="num_open_sessions",
+            )
+        )
 
     def shutdown(self) -> None:
         """Kill the shard actors (open sessions are lost)."""
@@ -242,5 +276,10 @@ def start_session_shards(
                 engine, str(tokenizer_path), config or ProxyConfig(), dict(policies or {})
             )
         )
-    ray.get([shard.num_open_sessions.remote() for shard in shards])  # wait until every shard is up
+    PENDING_WAITS.get_within(  # wait until every shard is up
+        [shard.num_open_sessions.remote() for shard in shards],
+        deadline_s=SHARD_START_DEADLINE_S,
+        component="session shards",
+        request="start",
+    )
     return ShardedSessionRegistry(shards)
