@@ -259,6 +259,9 @@ class RewardResult:
     error: str = ""
     # With ``error``: which part failed, one of ``components.errors.GRADING_ERROR_KINDS`` ("" counts as other).
     error_kind: str = ""
+    # A process reward per model call of the rollout, in call order (turn-level credit); () gives none and
+    # keeps the harness's (``HarnessOutcome.turn_rewards``), if any.
+    turn_rewards: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         require((self.reward is None) == bool(self.error), "error", "must be set exactly when reward is None")
@@ -296,6 +299,9 @@ class HarnessOutcome:
     failure_reason: str = ""
     metrics: Mapping[str, float] = field(default_factory=dict)
     log: str = ""
+    # A process reward per model call, in call order (turn-level credit, ``components/training/turn_credit.py``);
+    # () gives none. The count must match the calls the proxy recorded, or the trajectory is not finalized.
+    turn_rewards: tuple[float, ...] = ()
 
 
 @runtime_checkable

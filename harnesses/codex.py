@@ -8,12 +8,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.protocols import Harness
 from components.registry import HARNESSES
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import AGENTS_DIR
 from harnesses.agent_spec import AgentSpec, TomlFile
-from harnesses.blackbox import AgentExit, BlackBoxConfig, black_box_harness, default_exit_status
+from harnesses.blackbox import AgentExit, BlackBoxBrickConfig, BlackBoxConfig, default_exit_status
 
 API_KEY_ENV = "REIN_API_KEY"
 
@@ -122,13 +121,8 @@ def CodexAgent(*, executable: Path = NATIVE_CODEX) -> AgentSpec:
 
 @HARNESSES.register("codex")
 @dataclass(kw_only=True, frozen=True)
-class CodexBrickConfig:
+class CodexBrickConfig(BlackBoxBrickConfig):
     """The ``harness`` kind ``codex``: the unmodified Codex CLI (a black-box agent)."""
 
-    def read_only_paths(self) -> tuple[str, ...]:
-        return CodexAgent().read_only_paths()
-
-    def build(self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float) -> Harness:
-        return black_box_harness(
-            CodexAgent(), max_turns=max_turns, wall_time_s=wall_time_s, max_tokens=max_tokens
-        )
+    def agent(self) -> AgentSpec:
+        return CodexAgent()

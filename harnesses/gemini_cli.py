@@ -22,11 +22,12 @@ import json
 from typing import Any
 
 from components.trajectory import TrajectoryStatus
-from harnesses.agent_paths import AGENTS_DIR, NODE_PATHS, npm_agent_executable
+from harnesses.agent_paths import AGENTS_DIR, NODE24
 from harnesses.agent_spec import AgentSpec, JsonFile
 from harnesses.blackbox import AgentExit, BlackBoxConfig, default_exit_status
 
-GEMINI_EXECUTABLE = npm_agent_executable("gemini")  # a Node bundle (system Node >= 20)
+# A Node (>= 20) bundle, run on the Node 24 under .agents: no system Node is needed, so it runs in images too.
+GEMINI_EXECUTABLE = AGENTS_DIR / "node_modules" / "@google" / "gemini-cli" / "bundle" / "gemini.js"
 TURN_LIMIT_EXIT_CODE = 53  # FatalTurnLimitedError (packages/core/src/utils/errors.ts)
 
 
@@ -88,8 +89,9 @@ def GeminiCliAgent(*, max_attempts: int = 2) -> AgentSpec:
     ``--yolo`` because the sandbox, not Gemini CLI, is the permission boundary."""
     return AgentSpec(
         name="gemini-cli",
-        paths=(AGENTS_DIR, *NODE_PATHS),
+        paths=(AGENTS_DIR,),
         argv=(
+            str(NODE24),
             str(GEMINI_EXECUTABLE),
             "-p",
             "{prompt}",

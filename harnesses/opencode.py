@@ -9,11 +9,13 @@ text, a prefill) that the proxy refuses (400: TITO does not continue prefilled r
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
+from components.registry import HARNESSES
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import AGENTS_DIR
 from harnesses.agent_spec import AgentSpec, ExitRules, JsonFile, OutputRule
-from harnesses.blackbox import AgentExit, BlackBoxConfig
+from harnesses.blackbox import AgentExit, BlackBoxBrickConfig, BlackBoxConfig
 
 NATIVE_OPENCODE = AGENTS_DIR / "node_modules" / "opencode-linux-x64" / "bin" / "opencode"
 CONTEXT_WINDOW = 32_768  # what opencode is told (it compacts near it); the proxy enforces the real one
@@ -127,3 +129,12 @@ OPENCODE = AgentSpec(
 def OpencodeAgent() -> AgentSpec:
     """opencode as a black-box agent (see the module docstring)."""
     return OPENCODE
+
+
+@HARNESSES.register("opencode")
+@dataclass(kw_only=True, frozen=True)
+class OpencodeBrickConfig(BlackBoxBrickConfig):
+    """The ``harness`` kind ``opencode``: the unmodified opencode (npm ``opencode-ai``) CLI (a black-box agent)."""
+
+    def agent(self) -> AgentSpec:
+        return OpencodeAgent()

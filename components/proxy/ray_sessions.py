@@ -225,6 +225,7 @@ class ShardedSessionRegistry:
         harness: str | None = None,
         step: int | None = None,
         log: str = "",
+        turn_rewards: Sequence[float] | None = None,
     ) -> Trajectory:
         """See ``LocalSessionRegistry.finalize`` (the shard writes the trajectory to its store)."""
         reply = self._shard(session_id).finalize.remote(
@@ -238,6 +239,7 @@ class ShardedSessionRegistry:
             harness=harness,
             step=step,
             log=log,
+            turn_rewards=None if turn_rewards is None else [float(r) for r in turn_rewards],
         )
         return await self._result(session_id, "finalize", reply)
 

@@ -57,7 +57,7 @@ from components.sampling import SamplingDistribution
 from components.tito import AssistantReply, TitoSession
 from components.tito.formats import ReplyDelta
 from components.tito.messages import ChatMessage, ToolSpec
-from components.trajectory import Segment, Trajectory, TrajectoryStatus
+from components.trajectory import Segment, Trajectory, TrajectoryStatus, with_turn_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +146,7 @@ class SessionRegistry(Protocol):
         harness: str | None = None,
         step: int | None = None,
         log: str = "",
+        turn_rewards: Sequence[float] | None = None,
     ) -> Trajectory: ...
 
     async def discard(self, session_id: str) -> None: ...
@@ -202,6 +203,7 @@ def segment_to_json(segment: Segment) -> dict[str, Any]:
         "routed_experts_shape": None
         if segment.routed_experts is None
         else list(segment.routed_experts.shape),
+        "turn_rewards": None if segment.turn_rewards is None else segment.turn_rewards.tolist(),
     }
 
 
@@ -475,8 +477,10 @@ class LocalSessionRegistry:
         harness: str | None = None,
         step: int | None = None,
         log: str = "",
+        turn_rewards: Sequence[float] | None = None,
     ) -> Trajectory:
-        """Close the session and turn its record into a ``Trajectory`` (written to the store if there is one)."""
+        """Close the session and turn its record into a ``Trajectory`` (written to the store if there is one).
+        ``turn_rewards``: a process reward per model call of the session, in call order (turn-level credit)."""
         session = self._get(session_id)
         info = session.info
         if status is not None and status not in {s.value for s in TrajectoryStatus}:
@@ -495,6 +499,8 @@ class LocalSessionRegistry:
             failure_reason = f"finalized with status {resolved_status.value}"
         segments = session.tito.segments()
         try:
+            if turn_rewards:
+                segments = with_turn_rewards(segments, turn_rewards)
             trajectory = Trajectory(
                 trajectory_id=session_id,
                 group_id=group_id or info.group_id or session_id,

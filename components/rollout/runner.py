@@ -102,6 +102,7 @@ class _Rollout:
         self.metrics: dict[str, float] = {}
         self.logs: list[str] = []
         self.open_session_id: str | None = None  # set while the proxy holds an unfinalized session
+        self.turn_rewards: tuple[float, ...] = ()  # per model call (harness or grader), for turn-level credit
 
     def fail(self, status: TrajectoryStatus, reason: str) -> None:
         self.status = status
@@ -347,6 +348,7 @@ class RolloutRunner(GroupRollouts):
                 status=status.value, failure_reason=reason, log=f"{type(exc).__name__}: {exc}"
             )
         rollout.metrics.update({k: float(v) for k, v in outcome.metrics.items()})
+        rollout.turn_rewards = tuple(outcome.turn_rewards)
         rollout.metrics["harness_wall_time_s"] = time.monotonic() - started
         if outcome.log:
             rollout.logs.append(f"=== harness {self.harness.name}\n{outcome.log}")
@@ -423,6 +425,7 @@ class RolloutRunner(GroupRollouts):
             )
             return
         rollout.reward = float(result.reward)
+        rollout.turn_rewards = tuple(result.turn_rewards) or rollout.turn_rewards
 
     def _final_metrics(self, rollout: _Rollout) -> dict[str, float]:
         return {**rollout.metrics, "rollout_wall_time_s": time.monotonic() - rollout.started}
@@ -446,6 +449,12 @@ class RolloutRunner(GroupRollouts):
                 harness=self.harness.name,
                 step=step,
                 log=self._final_log(rollout),
+                # only a trainable rollout's: a failed one may have lost calls its harness counted
+                **(
+                    {"turn_rewards": list(rollout.turn_rewards)}
+                    if rollout.turn_rewards and rollout.status in TRAINABLE_STATUSES
+                    else {}
+                ),
             )
         except Exception as exc:
             logger.warning("finalizing session %s failed: %s", session_id, exc)

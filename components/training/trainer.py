@@ -23,13 +23,12 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from components.config import require, require_non_negative, require_positive
 from components.errors import ReinError
 from components.lora import AdapterGatherer, LoraAdapter, LoraSettings
 from components.protocols import Algorithm
@@ -42,8 +41,8 @@ from components.training.checkpoint import (
     restore_rng_state,
     write_checkpoint,
 )
-from components.training.data import SampleBatchConfig, TrajectorySource, build_micro_batches_with_ray
-from components.training.step import OptimizerConfig
+from components.training.data import TrajectorySource, build_micro_batches_with_ray
+from components.training.trainer_config import TrainerConfig
 from components.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -53,56 +52,6 @@ COORDINATOR_DEADLINE_S = 120.0  # handing a command to the workers' coordinator 
 
 class TrainerError(ReinError):
     """The trainer's worker group failed or did not answer in time."""
-
-
-@dataclass(kw_only=True, frozen=True)
-class TrainerConfig:
-    """The FSDP2 policy trainer."""
-
-    model_path: Path  # HF folder of the initial policy (also the reference policy for a KL penalty)
-    run_dir: Path  # checkpoints go to run_dir/checkpoints, Ray Train's own files to run_dir/ray_train
-    num_workers: int = 2
-    use_gpu: bool = False  # GPU: NCCL, bf16 parameters with fp32 gradient reduction; CPU: gloo, fp32
-    cpus_per_worker: float = 1.0
-    torch_threads_per_worker: int = 1
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    batching: SampleBatchConfig = field(default_factory=SampleBatchConfig)
-    # LoRA (peft): rank 0 trains every weight; rank > 0 trains only the adapter, checkpoints are PEFT adapter
-    # folders and a weight sync sends only the adapter (``LoraAdapter``)
-    lora: LoraSettings = field(default_factory=LoraSettings)
-    gradient_checkpointing: bool = (
-        False  # recompute activations in backward (less memory, ≈ 1/3 more compute)
-    )
-    # the temperature ``score`` computes logprobs at; training recomputes each segment's logprobs under the
-    # sampling distribution recorded with it (Segment.sampling)
-    temperature: float = 1.0
-    num_updates_per_step: int = 1  # optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)
-    entropy_coef: float = 0.0  # entropy bonus added to every algorithm's loss (``losses.entropy_bonus``)
-    seed: int = 0
-    keep_checkpoints: int = 2  # newest complete checkpoints kept (0: all)
-    resume: bool = True  # start from the newest complete checkpoint in run_dir/checkpoints when there is one
-    start_timeout_s: float = 600.0
-    step_timeout_s: float = 3600.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "model_path", Path(self.model_path))
-        object.__setattr__(self, "run_dir", Path(self.run_dir))
-        require(
-            (self.model_path / "config.json").exists(), "model_path", f"{self.model_path} has no config.json"
-        )
-        require_positive(self.num_workers, "num_workers")
-        require_positive(self.cpus_per_worker, "cpus_per_worker")
-        require_positive(self.torch_threads_per_worker, "torch_threads_per_worker")
-        require_positive(self.temperature, "temperature")
-        require_positive(self.num_updates_per_step, "num_updates_per_step")
-        require_non_negative(self.entropy_coef, "entropy_coef")
-        require(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
-        require_positive(self.start_timeout_s, "start_timeout_s")
-        require_positive(self.step_timeout_s, "step_timeout_s")
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -49,9 +49,9 @@ async def test_providers_close_safely_when_never_started():
 
 
 def test_brick_config_errors_name_the_field():
-    from components.launch import TrainerBrickConfig
+    from components.training.trainer_config import TrainerBrickConfig
 
-    with pytest.raises(ValueError, match="workers: must be > 0"):
-        TrainerBrickConfig(workers=0)
+    with pytest.raises(ValueError, match="num_workers: must be > 0"):
+        TrainerBrickConfig(num_workers=0)
     with pytest.raises(SystemExit):  # the registered kinds are the flag's choices
         parse_config(RunConfig, ["--model", "tiny", "--sandbox-backend", "docker"])

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from components.engine.scripted import ScriptedEngine
 from components.engine.scripted_policies import step_policy, tool_call
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
@@ -21,24 +20,13 @@ from harnesses.openclaw import OPENCLAW
 from harnesses.opencode import OPENCODE
 from harnesses.qwen_code import QWEN_CODE
 from tests.harnesses.harness_fixtures import running_proxy
+from tests.harnesses.recording_engine import RecordingEngine
 from tests.required_tools import require_tool
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 MAX_TURNS = 2
 MAX_OUTPUT_TOKENS = 1024
-
-
-class RecordingEngine(ScriptedEngine):
-    """The scripted policy, keeping the ``max_tokens`` of every call."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.max_tokens_seen: list[int] = []
-
-    async def generate(self, input_ids, params):
-        self.max_tokens_seen.append(params.max_tokens)
-        return await super().generate(input_ids, params)
 
 
 def apply_patch_command(patch: str) -> str:

@@ -51,14 +51,14 @@ print(json.dumps({
 """
 
 
-def _load_skypilot_task(path: Path) -> subprocess.CompletedProcess:
+def _load_skypilot_task(path: Path, home: Path) -> subprocess.CompletedProcess:
     python = require_tool(SKY_PYTHON, "run `make setup-test` (the pinned skypilot venv)")
     return subprocess.run(
         [str(python), "-c", LOAD_TASK, str(path)],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "HOME": str(path.parent)},  # SkyPilot may write its state under ~/.sky
+        env={**os.environ, "HOME": str(home)},  # SkyPilot writes its state under ~/.sky: not in the repository
     )
 
 
@@ -87,7 +87,7 @@ def _parse_recipe(argv: list[str], *, model_dir: str, local_model_dir: Path) -> 
 
 @pytest.mark.timeout(300)
 def test_skypilot_task_loads_and_its_recipe_command_parses(tmp_path, default_model_dir):
-    loaded = _load_skypilot_task(SKYPILOT_TASK)
+    loaded = _load_skypilot_task(SKYPILOT_TASK, tmp_path)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     task = json.loads(loaded.stdout.strip().splitlines()[-1])
     assert task["num_nodes"] == 2 and task["storage_mounts"] == ["/mnt/rein-runs"]
@@ -110,7 +110,7 @@ def test_skypilot_task_loads_and_its_recipe_command_parses(tmp_path, default_mod
 
     broken = tmp_path / "skypilot.yaml"  # the weakened file: one misspelt field
     broken.write_text(SKYPILOT_TASK.read_text().replace("num_nodes: 2", "num_node: 2"))
-    refused = _load_skypilot_task(broken)
+    refused = _load_skypilot_task(broken, tmp_path)
     assert refused.returncode != 0 and "num_node" in refused.stderr, refused.stderr[-2000:]
 
 

@@ -28,7 +28,13 @@ from components.tito.formats.llama3_json import Llama3JsonFormat
 from components.tito.formats.mistral import MistralFormat
 from components.tito.formats.qwen3_coder import Qwen3CoderFormat
 from components.tito.formats.reasoning import HarmonyReasoning, NoReasoning, ThinkReasoning
-from components.tito.formats.reply import ParsedReply, ReplyDelta, ReplyParser, ReplyStream
+from components.tito.formats.reply import (
+    ParsedReply,
+    ReplyDelta,
+    ReplyParser,
+    ReplyStream,
+    call_argument_pieces,
+)
 
 # Detection order: more specific markers first (Qwen3-Coder and GLM templates also write ``<tool_call>``).
 TOOL_FORMATS: Mapping[str, type[ToolFormat]] = {
@@ -105,6 +111,7 @@ __all__ = [
     "ReplyStream",
     "ToolFormat",
     "UnknownTemplateFormatError",
+    "call_argument_pieces",
     "detect_reasoning_format",
     "detect_tool_format",
     "reasoning_format_named",

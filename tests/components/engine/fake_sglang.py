@@ -345,6 +345,8 @@ def build_app(state: FakeSGLangState) -> FastAPI:
             if lora_name not in state.loras:
                 message = f"The following requested LoRA adapters are not loaded: {lora_name}"
                 return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
+        if int(sampling.get("max_new_tokens", 128)) == 0:  # prefill only: SGLang's way to score a prompt
+            return await _prompt_scores(state, body, rid, input_ids)
         state.num_waiting += 1  # in SGLang's waiting queue until generation is not paused
         try:
             await state.paused.wait()
@@ -555,6 +557,26 @@ def engine_adapter_name(lora_name: str) -> str:
 
 def _engine_version(version: Any, state: FakeSGLangState) -> int:
     return state.version_int() if version is None else int(version)
+
+
+async def _prompt_scores(state: FakeSGLangState, body: dict, rid: str, input_ids: list[int]) -> dict:
+    """A ``max_new_tokens`` 0 reply: with ``return_logprob`` and ``logprob_start_len`` L >= 0, SGLang's
+    ``meta_info.input_token_logprobs`` of positions L.. as [logprob, id, text] (position 0's logprob null)."""
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": {"type": "length", "length": 0},
+        "prompt_tokens": len(input_ids),
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+        "weight_version": state.weight_version,
+    }
+    start = int(body.get("logprob_start_len", -1))
+    if body.get("return_logprob") and start >= 0 and not state.drop_logprobs:
+        scored = await state.engine.logprobs_of(input_ids, 1) if len(input_ids) > 1 else ()
+        values = [None, *scored]
+        meta["input_token_logprobs"] = [[values[i], input_ids[i], None] for i in range(start, len(input_ids))]
+        meta["output_token_logprobs"] = []
+    return {"text": "", "output_ids": [], "meta_info": meta}
 
 
 def _reply(

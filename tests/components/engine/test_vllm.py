@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from components.engine.server_fleet import FleetRecoveryConfig, ServerDownError
 from components.engine.vllm import (
     VLLMEngine,
     VLLMEngineConfig,
@@ -192,14 +193,55 @@ async def test_fleet_over_vllm_pauses_reloads_and_stamps_one_version(vllm_server
 @pytest.mark.vllm_kills_server
 async def test_a_killed_server_fails_requests_in_flight_with_a_clear_engine_error(vllm_server):
     config = VLLMEngineConfig(base_url=vllm_server.url, max_retries=1, retry_backoff_s=0.1)
-    fleet = await VLLMFleet.connect(VLLMFleetConfig(urls=(vllm_server.url,), server=config))
+    recovery = FleetRecoveryConfig(server_return_timeout_s=3, health_poll_s=0.5)
+    fleet = await VLLMFleet.connect(
+        VLLMFleetConfig(urls=(vllm_server.url,), server=config, recovery=recovery)
+    )
     try:
         in_flight = asyncio.create_task(fleet.generate(PROMPTS[0], SamplingParams(max_tokens=800, seed=0)))
         await asyncio.sleep(1.0)
         vllm_server.process.kill()
         with pytest.raises(EngineError, match=f"every vLLM server is down: {vllm_server.url}"):
             await asyncio.wait_for(in_flight, 60)
-        with pytest.raises(EngineError, match="every vLLM server is down"):
+        # a new request waits for the server's return, bounded (here 3 s), then fails naming it
+        with pytest.raises(ServerDownError, match=f"none came back within 3 s.*{vllm_server.url}"):
             await asyncio.wait_for(fleet.generate(PROMPTS[1], SamplingParams(max_tokens=4)), 60)
     finally:
         await fleet.aclose()
+
+
+async def test_vllm_server_is_a_distillation_teacher(engine, vllm_server, tmp_path):
+    """Teacher-forced scoring through ``/v1/completions`` with ``prompt_logprobs``: the logprobs of a
+    transformers forward pass of the served weights; ``vllm:URL`` connects as a teacher after the tokenizer
+    check, which refuses a policy that tokenizes differently (folder and ``/tokenize`` probe alike)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from components.training.distillation import TeacherScorer, score_trajectory
+    from components.training.server_teachers import _require_same_tokenization, connect_server_teacher
+    from tests.components.training.training_synthetic import make_segment, make_trajectory
+
+    ids = [1, 100, 200, 300, 400, 500, 42, 7]
+    scored = await engine.logprobs_of(ids, 2)
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+    expected = [reference[i - 1, ids[i]].item() for i in range(2, len(ids))]
+    assert len(scored) == len(expected)
+    assert max(abs(a - b) for a, b in zip(scored, expected, strict=True)) < LOGPROB_TOLERANCE
+    teacher = await connect_server_teacher(f"vllm:{vllm_server.url}", policy_model=vllm_server.model_dir)
+    try:
+        assert isinstance(teacher, TeacherScorer)
+        trajectory = make_trajectory("t", "g", 1.0, (make_segment(3, 5, seed=2, vocab=1000),))
+        (segment,) = (await score_trajectory(teacher, trajectory)).segments
+        sampled = segment.loss_mask == 1
+        assert (segment.teacher_logprobs[sampled] < 0).all() and (segment.teacher_logprobs[~sampled] == 0).all()
+        await _require_same_tokenization(teacher, vllm_server.model_dir, "distillation.teachers", "x")
+        other = AutoTokenizer.from_pretrained(vllm_server.model_dir)
+        other.add_tokens(["The quick"])  # another tokenizer: the probe text splits differently
+        other.save_pretrained(tmp_path / "other")
+        with pytest.raises(ValueError, match="distillation.teachers: the vLLM teacher x tokenizes"):
+            await _require_same_tokenization(teacher, tmp_path / "other", "distillation.teachers", "x")
+        with pytest.raises(ValueError, match="distillation.teachers: .* tokenizes differently"):
+            await connect_server_teacher(f"vllm:{vllm_server.url}", policy_model=tmp_path / "other")
+    finally:
+        await teacher.aclose()
