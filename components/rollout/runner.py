@@ -394,7 +394,7 @@ class RolloutRunner(GroupRollouts):
             TrajectoryStatus.ENGINE_ERROR,
         ):
             rollout.fail(TrajectoryStatus.CONTEXT_OVERFLOW, "the conversation outgrew the context window")
-        elif described.get("num_engine_errors", 0) and rollout.status not in _INFRA_STATUSES:
+        elif described.get("num_engine_errors", 0) and rollout.status not in INFRASTRUCTURE_STATUSES:
             # A black-box agent only sees an HTTP 5xx and goes on (retries, changes course) or exits in its own
             # way; the proxy saw the cause. Either way the conversation is no clean sample of the policy.
             rollout.fail(
