@@ -71,7 +71,9 @@ def test_arguments_the_stream_cannot_settle_come_whole_and_exact():
     beginning of the parsed arguments, so a wire protocol sends them whole (``call_argument_pieces``)."""
     from components.tito.formats import call_argument_pieces
 
-    text = '<tool_call>\n{"name": "write", "arguments": {"path": "a", "text": "b", "path": "c"}}\n</tool_call>'
+    text = (
+        '<tool_call>\n{"name": "write", "arguments": {"path": "a", "text": "b", "path": "c"}}\n</tool_call>'
+    )
     _, _, deltas = _stream("hermes", text, piece=2)
     live = "".join(d.text for d in deltas if d.kind == "tool_call_arguments")
     [final] = [d for d in deltas if d.kind == "tool_call"]
