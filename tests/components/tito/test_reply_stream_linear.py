@@ -81,3 +81,12 @@ def test_arguments_the_stream_cannot_settle_come_whole_and_exact():
     assert final.argument_pieces == (final.tool_call.arguments,)
     assert call_argument_pieces(deltas, 0, final.tool_call.arguments) == (final.tool_call.arguments,)
     assert call_argument_pieces(deltas, 0, "{}") == ("{}",)  # pieces that do not join to it: whole
+
+
+@pytest.mark.parametrize("name", ["llama3_json", "mistral"])
+def test_content_full_of_call_end_markers_is_not_parsed_again_at_each(name):
+    """``}`` and ``]`` end these families' calls; in plain content (code) they start no parse."""
+    text = "Here is the code: " + "def f(x): return {'a': [x]}\n" * 500
+    parser, stream, deltas = _stream(name, text)
+    assert stream.num_parses <= 10, stream.num_parses
+    assert "".join(d.text for d in deltas if d.kind == "content") == parser.parse(text, TOOLS).content
