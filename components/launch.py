@@ -61,20 +61,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config import require, require_non_negative, require_positive
-from components.engine.providers import EmbeddedEngineBrickConfig, EngineBrickConfig
+from components.engine.providers import EmbeddedEngineBrickConfig, EngineBrickConfig, EngineProvider
 from components.loop import RolloutBrickConfig
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
 from components.protocols import (
     Algorithm,
-    EngineProvider,
     MetricsLoggerProvider,
-    ProxyProvider,
     SandboxProvider,
     SessionControl,
     StartsAhead,
     Task,
 )
-from components.proxy.providers import ProxyBrickConfig, ServeProxyConfig
+from components.proxy.providers import ProxyBrickConfig, ProxyProvider, ServeProxyConfig
 from components.recipe_config import config_to_json, option, slot
 from components.registry import ALGORITHMS, ENGINES, LOGGERS, PROXIES, SANDBOXES
 from components.sampling import SamplingDistribution
