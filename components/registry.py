@@ -136,6 +136,7 @@ HARNESSES: Registry = Registry(
         "harnesses.opencode",
         "harnesses.openclaw",
         "harnesses.qwen_code",
+        "harnesses.gemini_cli",
     ),
 )
 TASK_SOURCES: Registry = Registry("tasks", builtin_modules=("components.tasks.sources",))

@@ -73,10 +73,16 @@ def read_codex_events(
     return status, reason, metrics
 
 
-def CodexAgent(*, executable: Path = NATIVE_CODEX) -> AgentSpec:
+def CodexAgent(*, executable: Path = NATIVE_CODEX, auto_compact_token_limit: int | None = None) -> AgentSpec:
     """``codex exec --skip-git-repo-check --json --dangerously-bypass-approvals-and-sandbox PROMPT`` with one
     provider in ``$CODEX_HOME/config.toml`` pointing at the proxy session; codex's own sandbox is off because
-    bwrap already is one."""
+    bwrap already is one. ``auto_compact_token_limit``: its ``model_auto_compact_token_limit`` (compact the
+    history once a turn's tokens pass it); None: its default for the model."""
+    compaction = (
+        {}
+        if auto_compact_token_limit is None
+        else {"model_auto_compact_token_limit": auto_compact_token_limit}
+    )
     return AgentSpec(
         name="codex",
         paths=(AGENTS_DIR,),  # the native binary; no Node needed
@@ -101,6 +107,7 @@ def CodexAgent(*, executable: Path = NATIVE_CODEX) -> AgentSpec:
                     "approval_policy": "never",
                     "sandbox_mode": "danger-full-access",
                     "check_for_update_on_startup": False,
+                    **compaction,
                     "model_providers": {
                         "rein": {
                             "name": "rein",

@@ -42,7 +42,8 @@ OPENCLAW = AgentSpec(
         *(str(NODE24), str(OPENCLAW_ENTRY), "agent", "exec", "--config", "{home}/openclaw.json"),
         *("--model", "rein/{model}", "--json", "--timeout", "{wall_time_s}", "{prompt}"),
     ),
-    env={"NO_COLOR": "1", "OPENCLAW_NO_UPDATE_CHECK": "1"},
+    # documented switches (docs/gateway/config-runtime.md, telemetry.md): no update request or notice
+    env={"NO_COLOR": "1", "OPENCLAW_NO_AUTO_UPDATE": "1"},
     home_files={
         "openclaw.json": JsonFile(
             {
@@ -68,6 +69,7 @@ OPENCLAW = AgentSpec(
                     },
                 },
                 "agents": {"defaults": {"model": {"primary": "rein/{model}"}}},
+                "update": {"checkOnStart": False},
             }
         )
     },

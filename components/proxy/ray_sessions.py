@@ -24,7 +24,7 @@ from components.config import require_positive
 from components.errors import EngineError
 from components.protocols import InferenceEngine, SessionOutcome
 from components.proxy.config import ProxyConfig
-from components.proxy.errors import RemoteCallError, from_remote, to_remote
+from components.proxy.errors import RemoteCallError, SessionNotFoundError, from_remote, to_remote
 from components.proxy.sessions import (
     LocalSessionRegistry,
     TurnOutcome,
@@ -45,7 +45,12 @@ class SessionShard:
     """A Ray actor holding some of the sessions (a ``LocalSessionRegistry``) and calling the shared engine.
 
     Each method is the ``LocalSessionRegistry`` method of the same name; any failure comes back as a
-    ``RemoteCallError`` (turned back into the typed exception by ``ShardedSessionRegistry``)."""
+    ``RemoteCallError`` (turned back into the typed exception by ``ShardedSessionRegistry``).
+
+    A shard that dies is restarted by Ray (``max_restarts``) with no sessions: the calls in flight fail as
+    ``EngineError`` ("session shard N died"), and a later call for a session of the dead incarnation is an
+    ``EngineError`` saying the session was lost with the shard (an ``engine_error`` rollout, replaced), never a
+    404 that would read as the agent's mistake; new sessions work on the restarted shard."""
 
     def __init__(
         self,
@@ -54,16 +59,35 @@ class SessionShard:
         config: ProxyConfig,
         policies: Mapping[str, InferenceEngine] | None = None,
     ) -> None:
+        import ray
         from transformers import AutoTokenizer
 
         self.registry = LocalSessionRegistry(
             engine, AutoTokenizer.from_pretrained(tokenizer_path), config, policies=policies
         )
+        self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self._opened_here: set[str] = set()  # after a restart: the sessions of this incarnation
+
+    @contextlib.contextmanager
+    def _remote_errors(self, session_id: str) -> Iterator[None]:
+        """Send a failure across the actor boundary as a picklable ``RemoteCallError``."""
+        try:
+            yield
+        except SessionNotFoundError as missing:
+            lost = self._restarted and session_id not in self._opened_here
+            lost_error = EngineError(
+                f"session {session_id} was lost when its session shard died and restarted"
+            )
+            raise to_remote(lost_error if lost else missing) from None
+        except Exception as error:
+            raise to_remote(error) from None
 
     async def open_session(
         self, *, session_id: str, task_id: str, group_id: str, harness: str, step: int, policy: str = ""
     ) -> str:
-        with _remote_errors():
+        if self._restarted:
+            self._opened_here.add(session_id)
+        with self._remote_errors(session_id):
             return await self.registry.open_session(
                 session_id=session_id,
                 task_id=task_id,
@@ -74,47 +98,41 @@ class SessionShard:
             )
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
-        with _remote_errors():
+        with self._remote_errors(session_id):
             return await self.registry.run_turn(session_id, request)
 
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> int:
-        with _remote_errors():
+        with self._remote_errors(session_id):
             return await self.registry.count_tokens(session_id, messages, tools)
 
     async def describe(self, session_id: str) -> dict[str, Any]:
-        with _remote_errors():
+        with self._remote_errors(session_id):
             return await self.registry.describe(session_id)
 
     async def finalize(self, session_id: str, outcome: SessionOutcome) -> Trajectory:
-        with _remote_errors():
+        with self._remote_errors(session_id):
             return await self.registry.finalize(session_id, outcome)
 
     async def discard(self, session_id: str) -> None:
-        with _remote_errors():
+        with self._remote_errors(session_id):
             await self.registry.discard(session_id)
 
     def num_open_sessions(self) -> int:
         return self.registry.num_open_sessions
 
 
-@contextlib.contextmanager
-def _remote_errors() -> Iterator[None]:
-    """Send a failure across the actor boundary as a picklable ``RemoteCallError``."""
-    try:
-        yield
-    except Exception as error:
-        raise to_remote(error) from None
-
-
 class ShardedSessionRegistry:
     """The ``SessionRegistry`` over session shards; cheap to pickle into every Serve replica."""
 
-    def __init__(self, shards: Sequence[Any]) -> None:
+    def __init__(self, shards: Sequence[Any], *, shard_arguments: Sequence[Any] = ()) -> None:
+        """``shard_arguments``: the object refs the shards were built from, held while the registry lives so
+        that Ray can restart a dead shard from them."""
         if not shards:
             raise ValueError("shards: need at least one session shard actor")
         self.shards = tuple(shards)
+        self.shard_arguments = tuple(shard_arguments)
 
     def shard_index(self, session_id: str) -> int:
         """Which shard owns ``session_id`` (stable across processes)."""
@@ -238,21 +256,25 @@ def start_session_shards(
     import ray
 
     require_positive(num_shards, "num_shards")
-    actor_class = ray.remote(num_cpus=0, max_concurrency=1000)(SessionShard)
+    # restarted when it dies (its sessions are lost, see ``SessionShard``); calls in flight are not retried
+    actor_class = ray.remote(num_cpus=0, max_concurrency=1000, max_restarts=-1)(SessionShard)
+    # in the object store, owned here: a restarted shard is built again from the same objects
+    arguments = [
+        ray.put(engine),
+        str(tokenizer_path),
+        ray.put(config or ProxyConfig()),
+        ray.put(dict(policies or {})),
+    ]
     shards = []
     for index in range(num_shards):
         options: dict[str, Any] = {}
         if name_prefix:
             options["name"] = f"{name_prefix}-{index}"
-        shards.append(
-            actor_class.options(**options).remote(
-                engine, str(tokenizer_path), config or ProxyConfig(), dict(policies or {})
-            )
-        )
+        shards.append(actor_class.options(**options).remote(*arguments))
     PENDING_WAITS.get_within(  # wait until every shard is up
         [shard.num_open_sessions.remote() for shard in shards],
         deadline_s=SHARD_START_DEADLINE_S,
         component="session shards",
         request="start",
     )
-    return ShardedSessionRegistry(shards)
+    return ShardedSessionRegistry(shards, shard_arguments=arguments)

@@ -395,13 +395,14 @@ class RolloutRunner(GroupRollouts):
             TrajectoryStatus.ENGINE_ERROR,
         ):
             rollout.fail(TrajectoryStatus.CONTEXT_OVERFLOW, "the conversation outgrew the context window")
-        elif described.get("num_engine_errors", 0) and rollout.status == TrajectoryStatus.AGENT_ERROR:
-            # A black-box agent only sees an HTTP 5xx and exits in its own way; the proxy saw the cause.
+        elif described.get("num_engine_errors", 0) and rollout.status not in INFRASTRUCTURE_STATUSES:
+            # A black-box agent only sees an HTTP 5xx and goes on (retries, changes course) or exits in its own
+            # way; the proxy saw the cause. Either way the conversation is no clean sample of the policy.
             rollout.fail(
                 TrajectoryStatus.ENGINE_ERROR,
                 f"engine failed {described['num_engine_errors']} time(s) "
-                f"(last: {described.get('last_engine_error', '')}); the agent then stopped: "
-                f"{rollout.failure_reason}",
+                f"(last: {described.get('last_engine_error', '')}); the agent then ended with "
+                f"{rollout.status.value}: {rollout.failure_reason or 'ok'}",
             )
 
     async def _grade(self, task: Task, sandbox: Sandbox, rollout: _Rollout) -> None:

@@ -18,13 +18,18 @@ observer starts trusted and stays out of the reach of what it then runs:
 3. The hidden tests never touch the disk: each hidden path holds a placeholder, and the test process receives
    the sources over a pipe it reads (and closes) before it imports anything of the agent's, then compiles
    them from memory (with pytest's assertion rewriting).
-4. The test process (``python -I``, workspace appended to ``sys.path`` after the stdlib and pytest) runs
+4. The agent's code never runs in the test process: the observer starts a *code-under-test process* (``python
+   -I``, workspace appended to ``sys.path``) that holds one socket to the test process and nothing else, and
+   imports and runs the agent's modules at the test process's request; the test process sees each workspace
+   module as a ``RemoteModule``, each value as a plain builtin value rebuilt by its own JSON decoder or a
+   ``Remote`` handle (see "the code under test, in a process of its own" below). The test process is
+   non-dumpable, imports nothing from the workspace (no ``conftest.py``, no package ``__init__.py``) and runs
    pytest with a grader-written ini, ``--noconftest``, no plugin autoload, ``-p no:cacheprovider``. It sends
    one event per test phase over a ``SOCK_SEQPACKET`` socket with ``SO_PASSCRED``: the kernel stamps each
    message with its sender's pid, and only the test process's own messages count (a process it forked cannot
    speak for it); a ``done`` event closes its session, nothing after it counts, and a session without one
    earns 0. Its stdout/stderr go to the observer, never to the exec's output, and it is given nothing else.
-   Before any code of the agent runs it fingerprints pytest, pluggy, builtins and its registered plugins
+   Before the tests run it fingerprints pytest, pluggy, builtins and its registered plugins
    (every callable's identity and code, every class's attributes); after each test's teardown and at the end
    of the session a change is reported (reward 0).
 5. When the session is done, the test process is gone, or at the deadline, the observer SIGKILLs every process
@@ -37,12 +42,13 @@ Repository mode (bundle key ``pytest_args``, used by ``components/tasks/swebench
 repository's own, already restored by the host (test files, test infrastructure, ``test_patch``), so steps 2
 and 3 are skipped; the test process runs pytest with the given arguments and the repository's own
 configuration and ``conftest.py`` files, the working tree placed before site-packages (as ``python -m pytest``
-finds it) but after the stdlib. Channel, fingerprint, kill loop and verdict are the same.
+finds it) but after the stdlib. Channel, fingerprint, kill loop and verdict are the same; the comparisons the
+tests' asserts make go through ``ProbingComparisons``.
 
-Known limit: the code under test runs inside the test process, so code aimed at this grader's internals (its
-event socket, its fingerprint) can still forge that process's events, and a patch undone between a report and
-the next teardown escapes the fingerprint; the tree scan rejects the plain forms (see
-``components/tasks/grading.py``). Values whose ``__eq__`` lies are a weakness of the tests, not of the runner.
+Known limit (repository mode only): the repository's tests import its code, so the code under test runs in the
+test process there, and code aimed at this grader's internals (its event socket, found among the process's
+descriptors, or its ``send`` reached through frames) can forge that process's events; the fingerprint and the
+host's diff scan catch only the plain forms.
 """
 
 import ast

@@ -20,7 +20,9 @@ Per verdict (``SweBenchGrader.score``):
    over a socket whose sender pid the kernel stamps, the observer kills every process when the session ends and
    prints its verdict authenticated with a per-verdict secret. The per-test outcomes of that verdict, written
    out as pytest's ``-rA`` summary lines, go through the repository's swebench parser, so test ids map to
-   FAIL_TO_PASS / PASS_TO_PASS exactly as swebench maps them. Nothing the tests print is read. No verdict, a
+   FAIL_TO_PASS / PASS_TO_PASS exactly as swebench maps them. Nothing the tests print is read. The comparisons
+   the tests' asserts make are probed (``grading_runner.ProbingComparisons``: a value of a type from a file the
+   agent changed that also equals a changed copy of the expected value fails the test). No verdict, a
    session the test process did not finish, a fingerprint change of pytest/pluggy/builtins, or processes that
    outlive the kill loop earn 0.
 6. Any other row (the fallback): the instance's test command runs between two random markers (a row with its

@@ -114,3 +114,56 @@ def test_closed_guard_kills_nothing(tmp_path):
         time.sleep(0.5)
         assert all(_alive(pid) for pid in started["run"]), "a closed guard killed the run's processes"
         assert not log.exists() or "killed" not in log.read_text()
+
+
+def test_a_sigkilled_pytest_run_leaves_no_process_its_tests_started(tmp_path):
+    """``tests/conftest.py`` guards every pytest run: a test's process in its own session dies with pytest."""
+    pid_file = tmp_path / "pid"
+    (tmp_path / "test_sleeper.py").write_text(
+        textwrap.dedent(
+            f"""
+            import pathlib, subprocess, time
+            def test_sleeps():
+                child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+                pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))
+                time.sleep(600)
+            """
+        )
+    )
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.conftest",
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path),
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    child = 0
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert run.poll() is None and time.monotonic() < deadline, (
+                "the inner pytest did not start its test"
+            )
+            time.sleep(0.2)
+        child = int(pid_file.read_text())
+        time.sleep(1.5)  # the guard records it
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        assert _wait_gone([child], timeout_s=5.0) == [], "the test's process outlived the killed pytest"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            run.kill()
+        run.wait()
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)

@@ -99,9 +99,6 @@ def _same_calls(parsed, calls) -> None:
     assert [json.loads(c.arguments) for c in parsed] == [json.loads(c.arguments) for c in calls]
 
 
-XML_ARGUMENTS = ("glm45", "qwen3_coder")  # parameters written as XML, not JSON text
-
-
 @SETTINGS
 @given(content=st.one_of(st.just(""), TEXT), drawn=CALLS)
 def test_render_then_parse_gives_the_reply_back(tool_format, content, drawn):
@@ -173,8 +170,7 @@ def test_reasoning_then_calls_stream_as_parsed(tool_format, reasoning, content, 
 def _arguments_streamed_as_written(tool_format, deltas, *, whole_calls_streamed: bool = False) -> None:
     """What came of each call's JSON arguments as ``tool_call_arguments`` deltas, while they were written, is
     where its ``argument_pieces`` begin, and those join to exactly its arguments. ``whole_calls_streamed`` (a
-    stream fed one character at a time): all of a call's arguments came that way (XML-parameter formats send
-    theirs whole with the call)."""
+    stream fed one character at a time): all of a call's arguments came that way."""
     live: dict[int, list[str]] = {}
     for delta in deltas:
         if delta.kind == "tool_call_arguments":
@@ -189,9 +185,10 @@ def _arguments_streamed_as_written(tool_format, deltas, *, whole_calls_streamed:
             assert "".join(delta.argument_pieces) == arguments
             assert delta.argument_pieces[: len(pieces)] == pieces
             if whole_calls_streamed:
-                assert "".join(pieces) == ("" if tool_format.name in XML_ARGUMENTS else arguments)
+                assert "".join(pieces) == arguments
 
 
+@pytest.mark.built_in_only  # every built-in family streams its arguments; a brick may send them whole
 @SETTINGS
 @given(content=st.one_of(st.just(""), TEXT), drawn=CALLS.filter(bool))
 def test_call_arguments_stream_character_by_character(tool_format, content, drawn):

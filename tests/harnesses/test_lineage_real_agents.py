@@ -16,6 +16,7 @@ from components.trajectory import BranchKind, TrajectoryStatus
 from harnesses.agent_paths import npm_agent_executable
 from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
 from harnesses.claude_code import ClaudeCodeAgent
+from harnesses.codex import CodexAgent
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -128,6 +129,55 @@ async def test_claude_code_auto_compaction_is_a_labelled_branch(
     # the parent is the summary request: the main conversation up to its last held turn, sent again with the
     # compact prompt (a fork of it); it sampled the summary, and the resumed conversation hangs right after it
     assert parent.branch_kind == BranchKind.FORK and parent.parent_segment == 0, lineage
+    before = slice(0, resumed.branch_position)
+    sampled = tokenizer.decode(parent.token_ids[before][parent.loss_mask[before] == 1].tolist())
+    assert SUMMARY in sampled, (lineage, sampled[-300:])
+    assert parent.loss_mask[resumed.branch_position - 1] == 1, lineage
+
+
+CODEX_SUMMARY_REQUEST = "You are performing a CONTEXT CHECKPOINT COMPACTION"  # codex's compact prompt
+
+
+def codex_compacting_policy(prompt: str) -> str:
+    """As ``compacting_policy``, with Codex's shell tool and compact prompt."""
+    if CODEX_SUMMARY_REQUEST in prompt:
+        return SUMMARY
+    if SUMMARY in prompt or prompt.count("<tool_response>") >= MAX_CALLS:
+        return "Done."
+    return tool_call("exec_command", cmd="seq 1 1000")
+
+
+@pytest.mark.slow
+async def test_codex_auto_compaction_is_a_labelled_branch(
+    scripted_proxy, slugify_task, sandbox_pool, swe_grader, tokenizer
+):
+    """Codex's own auto-compaction (``model_auto_compact_token_limit`` in its config.toml): its summary request
+    (the history with its compact prompt) samples the summary, and the conversation it resumes from the
+    summary is labelled ``compaction`` under it."""
+    harness = BlackBoxHarness(
+        CodexAgent(auto_compact_token_limit=12_000),
+        BlackBoxConfig(max_turns=10, wall_time_s=300, max_output_tokens=512),
+    )
+    task = dataclasses.replace(slugify_task, problem_statement=TASK_TEXT)
+    async with scripted_proxy(codex_compacting_policy, context_window=65536, default_max_tokens=512) as proxy:
+        runner = RolloutRunner(
+            RolloutConfig(group_size=1, max_concurrency=1, harness_timeout_s=400),
+            harness=harness,
+            sandboxes=sandbox_pool,
+            sessions=proxy.registry,
+            proxy_url=proxy.url,
+            grader=swe_grader,
+        )
+        [trajectory] = await runner.run([task], step=0)
+    segments = trajectory.segments
+    lineage = [(s.reason.value, s.branch_kind.value, s.parent_segment, s.branch_position) for s in segments]
+    assert trajectory.status == TrajectoryStatus.OK, f"{trajectory.failure_reason}\n{trajectory.log[-3000:]}"
+    compactions = [index for index, s in enumerate(segments) if s.branch_kind == BranchKind.COMPACTION]
+    assert len(compactions) == 1, lineage
+    resumed = segments[compactions[0]]
+    parent = segments[resumed.parent_segment]
+    # codex sends its compact prompt without tools: rendered anew, a side call beside the main conversation
+    assert parent.branch_kind == BranchKind.SIDE_CALL and parent.parent_segment == 0, lineage
     before = slice(0, resumed.branch_position)
     sampled = tokenizer.decode(parent.token_ids[before][parent.loss_mask[before] == 1].tolist())
     assert SUMMARY in sampled, (lineage, sampled[-300:])

@@ -40,10 +40,17 @@ class Case:
     shell_argument: str
     expected_status: TrajectoryStatus
     last_reply: str = ""  # after the fix; "": keep calling the shell tool (the turn bound ends the run)
+    reason: str = ""  # what the failure reason must say
 
 
 CASES = {
-    "opencode": Case(OPENCODE, "bash", "command", TrajectoryStatus.TURN_LIMIT),
+    "opencode": Case(  # its wrap-up after the last step (an assistant prefill) is refused by the proxy
+        OPENCODE,
+        "bash",
+        "command",
+        TrajectoryStatus.TURN_LIMIT,
+        reason="wrap-up (an assistant prefill) refused",
+    ),
     "qwen-code": Case(QWEN_CODE, "run_shell_command", "command", TrajectoryStatus.TURN_LIMIT),
     "openclaw": Case(OPENCLAW, "exec", "command", TrajectoryStatus.OK, last_reply="Done: the fix is in."),
 }
@@ -76,6 +83,7 @@ async def test_node_agent_fixes_a_builtin_task(name, slugify_task, sandbox_pool,
     detail = f"{trajectory.failure_reason}\n{trajectory.log[-4000:]}"
     assert trajectory.reward == 1.0, detail
     assert trajectory.status == case.expected_status, detail
+    assert case.reason in trajectory.failure_reason, detail
     assert trajectory.harness == case.agent.name and trajectory.trainable
     # The agent ran the policy's command with its own tool.
     assert "patched" in trajectory.log + str(trajectory.messages), detail

@@ -9,9 +9,10 @@ template writes; a template that renders no tools gets ``hermes``, taught throug
 given by the user (``--tool-format`` / ``--reasoning-format``, ``TitoConfig``) wins. ``ReplyParser`` splits
 sampled text into reasoning, content and tool calls, whole or as a stream of deltas.
 
-Adding a family: one file here with a class satisfying ``ToolFormat`` (or ``ReasoningFormat``), one line in
-``TOOL_FORMATS`` (before any format whose markers its templates also contain), and it passes
-``tests/contracts/test_tool_format_contract.py``.
+Adding a family: one file here with a class satisfying ``ToolFormat`` (``ToolFormatDefaults`` holds the common
+defaults; ``base.py``'s ``tagged_calls`` / ``section_calls`` / ``xml_calls`` parse the usual layouts) or
+``ReasoningFormat``, one line in ``TOOL_FORMATS`` (before any format whose markers its templates also contain),
+and it passes ``tests/contracts/test_tool_format_contract.py``.
 """
 
 from __future__ import annotations

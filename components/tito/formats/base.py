@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from components.tito.formats.json_stream import JsonStream
 from components.tito.messages import ToolCall, ToolSpec
 
 
@@ -47,6 +48,15 @@ def last_opening(pattern: re.Pattern[str], block: str, name_group: int = 1) -> C
     for ordinal, match in enumerate(pattern.finditer(block)):
         found = CallOpening(ordinal=ordinal, name=match.group(name_group), arguments_at=match.end())
     return found
+
+
+class ArgumentsStream(Protocol):
+    """A call's arguments text in, the canonical JSON text it settles out (``JsonStream``, ``XmlArgumentsStream``)."""
+
+    done: bool
+    failed: bool
+
+    def feed(self, text: str) -> str: ...
 
 
 @runtime_checkable
@@ -88,6 +98,10 @@ class ToolFormat(Protocol):
         """Content and tool calls of sampled text (reasoning already split off); call ids may be empty."""
         ...
 
+    def arguments_stream(self, tool_name: str, tools: Sequence[ToolSpec]) -> ArgumentsStream:
+        """What turns the text of an opened call's arguments into their canonical JSON text as it arrives."""
+        ...
+
     def open_call(self, block: str) -> CallOpening | None:
         """In an unfinished call block (``block`` starts at ``ParsedCalls.pending_from``), the last call whose
         JSON arguments have begun (None: none yet, or a format whose arguments are not JSON text)."""
@@ -96,12 +110,16 @@ class ToolFormat(Protocol):
 
 class ToolFormatDefaults:
     """What most families share (a family class states only where it differs): no stop texts of its own,
-    content kept beside calls, no call ids in the text, and no JSON arguments to stream."""
+    content kept beside calls, no call ids in the text, JSON arguments (streamed once ``open_call`` finds
+    where they start)."""
 
     end_markers: ClassVar[tuple[str, ...]] = ()
     stop_texts: ClassVar[tuple[str, ...]] = ()
     keeps_content_with_calls: ClassVar[bool] = True
     writes_call_ids: ClassVar[bool] = False
+
+    def arguments_stream(self, tool_name: str, tools: Sequence[ToolSpec]) -> ArgumentsStream:
+        return JsonStream()
 
     def open_call(self, block: str) -> CallOpening | None:
         return None

@@ -9,18 +9,24 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
     ToolFormatDefaults,
     arguments_object,
+    last_opening,
     tools_json_lines,
     xml_calls,
     xml_text,
 )
 from components.tito.formats.hermes import CLOSE, OPEN  # the same <tool_call> block markers
+from components.tito.formats.xml_stream import XmlArgumentsStream, XmlParameters
 from components.tito.messages import ToolCall, ToolSpec
 
 _BLOCK = re.compile(r"<tool_call>([^\n<]*)\n?(.*?)</tool_call>", re.DOTALL)
 _ARGUMENTS = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.DOTALL)
+
+_OPENING = re.compile(r"^<tool_call>([^\n<]+)\n")
+_SYNTAX = XmlParameters("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", trims_newlines=False)
 
 
 class Glm45Format(ToolFormatDefaults):
@@ -55,3 +61,9 @@ class Glm45Format(ToolFormatDefaults):
 
     def parse(self, text: str, tools: Sequence[ToolSpec]) -> ParsedCalls:
         return xml_calls(text, (_BLOCK, _ARGUMENTS), tools)
+
+    def arguments_stream(self, tool_name: str, tools: Sequence[ToolSpec]) -> XmlArgumentsStream:
+        return XmlArgumentsStream(_SYNTAX, tools, tool_name)
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return last_opening(_OPENING, block)

@@ -10,18 +10,24 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
     ToolFormatDefaults,
     arguments_object,
+    last_opening,
     template_json,
     xml_calls,
     xml_text,
 )
 from components.tito.formats.hermes import CLOSE, OPEN  # the same <tool_call> block markers
+from components.tito.formats.xml_stream import XmlArgumentsStream, XmlParameters
 from components.tito.messages import ToolCall, ToolSpec
 
 _BLOCK = re.compile(r"<tool_call>\s*<function=([^>\n]+)>\n?(.*?)</function>\s*</tool_call>", re.DOTALL)
 _ARGUMENTS = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+_OPENING = re.compile(r"^<tool_call>\s*<function=([^>\n]+)>\n?")
+_SYNTAX = XmlParameters("<parameter=", ">", "", "</parameter>", trims_newlines=True)
 
 
 class Qwen3CoderFormat(ToolFormatDefaults):
@@ -62,3 +68,9 @@ class Qwen3CoderFormat(ToolFormatDefaults):
 
     def parse(self, text: str, tools: Sequence[ToolSpec]) -> ParsedCalls:
         return xml_calls(text, (_BLOCK, _ARGUMENTS), tools)
+
+    def arguments_stream(self, tool_name: str, tools: Sequence[ToolSpec]) -> XmlArgumentsStream:
+        return XmlArgumentsStream(_SYNTAX, tools, tool_name)
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return last_opening(_OPENING, block)

@@ -8,8 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from components.tito.formats.base import ReasoningFormat, ToolFormat, partial_marker_cut, tool_call_id
-from components.tito.formats.json_stream import JsonStream
+from components.tito.formats.base import (
+    ArgumentsStream,
+    ReasoningFormat,
+    ToolFormat,
+    partial_marker_cut,
+    tool_call_id,
+)
 from components.tito.messages import ToolCall, ToolSpec
 
 
@@ -79,7 +84,7 @@ class ReplyStream:
 
     Linear in the reply: the text is parsed again only when a marker arrives (a call, its end, reasoning) or
     while the content's end is not yet the text's end (a few pieces after each marker); in between, content
-    grows by the new text and a call's arguments go through a ``JsonStream``.
+    grows by the new text and a call's arguments go through the format's ``arguments_stream``.
     """
 
     def __init__(self, parser: ReplyParser, tools: Sequence[ToolSpec], id_seed: str) -> None:
@@ -101,7 +106,7 @@ class ReplyStream:
         self._call_at = 0  # where the unfinished call block starts in the text
         self._call_base = 0  # calls before that block
         self._next_ordinal = 0
-        self._arguments: JsonStream | None = None
+        self._arguments: ArgumentsStream | None = None
         self._fed_to = 0
         self._look_from = 0
         self._last_end = 0
@@ -149,7 +154,7 @@ class ReplyStream:
             opening = self.parser.tool_format.open_call(self.text[self._call_at : end])
             if opening is None or opening.ordinal < self._next_ordinal:
                 return out
-            self._arguments = JsonStream()
+            self._arguments = self.parser.tool_format.arguments_stream(opening.name, self.tools)
             self._fed_to = self._call_at + opening.arguments_at
             self._ordinal, self._name = opening.ordinal, opening.name
         index = self._call_base + self._ordinal

@@ -132,7 +132,6 @@ FAMILIES = {
 }
 
 
-XML_ARGUMENTS = ("glm45", "qwen3_coder")  # arguments are XML parameters: each call's come whole
 _TOKENIZERS: dict[str, object] = {}
 
 
@@ -202,7 +201,7 @@ def run_conversation(
         seen.append(
             (content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in tool_calls])
         )
-        if stream and tool_calls and family.tool_format not in XML_ARGUMENTS:
+        if stream and tool_calls:
             assert len(pieces) > 2 * len(tool_calls)  # the arguments came as their tokens wrote them
         assistant = {"role": "assistant", "content": content}
         if tool_calls:
@@ -326,7 +325,8 @@ def test_the_cli_flags_name_formats_and_refuse_unknown_ones(capsys):
 
 def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
     """Claude Code's protocol: under Qwen3-Coder's real template, the text block grows delta by delta and the
-    tool_use block comes whole once its XML call is complete; the conversation stays one exact segment."""
+    tool_use block's input arrives as its XML parameters are written; the conversation stays one exact
+    segment."""
     import anthropic
 
     family = FAMILIES["qwen3_coder"]
@@ -363,11 +363,12 @@ def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
                 for e in events
                 if e.type == "content_block_start" and e.content_block.type == "tool_use"
             ]
-            inputs = [
-                json.loads(e.delta.partial_json)
-                for e in events
-                if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
-            ]
+            json_pieces: dict[int, list[str]] = {}  # per tool_use block: its input as the tokens wrote it
+            for e in events:
+                if e.type == "content_block_delta" and e.delta.type == "input_json_delta":
+                    json_pieces.setdefault(e.index, []).append(e.delta.partial_json)
+            assert all(len(pieces) > 2 for pieces in json_pieces.values())
+            inputs = [json.loads("".join(json_pieces[index])) for index in sorted(json_pieces)]
             turns.append((text_deltas, [(u.name, i) for u, i in zip(uses, inputs, strict=True)]))
             content: list[dict] = [{"type": "text", "text": "".join(text_deltas)}]
             content += [
@@ -394,7 +395,8 @@ def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
 
 def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
     """Codex's protocol: the message text comes as one ``output_text.delta`` per settled piece, the call as a
-    ``function_call`` item (GLM-4.5 format, named, on SmolLM2's ChatML)."""
+    ``function_call`` item whose arguments arrive as ``function_call_arguments.delta`` pieces (GLM-4.5 format,
+    named, on SmolLM2's ChatML)."""
     family = FAMILIES["glm45"]
     fmt = tool_format_named("glm45")
     call = ToolCall(id="c1", name="bash", arguments='{"cmd": "ls -la"}')
@@ -419,6 +421,8 @@ def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
             e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
         ]
         assert [(item.name, json.loads(item.arguments)) for item in done] == [("bash", {"cmd": "ls -la"})]
+        pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+        assert len(pieces) > 2 and "".join(pieces) == done[0].arguments  # as the XML parameters were written
     finally:
         server.stop_thread()
 

@@ -565,8 +565,8 @@ async def test_a_value_whose_eq_always_says_yes(task, sandbox_factory, real, pay
 
 # -- an honest zero stays a zero (issue #28.4) ----------------------------------------------------------------
 
-# A message nested too deeply for any JSON parser's recursion, on the observer's own channel.
-DEEPLY_NESTED_EVENT = """
+# The observer's event socket, found among the process's own descriptors.
+FIND_THE_EVENT_SOCKET = """
 import os as _os
 import socket as _socket
 
@@ -576,8 +576,16 @@ for _fd in range(3, 64):
     except OSError:
         continue
     if _channel.type == _socket.SOCK_SEQPACKET:
-        _channel.send(b"[" * 30000 + b"]" * 30000)
+        break
 """
+# A message nested too deeply for any JSON parser's recursion, on the observer's own channel.
+DEEPLY_NESTED_EVENT = (
+    FIND_THE_EVENT_SOCKET
+    + """
+if _channel.type == _socket.SOCK_SEQPACKET:
+    _channel.send(b"[" * 30000 + b"]" * 30000)
+"""
+)
 NARROW_CHANNEL_ERRORS = (
     "        except Exception:  # noqa: BLE001 - garbage of any shape (too deep: RecursionError) counts for nothing\n"
     "            pass",
@@ -599,30 +607,32 @@ async def test_deeply_nested_data_on_the_channel_is_a_zero_not_a_grading_error(t
 
 # -- code under test cannot reach the verdict (issue #28.3) ----------------------------------------------------
 
-# The event socket found among the process's own descriptors: a pass for every test, sent by the test process
-# itself (the kernel stamps its own pid), then the end of the session, then an early exit.
-FORGE_ON_THE_EVENT_SOCKET = """
+# A pass for every test and the end of the session, sent through ``_send``, then an early exit.
+FORGED_SESSION = """
+for _node_id in {node_ids!r}:
+    for _when in ("setup", "call", "teardown"):
+        _send({{"kind": "test", "nodeid": _node_id, "when": _when, "outcome": "passed", "xfail": False,
+                "raised": False}})
+_send({{"kind": "done", "exit_status": 0}})
+{exit}
+"""
+# Through the event socket, found among the process's own descriptors (the kernel stamps the test process's pid).
+FORGE_ON_THE_EVENT_SOCKET = (
+    FIND_THE_EVENT_SOCKET
+    + """
 import json as _json
-import os as _os
-import socket as _socket
 import sys as _sys
 
-for _fd in range(3, 64):
-    try:
-        _channel = _socket.socket(fileno=_os.dup(_fd))
-    except OSError:
-        continue
-    if _channel.type == _socket.SOCK_SEQPACKET:
-        for _node_id in {node_ids!r}:
-            for _when in ("setup", "call", "teardown"):
-                _event = {{"kind": "test", "nodeid": _node_id, "when": _when, "outcome": "passed"}}
-                _channel.send(_json.dumps({{**_event, "xfail": False, "raised": False}}).encode())
-        _channel.send(_json.dumps({{"kind": "done", "exit_status": 0}}).encode())
-        {exit}
+
+def _send(event):
+    _channel.send(_json.dumps(event).encode())
 """
-# The test process's own ``send`` reached through frames from a traceback (no ``sys._getframe``, no name the
-# tree scan rejects): the same forged session, then the same exit.
-FORGE_THROUGH_FRAMES = """
+    + FORGED_SESSION
+)
+# Through the test process's own ``send``, reached through frames from a traceback (no ``sys._getframe``, no
+# name the tree scan rejects).
+FORGE_THROUGH_FRAMES = (
+    """
 import os as _os
 import sys as _sys
 
@@ -639,13 +649,9 @@ def _sender():
 
 
 _send = _sender()
-for _node_id in {node_ids!r}:
-    for _when in ("setup", "call", "teardown"):
-        _send({{"kind": "test", "nodeid": _node_id, "when": _when, "outcome": "passed", "xfail": False,
-                "raised": False}})
-_send({{"kind": "done", "exit_status": 0}})
-{exit}
 """
+    + FORGED_SESSION
+)
 
 
 @pytest.mark.parametrize(

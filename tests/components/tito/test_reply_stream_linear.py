@@ -8,12 +8,19 @@ import json
 import pytest
 
 from components.tito.formats import ReplyParser, reasoning_format_named, tool_format_named
-from components.tito.messages import ToolCall
+from components.tito.messages import ToolCall, ToolSpec
+
+TOOLS = (
+    ToolSpec(
+        name="write",
+        parameters={"type": "object", "properties": {"path": {"type": "string"}, "text": {"type": "string"}}},
+    ),
+)
 
 
 def _stream(name: str, text: str, piece: int = 4):
     parser = ReplyParser(tool_format_named(name), reasoning_format_named("think"))
-    stream = parser.stream()
+    stream = parser.stream(TOOLS)
     deltas = []
     for start in range(0, len(text), piece):
         deltas += stream.feed(text[start : start + piece])
@@ -21,7 +28,9 @@ def _stream(name: str, text: str, piece: int = 4):
     return parser, stream, deltas
 
 
-@pytest.mark.parametrize("name", ["hermes", "kimi_k2", "deepseek_v3", "harmony", "mistral"])
+@pytest.mark.parametrize(
+    "name", ["hermes", "qwen3_coder", "glm45", "kimi_k2", "deepseek_v3", "harmony", "mistral", "llama3_json"]
+)
 @pytest.mark.parametrize("size", [200, 4000])
 def test_parse_work_does_not_grow_with_the_reply(name, size):
     fmt = tool_format_named(name)
@@ -35,7 +44,7 @@ def test_parse_work_does_not_grow_with_the_reply(name, size):
     parser, stream, deltas = _stream(name, text)
     # a stream that parsed at every piece would parse len(text) / 4 times (hundreds to thousands)
     assert stream.num_parses <= 40, (stream.num_parses, len(text) // 4)
-    whole = parser.parse(text)
+    whole = parser.parse(text, TOOLS)
     assert "".join(d.text for d in deltas if d.kind == "content") == whole.content
     [final] = [d for d in deltas if d.kind == "tool_call"]
     assert final.tool_call == whole.tool_calls[0]
