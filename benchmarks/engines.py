@@ -2,7 +2,8 @@
 
     python benchmarks/engines.py [--quick] [--vllm-url http://127.0.0.1:8000] [--model default]
 
-Figures, each engine measured alternately in pairs whose order is drawn per pair (the machine is shared):
+Figures, each engine warmed up, then measured alternately in pairs whose order is drawn per pair (the machine is
+shared); each figure is the median over the pairs with its min-max spread:
 tokens/s at batch 1 and batch 8 (up to ``--new-tokens`` sampled tokens per request, tokens counted as produced, prefill
 included), and a 20-turn agent session's total time (each turn's prompt = the previous prompt + its output + a
 new user message, so both engines serve it from their prefix cache). Start-up is measured too (the engine's
@@ -62,6 +63,12 @@ async def measure(engine, tokenizer, args, seed: int) -> dict[str, float]:
     }
 
 
+def spread(runs: list[dict[str, float]], key: str) -> str:
+    """``median (min-max)`` of ``key`` over the runs."""
+    values = [run[key] for run in runs]
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
 async def main_async(args) -> None:
     model_path = resolve_model(args.model)
     started = time.perf_counter()
@@ -82,8 +89,10 @@ async def main_async(args) -> None:
         if server is not None:
             vllm_start_s = time.perf_counter() - started
         await vllm.refresh()
-        await tokens_per_s(vllm, [[1, 2, 3]], 4, 0)  # one warm request each
-        await tokens_per_s(embedded, [[1, 2, 3]], 4, 0)
+        warm_prompts = [chat_prompt(embedded.tokenizer, f"Say hi to {topic}.") for topic in TOPICS]
+        for engine in (vllm, embedded):  # warm-up, discarded: a batch of 8 and a 2-turn session each
+            await tokens_per_s(engine, warm_prompts, 8, 0)
+            await agent_session_s(engine, embedded.tokenizer, 2, 8, 0)
         figures: dict[str, list[dict[str, float]]] = {"embedded": [], "vllm": []}
         order = random.Random(args.seed)
         for pair in range(args.pairs):
@@ -97,10 +106,11 @@ async def main_async(args) -> None:
             name: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
             for name, runs in figures.items()
         }
-        for name, values in medians.items():
+        for name, runs in figures.items():
             print(
-                f"{name}: batch 1 {values['batch1_tok_s']:.1f} tok/s, batch 8 {values['batch8_tok_s']:.1f} tok/s, "
-                f"{args.num_turns}-turn session {values['session_s']:.1f} s"
+                f"{name}: batch 1 {spread(runs, 'batch1_tok_s')} tok/s, batch 8 {spread(runs, 'batch8_tok_s')} "
+                f"tok/s, {args.num_turns}-turn session {spread(runs, 'session_s')} s (median, min-max over "
+                f"{len(runs)} pairs)"
             )
         print(
             f"start-up: embedded {embedded_start_s:.1f} s, vLLM server {vllm_start_s:.1f} s (launch to /health)"

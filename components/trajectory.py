@@ -48,6 +48,10 @@ TRAINABLE_STATUSES = frozenset(
         TrajectoryStatus.CONTEXT_OVERFLOW,
     }
 )
+# failures that are no one's doing in the rollout (the agent's own crashes are ``agent_error``)
+INFRASTRUCTURE_STATUSES = frozenset(
+    {TrajectoryStatus.SANDBOX_ERROR, TrajectoryStatus.ENGINE_ERROR, TrajectoryStatus.GRADING_ERROR}
+)
 
 
 class SegmentReason(StrEnum):

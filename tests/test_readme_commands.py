@@ -48,7 +48,7 @@ END_TO_END = {
     "python recipes/temporal_clue_grpo.py --model tiny --distillation-teachers M --distillation-kl-weight 0.5": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
     ),
-    "python recipes/temporal_clue_grpo.py --model tiny --algorithms-grpo-loss-importance-sampling icepop "
+    "python recipes/temporal_clue_grpo.py --model tiny --algorithm-loss-importance-sampling icepop "
     "--rollout-dynamic-sampling-enabled true --trainer-overlong-mode penalty": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
     ),
@@ -71,6 +71,16 @@ END_TO_END = {
     "python recipes/swe_grpo.py --model M --run-dir RUN_DIR --engine vllm --vllm-url http://GPU:8000 "
     "--num-steps 1 --num-tasks 1 --group-size 2 --max-turns 2": (
         "tests/recipes/test_swe_grpo_vllm.py::test_swe_grpo_one_step_on_a_real_vllm_server"
+    ),
+    "python recipes/swe_grpo.py --model M --run-dir RUN_DIR --engine vllm --vllm-url "
+    "http://GPU1:8000,http://GPU2:8000 --rollout-mode async --num-steps 1 --num-tasks 1 --group-size 2 "
+    "--max-turns 2": "tests/recipes/test_swe_grpo_vllm.py::test_swe_grpo_async_step_on_several_vllm_servers",
+    "ray job submit --address http://HEAD:8265 --working-dir . -- python recipes/swe_grpo.py --model M --engine "
+    "vllm --vllm-url http://GPU:8000 --num-steps 1 --num-tasks 1 --group-size 2 --max-turns 2": (
+        "tests/recipes/test_ray_job.py::test_ray_job_submit_runs_one_swe_step_on_vllm"
+    ),
+    "rein proxy --engine vllm --vllm-url http://GPU:8000 --model M --port 0 --run-dir RUN_DIR": (
+        "tests/components/proxy/test_proxy_vllm.py::test_rein_proxy_engine_vllm_serves_an_agent_request"
     ),
     "python recipes/swe_grpo.py --model M --run-dir RUN_DIR --engine sglang --sglang-url http://GPU:30000 "
     "--sglang-api-key KEY --sglang-admin-api-key ADMIN_KEY --num-steps 2 --num-tasks 1 --group-size 2 "

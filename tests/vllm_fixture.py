@@ -9,6 +9,7 @@ tests at a server already serving that model (``python -m tests.vllm_fixture`` p
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -99,8 +100,24 @@ def stop_vllm_server() -> None:
 
 
 def order_server_killers_last(items: list[pytest.Item]) -> None:
-    """Tests that kill the session's server run after every other test."""
-    items.sort(key=lambda item: item.get_closest_marker("vllm_kills_server") is not None)
+    """Tests that kill the session's server run after every other test; those that start it again
+    (``@pytest.mark.vllm_kills_server(restarts=True)``) before those that leave it dead."""
+
+    def rank(item: pytest.Item) -> int:
+        marker = item.get_closest_marker("vllm_kills_server")
+        return 0 if marker is None else 1 if marker.kwargs.get("restarts") else 2
+
+    items.sort(key=rank)
+
+
+def restart_vllm_server(server: RunningVLLM) -> None:
+    """Start the session's (killed) server again on its port, with its start-up weights; the fixture stops it."""
+    from components.engine.vllm_server import VLLMServerProcess
+
+    old = server.process
+    assert old is not None and not old.alive(), "restart a server only after it died"
+    config = dataclasses.replace(old.config, port=old.port)
+    server.process = VLLMServerProcess(config, log_path=server.log_path).start()
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from components.config import option, require_non_negative, require_one_of, require_positive
-from components.protocols import EngineProvider, InferenceEngine
+from components.config import option, require, require_non_negative, require_one_of, require_positive
+from components.protocols import InferenceEngine
 from components.registry import ENGINES
 from components.sampling import SamplingDistribution
 
@@ -20,6 +20,35 @@ if TYPE_CHECKING:
     from components.engine.sglang_fleet import SGLangFleet
     from components.engine.vllm_fleet import VLLMFleet
     from components.training.weight_sync import WeightSync
+
+
+@runtime_checkable
+class EngineProvider(Protocol):
+    """Starts a run's inference engine and says how the trainer's new weights reach it (embedded actor,
+    SGLang servers, or a user's engine).
+
+    Contract: ``start`` returns an engine serving the weights at ``model_path`` (the newest checkpoint when
+    ``resumed``) stamped ``weight_version``, and the ``WeightSync`` that pushes later versions to it; ``close``
+    stops what ``start`` started, is idempotent, and is safe to call when ``start`` failed or never ran.
+    """
+
+    async def start(
+        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
+    ) -> tuple[InferenceEngine, WeightSync]: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class StandaloneEngine(Protocol):
+    """An engine kind ``rein proxy`` can serve alone (no trainer, no Ray)."""
+
+    async def start_standalone(
+        self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
+    ) -> tuple[InferenceEngine, Any]:
+        """The started engine and the tokenizer the proxy encodes with (refusing ``sampling`` it cannot record
+        logprobs under)."""
+        ...
 
 
 class EngineBrickConfig(Protocol):
@@ -70,6 +99,19 @@ class EmbeddedEngineBrickConfig:
         """The provider of this config."""
         return EmbeddedEngineProvider(self)
 
+    async def start_standalone(
+        self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
+    ) -> tuple[InferenceEngine, Any]:
+        """The torch engine in this process."""
+        from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+        engine = EmbeddedEngine(
+            EmbeddedEngineConfig(
+                model_path=model_path, num_threads=self.threads, max_batch_size=self.max_batch_size
+            )
+        )
+        return engine, engine.tokenizer
+
 
 @ENGINES.register("sglang")
 @dataclass(kw_only=True, frozen=True)
@@ -110,6 +152,11 @@ class SGLangBrickConfig:
         "trainer and servers share GPUs: servers release memory while training (rollout mode sync)",
         flag="sglang-colocated",
     )
+    server_return_timeout_s: float = option(
+        600.0,
+        "how long the run waits for a server that went down to come back (0 = fail at once)",
+        flag="sglang-server-return-timeout-s",
+    )
 
     def __post_init__(self) -> None:
         from components.engine.sglang_fleet import parse_server_urls
@@ -117,6 +164,7 @@ class SGLangBrickConfig:
         parse_server_urls(self.url, field="url")
         for name in ("startup_timeout_s", "request_timeout_s"):
             require_positive(getattr(self, name), name)
+        require_non_negative(self.server_return_timeout_s, "server_return_timeout_s")
         require_non_negative(self.context_window, "context_window")
         require_one_of(self.weight_sync, "weight_sync", ("disk", "nccl"))
 
@@ -131,6 +179,20 @@ class SGLangBrickConfig:
     ) -> SGLangEngineProvider:
         """The provider of this config."""
         return SGLangEngineProvider(self, record_routed_experts=record_routed_experts)
+
+    async def start_standalone(
+        self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
+    ) -> tuple[InferenceEngine, Any]:
+        """The fleet over ``url`` (waits for every server), checked against ``sampling`` first."""
+        from transformers import AutoTokenizer
+
+        from components.engine.sglang_fleet import SGLangFleet, sglang_fleet_config
+
+        self.check_sampling(sampling)  # before any server is contacted
+        config = sglang_fleet_config(
+            self, model_path=model_path, record_routed_experts=record_routed_experts, initial_weight_version=0
+        )
+        return await SGLangFleet.connect(config), AutoTokenizer.from_pretrained(model_path)
 
 
 class EmbeddedEngineProvider:
@@ -204,6 +266,8 @@ class SGLangEngineProvider:
         )
         if resumed:  # the server still serves whatever it was started with
             await engine.update_weights_from_disk(str(model_path), weight_version)
+        engine.remember_weights(model_path, weight_version)  # what a server that comes back is given
+        engine.start_watching()
         return engine, weight_sync
 
     async def close(self) -> None:
@@ -236,6 +300,11 @@ class VLLMBrickConfig:
         "weight updates: running requests finish on the old weights (wait), freeze (keep) or abort",
         flag="vllm-pause-mode",
     )
+    server_return_timeout_s: float = option(
+        600.0,
+        "how long the run waits for a server that went down to come back (0 = fail at once)",
+        flag="vllm-server-return-timeout-s",
+    )
 
     def __post_init__(self) -> None:
         from components.engine.server_fleet import parse_server_urls
@@ -243,6 +312,7 @@ class VLLMBrickConfig:
         parse_server_urls(self.url, field="url")
         for name in ("startup_timeout_s", "request_timeout_s"):
             require_positive(getattr(self, name), name)
+        require_non_negative(self.server_return_timeout_s, "server_return_timeout_s")
         require_non_negative(self.context_window, "context_window")
         require_one_of(self.pause_mode, "pause_mode", ("wait", "keep", "abort"))
         if self.logprobs_mode:
@@ -266,6 +336,25 @@ class VLLMBrickConfig:
     ) -> VLLMEngineProvider:
         """The provider of this config."""
         return VLLMEngineProvider(self, sampling=sampling or SamplingDistribution())
+
+    async def start_standalone(
+        self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
+    ) -> tuple[InferenceEngine, Any]:
+        """The fleet over ``url`` (waits for every server), checked against each server's --logprobs-mode."""
+        from transformers import AutoTokenizer
+
+        from components.engine.vllm import require_matching_logprobs
+        from components.engine.vllm_fleet import VLLMFleet, vllm_fleet_config
+
+        require(not record_routed_experts, "record_routed_experts", "vLLM does not return routed experts")
+        fleet = await VLLMFleet.connect(vllm_fleet_config(self, initial_weight_version=0))
+        try:
+            for server in fleet.servers:  # the run's sampling against each server's own --logprobs-mode
+                require_matching_logprobs(sampling, server.logprobs_mode)
+        except BaseException:
+            await fleet.aclose()
+            raise
+        return fleet, AutoTokenizer.from_pretrained(model_path)
 
 
 class VLLMEngineProvider:
@@ -291,6 +380,8 @@ class VLLMEngineProvider:
             require_matching_logprobs(self.sampling, server.logprobs_mode)
         if resumed or engine.weight_version != weight_version:  # the servers serve what they last loaded
             await engine.update_weights_from_disk(str(model_path), weight_version)
+        engine.remember_weights(model_path, weight_version)  # what a server that comes back is given
+        engine.start_watching()
         return engine, WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
 
     async def close(self) -> None:

@@ -1,17 +1,43 @@
 """What every HTTP inference-server client shares (``SGLangEngine``, ``VLLMEngine``): one lazily opened
-``httpx`` client per process, the update lock, and pickling without either (a copy in another process opens its
-own). The config needs ``base_url``, ``api_key``, ``request_timeout_s`` and ``connect_timeout_s``."""
+``httpx`` client per process, the update lock, pickling without either (a copy in another process opens its
+own), bounded retries of transient failures with typed errors, and the ``/health`` wait. The config needs
+``base_url``, ``api_key``, ``request_timeout_s``, ``connect_timeout_s``, ``max_retries``, ``retry_backoff_s``
+and ``startup_timeout_s``."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from components.engine.server_fleet import ServerUnreachableError
+from components.errors import EngineError
+
+TRANSIENT_STATUS = (502, 503, 504)
+
+
+def is_transient(error: BaseException) -> bool:
+    """A failure worth another attempt: a connection error (not a read timeout: the request may be running)
+    or a 502/503/504."""
+    if isinstance(error, httpx.TransportError) and not isinstance(error, httpx.ReadTimeout):
+        return True
+    return isinstance(error, httpx.HTTPStatusError) and error.response.status_code in TRANSIENT_STATUS
 
 
 class HttpServerClient:
-    """Base of the server clients: ``self.config`` and ``self._client`` / ``self._update_lock`` set by the subclass."""
+    """Base of the server clients: ``self.config`` and ``self._client`` / ``self._update_lock`` set by the subclass.
+
+    A subclass names its server (``server_name``), the error for a server that is gone (``unreachable_error``)
+    and the command users start it with (``start_command``, ``startup_flag``) for the start-up message."""
+
+    server_name: ClassVar[str] = "inference"
+    unreachable_error: ClassVar[type[ServerUnreachableError]] = ServerUnreachableError
+    start_command: ClassVar[str] = "the server"
+    startup_flag: ClassVar[str] = "the start-up timeout"
 
     config: Any
     _client: httpx.AsyncClient | None
@@ -44,3 +70,80 @@ class HttpServerClient:
         if self._update_lock is None:
             self._update_lock = asyncio.Lock()
         return self._update_lock
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections (a later call opens new ones)."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    async def health(self) -> bool:
+        """``GET /health``: True when the server answers 200."""
+        try:
+            response = await self.client.get("/health")
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    async def wait_until_healthy(self, timeout_s: float | None = None, *, poll_s: float = 1.0) -> None:
+        """Poll ``GET /health`` until it answers 200; ``EngineError`` naming the URL after ``timeout_s``."""
+        timeout_s = self.config.startup_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while not await self.health():
+            if time.monotonic() >= deadline:
+                raise EngineError(
+                    f"{self.server_name} server {self.url} did not answer GET /health with 200 within "
+                    f"{timeout_s:g} s: check that `{self.start_command}` runs there and is reachable from this "
+                    f"machine, or raise the start-up timeout ({self.startup_flag})"
+                )
+            await asyncio.sleep(poll_s)
+
+    def status_error(self, method: str, path: str, response: httpx.Response) -> EngineError:
+        """The error of a refused request (a subclass may map some replies to a more precise type)."""
+        return EngineError(
+            f"{self.server_name} {method} {path} -> HTTP {response.status_code}: {response.text[:500]}"
+        )
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        accept_status: tuple[int, ...] = (),
+    ) -> Any:
+        """One HTTP call with bounded retries on transient failures; the JSON reply (``{"text": ...}`` when not
+        JSON, ``{}`` when empty); ``EngineError`` on any failure, ``unreachable_error`` when the server is gone."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.config.max_retries + 1),
+            wait=wait_exponential(
+                multiplier=self.config.retry_backoff_s, max=10 * max(self.config.retry_backoff_s, 0.1)
+            ),
+            retry=retry_if_exception(is_transient),
+            reraise=True,
+        )
+        where = f"{self.server_name} {method} {self.url}{path}"
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    response = await self.client.request(
+                        method, path, json=json, params=params, headers=headers
+                    )
+                    if response.status_code not in accept_status:
+                        response.raise_for_status()
+        except httpx.HTTPStatusError as error:
+            raise self.status_error(method, path, error.response) from error
+        except httpx.TransportError as error:
+            if isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout):
+                raise EngineError(f"{where} timed out: {error!r}") from error
+            raise self.unreachable_error(f"{where} failed: {error!r}") from error
+        except httpx.HTTPError as error:
+            raise EngineError(f"{where} failed: {error!r}") from error
+        if not response.content:
+            return {}
+        try:
+            return response.json()
+        except ValueError:
+            return {"text": response.text}

@@ -14,10 +14,16 @@ calls ``generate`` (each proxy session shard holds a copy):
   with the fewest requests (as the servers report them, so every proxy shard's requests count; then the fewest
   sessions placed from here, then order).
 - *Failover.* A server that cannot be reached (``ServerUnreachableError``, after the adapter's retries) is taken
-  out for the rest of the run with the reason recorded (``status()``, ``failovers``); the request, and later
-  every turn of its sessions, goes to another live server (same prompt, so nothing is lost but cached KV). A
-  server taken out is never put back: it may hold stale weights. With no live server left ``generate`` raises
-  ``EngineError``, which the rollout runner records as an engine failure.
+  out with the reason recorded (``status()``, ``failovers``); the request, and later every turn of its
+  sessions, goes to another live server (same prompt, so nothing is lost but cached KV). With no live server
+  left the request fails with ``EngineError``, which the rollout runner records as an ``engine_error`` rollout
+  (excluded from training).
+- *Return of a server* (``FleetRecoveryConfig``). A server taken out comes back only with the run's weights:
+  the fleet that pushes the weights (the original; ``watch()`` polls ``/health`` in its process) re-pushes the
+  folder and version it last loaded, then puts the server back. A copy in another process (a proxy shard) puts
+  it back once it is healthy and labels at least the version this copy last saw. Meanwhile new requests and
+  weight updates wait for a live server, at most ``server_return_timeout_s`` from the moment it went down;
+  then they fail with ``ServerDownError`` naming the servers.
 - *Weight updates.* Generation is paused on every live server, the new weights are loaded on all of them (from
   one folder every server reads), each with the same version, and generation continues on all. A server that
   fails the update is taken out, so live servers never disagree.
@@ -26,8 +32,10 @@ calls ``generate`` (each proxy session shard holds a copy):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -84,6 +92,8 @@ class InferenceServer(Protocol):
 
     async def load_lora_adapter(self, lora_path: str | Path, version: int) -> Any: ...
 
+    async def labelled(self) -> bool: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -113,6 +123,24 @@ class FleetRoutingConfig:
         require_positive(self.anchor_tokens, "anchor_tokens")
 
 
+@dataclass(kw_only=True, frozen=True)
+class FleetRecoveryConfig:
+    """How long a run waits for a server that went down, and how often it asks."""
+
+    server_return_timeout_s: float = (
+        600.0  # from going down to failing the run's waiting requests; 0: at once
+    )
+    health_poll_s: float = 2.0  # GET /health of down servers (and, in watch(), of live ones) this often
+
+    def __post_init__(self) -> None:
+        require(self.server_return_timeout_s >= 0, "server_return_timeout_s", "must be >= 0")
+        require_positive(self.health_poll_s, "health_poll_s")
+
+
+class ServerDownError(EngineError):
+    """Every server is down and none came back within ``server_return_timeout_s``."""
+
+
 @dataclass(frozen=True)
 class FailoverEvent:
     """A request (and its session) moved off a server that was taken out."""
@@ -127,6 +155,7 @@ class ServerFleet:
     ``await ServerFleet.connect(servers)`` (or a subclass's ``connect``), which waits for every server."""
 
     server_kind = "inference"  # how messages name the servers ("SGLang", "vLLM")
+    return_timeout_flag = "the fleet's server_return_timeout_s"  # the flag that sets it, for messages
 
     def __init__(
         self,
@@ -135,13 +164,24 @@ class ServerFleet:
         routing: FleetRoutingConfig | None = None,
         initial_weight_version: int = 0,
         context_window: int | None = None,
+        recovery: FleetRecoveryConfig | None = None,
     ) -> None:
         require(len(servers) > 0, "servers", "needs at least one server")
         self.routing = routing or FleetRoutingConfig()
+        self.recovery = recovery or FleetRecoveryConfig()
         self.servers = list(servers)
         self._context_window = context_window
         self._weight_version = initial_weight_version
         self._down: dict[int, str] = {}  # server index → why it was taken out
+        self._down_since: dict[int, float] = {}  # server index → time.monotonic() it was taken out
+        # The folder and version the live servers last loaded (what a server that comes back is given again);
+        # set by the weight updates and ``remember_weights``. Only the original fleet pushes it (``_pushes``).
+        self._weights: tuple[str, int] | None = None
+        self._adapter: tuple[str, int] | None = None
+        self._pushes = True
+        self._return_lock: asyncio.Lock | None = None
+        self._watcher: asyncio.Task | None = None
+        self.returns: list[str] = []  # "URL at version N" per server put back
         self._in_flight = [0] * len(self.servers)
         self._sessions = [0] * len(self.servers)
         # digest of a generated sequence → (server index, anchor, length); newest last
@@ -152,8 +192,9 @@ class ServerFleet:
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy in another process (a proxy session shard) routes its own sessions; the lock belongs here.
+        # It never pushes weights: the original does (and re-pushes them to a server that comes back).
         state = dict(self.__dict__)
-        state.update(_update_lock=None)
+        state.update(_update_lock=None, _return_lock=None, _watcher=None, _pushes=False)
         return state
 
     @classmethod
@@ -195,7 +236,12 @@ class ServerFleet:
         return {"num_running": running, "num_waiting": 0, "num_prefilling": 0}
 
     async def aclose(self) -> None:
-        """Close every server's HTTP client."""
+        """Stop watching and close every server's HTTP client."""
+        if self._watcher is not None:
+            watcher, self._watcher = self._watcher, None
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         await asyncio.gather(*(server.aclose() for server in self.servers))
 
     # --- InferenceEngine ---------------------------------------------------------------------------------
@@ -215,6 +261,8 @@ class ServerFleet:
         prompt = np.asarray(input_ids, dtype=np.int64)
         index = self._session_server(prompt)
         if index is None:  # a new session
+            if not self._live():
+                await self.await_live_server()
             index = await self._place_new_session()
         tried: set[int] = set()
         while True:
@@ -223,6 +271,7 @@ class ServerFleet:
             try:
                 result = await self.servers[attempt].generate(prompt.tolist(), params)
             except ServerUnreachableError as error:
+                # this request fails when no other server is live (an engine_error rollout); new ones wait
                 tried.add(attempt)
                 index = self._fail_over(attempt, f"unreachable: {error}", exclude=tried)
                 continue
@@ -256,6 +305,11 @@ class ServerFleet:
             )
 
         await self._paused_on_all(version, load)
+        self._weights = (str(model_path), int(version))
+
+    def remember_weights(self, model_path: str | Path, version: int) -> None:
+        """The folder and version the servers serve now (at start: what they were started with)."""
+        self._weights = (str(model_path), int(version))
 
     async def load_lora_adapter(self, lora_path: str | Path, version: int) -> None:
         """``LoraServingEngine``: every live server loads the PEFT folder ``lora_path`` under its own new name and
@@ -268,6 +322,7 @@ class ServerFleet:
                 f"LoRA adapter version {version}",
             )
             self._weight_version = int(version)
+            self._adapter = (str(lora_path), int(version))
 
     # --- operations --------------------------------------------------------------------------------------
 
@@ -363,6 +418,7 @@ class ServerFleet:
     def _take_out(self, index: int, reason: str) -> None:
         if index not in self._down:
             self._down[index] = reason
+            self._down_since[index] = time.monotonic()
             logger.warning("%s server %s taken out: %s", self.server_kind, self.servers[index].url, reason)
 
     def _remember(self, prompt: np.ndarray, output_ids: Sequence[int], index: int) -> None:
@@ -396,6 +452,8 @@ class ServerFleet:
     async def _paused_on_all(self, version: int, load: Callable[[list[int]], Any]) -> None:
         """Pause every live server, ``await load(live)``, continue them all; the fleet's version is ``version``
         only when at least one server holds it (servers that failed were taken out)."""
+        if not self._live():
+            await self.await_live_server()
         async with self.update_lock:
             live = self._live()
             if not live:
@@ -410,6 +468,7 @@ class ServerFleet:
                     f"no {self.server_kind} server took version {version}: {self._down_summary()}"
                 )
             self._weight_version = int(version)
+            self._weights = None  # a disk update names its folder after this; a broadcast leaves none
 
     async def _on_each(self, indices: list[int], call: Any, what: str) -> None:
         """``call(server)`` on every listed server at once; a server that fails is taken out (reason kept)."""
@@ -425,3 +484,100 @@ class ServerFleet:
                 self._take_out(index, f"{what} failed: {result}")
         if not self._live():
             raise EngineError(f"{what} failed on every {self.server_kind} server: {self._down_summary()}")
+
+    # --- servers that come back --------------------------------------------------------------------------
+
+    def start_watching(self) -> None:
+        """Poll every server's ``/health`` in the background (this process's event loop): a server that stops
+        answering is taken out, one that comes back gets the run's weights again (``watch``)."""
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self.watch())
+
+    async def watch(self) -> None:
+        """Until cancelled: take out live servers that fail ``/health``; bring back down ones that answer."""
+        while True:
+            await asyncio.sleep(self.recovery.health_poll_s)
+            for index in self._live():
+                try:
+                    labelled = await self.servers[index].labelled()
+                except EngineError as error:
+                    self._take_out(index, f"unreachable: {error}")
+                    continue
+                if (
+                    not labelled
+                ):  # restarted since the last push (or never labelled): give it the run's weights
+                    self._take_out(
+                        index, "its weights carry no version this run set (new to the run, or restarted)"
+                    )
+            for index in list(self._down):
+                try:
+                    await self._bring_back(index)
+                except Exception as error:  # a server half up: asked again at the next poll
+                    logger.warning(
+                        "%s server %s not back yet: %s", self.server_kind, self.url_of(index), error
+                    )
+
+    def url_of(self, index: int) -> str:
+        return self.servers[index].url
+
+    async def await_live_server(self) -> None:
+        """Wait until a server is live again (bringing back those that answer), at most
+        ``server_return_timeout_s`` from when the last one went down; ``ServerDownError`` naming them."""
+        if self._return_lock is None:
+            self._return_lock = asyncio.Lock()
+        started = time.monotonic()
+        async with self._return_lock:
+            while not self._live():
+                for index in list(self._down):
+                    try:
+                        await self._bring_back(index)
+                    except Exception as error:
+                        logger.info(
+                            "%s server %s not back yet: %s", self.server_kind, self.url_of(index), error
+                        )
+                if self._live():
+                    return
+                since = max(self._down_since.values(), default=started)
+                if time.monotonic() - min(since, time.monotonic()) >= self.recovery.server_return_timeout_s:
+                    raise ServerDownError(
+                        f"every {self.server_kind} server is down and none came back within "
+                        f"{self.recovery.server_return_timeout_s:g} s ({self._down_summary()}): restart "
+                        f"{', '.join(self.url_of(index) for index in self._down)} or raise the wait "
+                        f"({self.return_timeout_flag})"
+                    )
+                await asyncio.sleep(self.recovery.health_poll_s)
+
+    async def _bring_back(self, index: int) -> bool:
+        """Put server ``index`` back when it answers ``/health``: the original fleet first loads the run's
+        weights and version on it; a copy waits for the original to have done so."""
+        server = self.servers[index]
+        if index not in self._down or not await server.health():
+            return False
+        if self._pushes:
+            async with self.update_lock:
+                if self._weights is not None:
+                    path, version = self._weights
+                    await server.pause_generation()
+                    try:
+                        await server.load_weights_from_disk(path, version)
+                    finally:
+                        await server.continue_generation()
+                if self._adapter is not None:
+                    await server.load_lora_adapter(*self._adapter)
+                await server.refresh()
+            if server.weight_version != self._weight_version:  # no folder of the run's weights to give it
+                raise EngineError(
+                    f"{server.url} came back at version {server.weight_version}, the run is at "
+                    f"{self._weight_version} and no folder of those weights is known (a broadcast sync)"
+                )
+        else:
+            await server.refresh()
+            if not await server.labelled() or server.weight_version < self._weight_version:
+                return False  # still on its start-up weights: the original re-pushes the run's
+        del self._down[index]
+        self._down_since.pop(index, None)
+        self.returns.append(f"{server.url} at version {server.weight_version}")
+        logger.warning(
+            "%s server %s is back at version %d", self.server_kind, server.url, server.weight_version
+        )
+        return True

@@ -69,12 +69,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-)
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.policy_view import PolicyView
@@ -107,7 +101,6 @@ CONTROL_PATHS = frozenset(
         "/unload_lora_adapter",
     }
 )
-_TRANSIENT_STATUS = (502, 503, 504)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -193,14 +186,13 @@ class _PromptTooLongError(EngineError):
     """SGLang answered 400 because the prompt exceeds its context length."""
 
 
-def _is_transient(error: BaseException) -> bool:
-    if isinstance(error, httpx.TransportError) and not isinstance(error, httpx.ReadTimeout):
-        return True
-    return isinstance(error, httpx.HTTPStatusError) and error.response.status_code in _TRANSIENT_STATUS
-
-
 class SGLangEngine(HttpServerClient):
     """``InferenceEngine`` client of one SGLang server. Create with ``await SGLangEngine.connect(config)``."""
+
+    server_name = "SGLang"
+    unreachable_error = SGLangUnreachableError
+    start_command = "python -m sglang.launch_server"
+    startup_flag = "--sglang-startup-timeout-s"
 
     def __init__(self, config: SGLangEngineConfig, *, client: httpx.AsyncClient | None = None) -> None:
         self.config = config
@@ -234,27 +226,6 @@ class SGLangEngine(HttpServerClient):
             self._context_window = int(lengths[0])
         info = await self._model_info()
         self._weight_version = self._parse_version(info.get("weight_version"))
-
-    async def wait_until_healthy(self, timeout_s: float | None = None, *, poll_s: float = 1.0) -> None:
-        """Poll ``GET /health`` until it answers 200; ``EngineError`` naming the URL after ``timeout_s``."""
-        import time
-
-        timeout_s = self.config.startup_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
-        while not await self.health():
-            if time.monotonic() >= deadline:
-                raise EngineError(
-                    f"SGLang server {self.url} did not answer GET /health with 200 within {timeout_s:g} s: "
-                    "check that `python -m sglang.launch_server` runs there and is reachable from this "
-                    "machine, or raise the start-up timeout (--sglang-startup-timeout-s)"
-                )
-            await asyncio.sleep(poll_s)
-
-    async def aclose(self) -> None:
-        """Close the HTTP connections (a later call opens new ones)."""
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
 
     # --- InferenceEngine ---------------------------------------------------------------------------------
 
@@ -363,13 +334,9 @@ class SGLangEngine(HttpServerClient):
         await self._checked_success(await self._request("POST", "/update_weight_version", json=body))
         self._weight_version = int(version)
 
-    async def health(self) -> bool:
-        """``GET /health``: True when the server answers 200."""
-        try:
-            response = await self.client.get("/health")
-        except httpx.TransportError:
-            return False
-        return response.status_code == 200
+    async def labelled(self) -> bool:
+        """Whether the weights carry a version Rein set (``/model_info``; a restarted server says ``default``)."""
+        return (await self._model_info()).get("weight_version") not in (None, "default")
 
     async def router_workers(self) -> list[str] | None:
         """The worker URLs when this URL is an SGLang router (sgl-model-gateway ``GET /workers`` →
@@ -754,43 +721,17 @@ class SGLangEngine(HttpServerClient):
     async def _request(
         self, method: str, path: str, *, json: Any = None, accept_status: tuple[int, ...] = ()
     ) -> Any:
-        """One HTTP call with bounded retries on transient failures; JSON (or text) reply; ``EngineError``."""
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.config.max_retries + 1),
-            wait=wait_exponential(
-                multiplier=self.config.retry_backoff_s, max=10 * max(self.config.retry_backoff_s, 0.1)
-            ),
-            retry=retry_if_exception(_is_transient),
-            reraise=True,
-        )
+        """``HttpServerClient._request``, with the admin key on the control endpoints."""
         headers = None
         if path in CONTROL_PATHS and self.config.admin_api_key:
             headers = {"Authorization": f"Bearer {self.config.admin_api_key}"}
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    response = await self.client.request(method, path, json=json, headers=headers)
-                    if response.status_code not in accept_status:
-                        response.raise_for_status()
-        except httpx.HTTPStatusError as error:
-            detail = error.response.text[:500]
-            if error.response.status_code == 400 and "context length" in detail.lower():
-                raise _PromptTooLongError(f"SGLang refused the prompt as too long: {detail}") from error
-            raise EngineError(
-                f"SGLang {method} {path} -> HTTP {error.response.status_code}: {detail}"
-            ) from error
-        except httpx.TransportError as error:
-            if isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout):
-                raise EngineError(f"SGLang {method} {self.url}{path} timed out: {error!r}") from error
-            raise SGLangUnreachableError(f"SGLang {method} {self.url}{path} failed: {error!r}") from error
-        except httpx.HTTPError as error:
-            raise EngineError(f"SGLang {method} {self.url}{path} failed: {error!r}") from error
-        if not response.content:
-            return {}
-        try:
-            return response.json()
-        except ValueError:
-            return {"text": response.text}
+        return await super()._request(method, path, json=json, headers=headers, accept_status=accept_status)
+
+    def status_error(self, method: str, path: str, response: httpx.Response) -> EngineError:
+        detail = response.text[:500]
+        if response.status_code == 400 and "context length" in detail.lower():
+            return _PromptTooLongError(f"SGLang refused the prompt as too long: {detail}")
+        return super().status_error(method, path, response)
 
     def _write_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Path:
         """``weight_sync_dir/v<version>/`` = base model files + ``model.safetensors``, renamed into place."""

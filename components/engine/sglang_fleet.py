@@ -20,7 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config import require, require_positive
-from components.engine.server_fleet import FailoverEvent, FleetRoutingConfig, ServerFleet
+from components.engine.server_fleet import (
+    FailoverEvent,
+    FleetRecoveryConfig,
+    FleetRoutingConfig,
+    ServerFleet,
+)
 from components.engine.server_fleet import parse_server_urls as _parse_server_urls
 from components.engine.sglang import (
     SGLangEngine,
@@ -59,6 +64,7 @@ class SGLangFleetConfig:
     # New sessions go where the servers report the fewest requests (/get_load, one call per server and new
     # session; it counts every proxy shard's requests). False: this process's own requests in flight only.
     placement_by_server_load: bool = True
+    recovery: FleetRecoveryConfig = FleetRecoveryConfig()  # how long a run waits for a server that went down
 
     def __post_init__(self) -> None:
         require(len(self.urls) > 0, "urls", "needs at least one SGLang server URL")
@@ -99,7 +105,8 @@ def sglang_fleet_config(
         initial_weight_version=initial_weight_version,
         routed_experts_top_k=experts,  # R3: SGLang's routed experts are a flat id array, decoded with it
     )
-    return SGLangFleetConfig(urls=urls, server=server, distributed=distributed)
+    recovery = FleetRecoveryConfig(server_return_timeout_s=sglang.server_return_timeout_s)
+    return SGLangFleetConfig(urls=urls, server=server, distributed=distributed, recovery=recovery)
 
 
 async def expand_router_urls(config: SGLangFleetConfig) -> SGLangFleetConfig:
@@ -124,6 +131,7 @@ class SGLangFleet(ServerFleet):
     """``InferenceEngine`` over ``config.urls``. Create with ``await SGLangFleet.connect(config)``."""
 
     server_kind = "SGLang"
+    return_timeout_flag = "--sglang-server-return-timeout-s"
 
     def __init__(self, config: SGLangFleetConfig) -> None:
         template = config.server or SGLangEngineConfig(base_url=config.urls[0])
@@ -132,6 +140,7 @@ class SGLangFleet(ServerFleet):
             routing=config.routing,
             initial_weight_version=template.initial_weight_version,
             context_window=template.context_window,
+            recovery=config.recovery,
         )
         self.config = config
         self._sender: DistributedWeightSender | None = None
@@ -191,7 +200,7 @@ class SGLangFleet(ServerFleet):
                 )
             except Exception as error:  # a half-done broadcast: none of these servers can be trusted
                 for index in live:
-                    self._down.setdefault(index, f"weight broadcast of version {version} failed: {error}")
+                    self._take_out(index, f"weight broadcast of version {version} failed: {error}")
                 raise EngineError(f"weight broadcast of version {version} failed: {error}") from error
             for server in servers:
                 server._weight_version = int(version)
@@ -229,9 +238,7 @@ class SGLangFleet(ServerFleet):
         except BaseException as error:
             # A failed broadcast leaves the servers partially updated: none of them can be trusted.
             for index in members:
-                self._down.setdefault(
-                    index, f"distributed weight update to version {version} failed: {error}"
-                )
+                self._take_out(index, f"distributed weight update to version {version} failed: {error}")
             sender, self._sender = self._sender, None
             await sender.close()
             raise EngineError(f"distributed weight update to version {version} failed: {error}") from error

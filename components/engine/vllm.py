@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -51,7 +50,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.policy_view import PolicyView
@@ -66,7 +64,6 @@ if TYPE_CHECKING:
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
 PAUSE_MODES = ("wait", "keep", "abort")
-_TRANSIENT_STATUS = (502, 503, 504)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -142,6 +139,11 @@ class VLLMEngine(HttpServerClient):
     """``InferenceEngine`` (and ``InferenceServer`` of a ``ServerFleet``) over one vLLM server. Create with
     ``await VLLMEngine.connect(config)``."""
 
+    server_name = "vLLM"
+    unreachable_error = VLLMUnreachableError
+    start_command = "python -m vllm.entrypoints.openai.api_server"
+    startup_flag = "--vllm-startup-timeout-s"
+
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
         self._client: httpx.AsyncClient | None = None
@@ -206,33 +208,6 @@ class VLLMEngine(HttpServerClient):
         mode = (info.get("vllm_config") or {}).get("model_config", {}).get("logprobs_mode")
         require_one_of(mode, "logprobs_mode (the server's)", LOGPROBS_MODES)
         return str(mode)
-
-    async def wait_until_healthy(self, timeout_s: float | None = None, *, poll_s: float = 1.0) -> None:
-        """Poll ``GET /health`` until it answers 200; ``EngineError`` naming the URL after ``timeout_s``."""
-        timeout_s = self.config.startup_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
-        while not await self.health():
-            if time.monotonic() >= deadline:
-                raise EngineError(
-                    f"vLLM server {self.url} did not answer GET /health with 200 within {timeout_s:g} s: check "
-                    "that `python -m vllm.entrypoints.openai.api_server` runs there and is reachable from this "
-                    "machine, or raise the start-up timeout (--vllm-startup-timeout-s)"
-                )
-            await asyncio.sleep(poll_s)
-
-    async def health(self) -> bool:
-        """``GET /health``: True when the server answers 200."""
-        try:
-            response = await self.client.get("/health")
-        except httpx.TransportError:
-            return False
-        return response.status_code == 200
-
-    async def aclose(self) -> None:
-        """Close the HTTP connections (a later call opens new ones)."""
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
 
     # --- InferenceEngine ---------------------------------------------------------------------------------
 
@@ -334,6 +309,10 @@ class VLLMEngine(HttpServerClient):
     async def num_requests(self) -> int:
         """``GET /load``: requests in flight (every client's; 0 unless ``--enable-server-load-tracking``)."""
         return int((await self._request("GET", "/load")).get("server_load", 0))
+
+    async def labelled(self) -> bool:
+        """Whether the weights carry a version Rein set (``/weight_info``; a restarted server says ``default``)."""
+        return (await self._request("GET", "/weight_info")).get("weight_version") not in (None, "default")
 
     async def pause_generation(self, mode: str | None = None) -> None:
         """``POST /pause?mode=...``: new requests wait; running ones finish (``wait``), freeze (``keep``) or
@@ -484,53 +463,12 @@ class VLLMEngine(HttpServerClient):
                 f"vLLM weight version {value!r} is not an integer (Rein sets integer versions)"
             ) from None
 
-    # --- plumbing ----------------------------------------------------------------------------------------
-
-    async def _request(
-        self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None
-    ) -> Any:
-        """One HTTP call with bounded retries on transient failures; the JSON reply (or ``{}``); ``EngineError``
-        on any failure (``VLLMUnreachableError`` when the server is gone)."""
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.config.max_retries + 1),
-            wait=wait_exponential(
-                multiplier=self.config.retry_backoff_s, max=10 * max(self.config.retry_backoff_s, 0.1)
-            ),
-            retry=retry_if_exception(_is_transient),
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    response = await self.client.request(method, path, json=json, params=params)
-                    response.raise_for_status()
-        except httpx.HTTPStatusError as error:
-            raise EngineError(
-                f"vLLM {method} {path} -> HTTP {error.response.status_code}: {error.response.text[:500]}"
-            ) from error
-        except httpx.TransportError as error:
-            if isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout):
-                raise EngineError(f"vLLM {method} {self.url}{path} timed out: {error!r}") from error
-            raise VLLMUnreachableError(f"vLLM {method} {self.url}{path} failed: {error!r}") from error
-        if not response.content:
-            return {}
-        try:
-            return response.json()
-        except ValueError:
-            return {"text": response.text}
-
 
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
 def _refuse(message: str) -> Any:
     raise EngineError(message)
-
-
-def _is_transient(error: BaseException) -> bool:
-    if isinstance(error, httpx.TransportError) and not isinstance(error, httpx.ReadTimeout):
-        return True
-    return isinstance(error, httpx.HTTPStatusError) and error.response.status_code in _TRANSIENT_STATUS
 
 
 def with_untied_output_projection(folder: Path) -> Path:

@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.config import require
-from components.engine.server_fleet import FleetRoutingConfig, ServerFleet, parse_server_urls
+from components.engine.server_fleet import (
+    FleetRecoveryConfig,
+    FleetRoutingConfig,
+    ServerFleet,
+    parse_server_urls,
+)
 from components.engine.vllm import VLLMEngine, VLLMEngineConfig
 
 if TYPE_CHECKING:
@@ -25,6 +30,7 @@ class VLLMFleetConfig:
         None  # options shared by every server; each one's base_url replaces this
     )
     routing: FleetRoutingConfig = FleetRoutingConfig()
+    recovery: FleetRecoveryConfig = FleetRecoveryConfig()
 
     def __post_init__(self) -> None:
         require(len(self.urls) > 0, "urls", "needs at least one vLLM server URL")
@@ -48,13 +54,15 @@ def vllm_fleet_config(brick: VLLMBrickConfig, *, initial_weight_version: int) ->
         pause_mode=brick.pause_mode,
         initial_weight_version=initial_weight_version,
     )
-    return VLLMFleetConfig(urls=urls, server=server)
+    recovery = FleetRecoveryConfig(server_return_timeout_s=brick.server_return_timeout_s)
+    return VLLMFleetConfig(urls=urls, server=server, recovery=recovery)
 
 
 class VLLMFleet(ServerFleet):
     """``InferenceEngine`` over ``config.urls``. Create with ``await VLLMFleet.connect(config)``."""
 
     server_kind = "vLLM"
+    return_timeout_flag = "--vllm-server-return-timeout-s"
 
     def __init__(self, config: VLLMFleetConfig) -> None:
         template = config.server or VLLMEngineConfig(base_url=config.urls[0])
@@ -63,6 +71,7 @@ class VLLMFleet(ServerFleet):
             routing=config.routing,
             initial_weight_version=template.initial_weight_version,
             context_window=template.context_window,
+            recovery=config.recovery,
         )
         self.config = config
 

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from components.engine.sglang import require_untruncated_sampling
+from components.engine.providers import StandaloneEngine
 from components.errors import EngineError
 from components.proxy.config import ProxyConfig
+from components.registry import ENGINES
 from components.sampling import SamplingDistribution
 
 
@@ -73,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-completion-tokens", type=int, default=None, help="cap on any one completion")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the embedded engine")
     parser.add_argument(
-        "--engine", choices=("embedded", "sglang", "vllm"), default="embedded", help="who generates"
+        "--engine", choices=ENGINES.kinds(), default="embedded", help="who generates (an engine kind)"
     )
     parser.add_argument("--vllm-url", default="", help="vLLM server URL(s), comma-separated (--engine vllm)")
     parser.add_argument("--vllm-api-key", default=None, help="the vLLM servers' --api-key")
@@ -125,49 +126,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _start_engine(args: argparse.Namespace, model_path: Path) -> tuple[Any, Any]:
-    """The engine the arguments name and the tokenizer the proxy encodes with."""
-    if args.engine == "embedded":
-        from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
-
-        engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_path, num_threads=args.threads))
-        return engine, engine.tokenizer
-    from transformers import AutoTokenizer
-
-    if args.engine == "vllm":
-        from components.engine.server_fleet import parse_server_urls
-        from components.engine.vllm import VLLMEngineConfig, require_matching_logprobs
-        from components.engine.vllm_fleet import VLLMFleet, VLLMFleetConfig
-
-        urls = parse_server_urls(args.vllm_url, field="--vllm-url")
-        server = VLLMEngineConfig(
-            base_url=urls[0],
-            api_key=args.vllm_api_key,
-            startup_timeout_s=args.vllm_startup_timeout_s,
-            context_window=args.context_window,
-        )
-        fleet = await VLLMFleet.connect(VLLMFleetConfig(urls=urls, server=server))
-        sampling = SamplingDistribution(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-        for member in fleet.servers:  # the run's sampling against each server's own --logprobs-mode
-            require_matching_logprobs(sampling, member.logprobs_mode)
-        return fleet, AutoTokenizer.from_pretrained(model_path)
-
-    from components.engine.sglang import SGLangEngineConfig, experts_per_token
-    from components.engine.sglang_fleet import SGLangFleet, SGLangFleetConfig, parse_server_urls
-
-    urls = parse_server_urls(args.sglang_url)
-    server = SGLangEngineConfig(
-        base_url=urls[0],
-        api_key=args.sglang_api_key,
-        admin_api_key=args.sglang_admin_api_key,
-        startup_timeout_s=args.sglang_startup_timeout_s,
-        request_timeout_s=args.sglang_request_timeout_s,
-        context_window=args.context_window,
-        # SGLang sends routed experts as a flat id array: decoding it needs the experts per token.
-        routed_experts_top_k=experts_per_token(model_path) if args.record_routed_experts else None,
-    )
-    engine = await SGLangFleet.connect(SGLangFleetConfig(urls=urls, server=server))
-    return engine, AutoTokenizer.from_pretrained(model_path)
+def engine_brick(args: argparse.Namespace) -> StandaloneEngine:
+    """The ``--engine`` kind's config (the engine registry), its fields from the flags of the same name: a
+    field's own flag when this parser has it (``--vllm-url`` for ``url``), else its name (``--threads``,
+    ``--context-window``); a flag left unset keeps the kind's default."""
+    config_class = ENGINES.get(args.engine)
+    values = {}
+    for field in dataclasses.fields(config_class):
+        flag = (field.metadata.get("flag") or field.name).replace("-", "_")
+        value = getattr(args, flag if hasattr(args, flag) else field.name, None)
+        if value is not None:
+            values[field.name] = value
+    brick = config_class(**values)
+    if not isinstance(brick, StandaloneEngine):
+        raise ValueError(f"--engine {args.engine}: this engine kind cannot serve `rein proxy` alone")
+    return brick
 
 
 async def _serve(args: argparse.Namespace, config: ProxyConfig) -> None:
@@ -176,7 +149,9 @@ async def _serve(args: argparse.Namespace, config: ProxyConfig) -> None:
     from components.proxy.sessions import LocalSessionRegistry
 
     model_path = resolve_model(args.model)
-    engine, tokenizer = await _start_engine(args, model_path)
+    engine, tokenizer = await engine_brick(args).start_standalone(
+        model_path=model_path, sampling=config.sampling, record_routed_experts=args.record_routed_experts
+    )
     try:
         server = ProxyServer(LocalSessionRegistry(engine, tokenizer, config), config)
         url = await server.start()
@@ -257,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             tool_format=args.tool_format,
             reasoning_format=args.reasoning_format,
         )
-        if args.engine == "sglang":  # before any server is contacted
-            require_untruncated_sampling(config.sampling)
+        engine_brick(args)  # the engine's flags, checked before anything starts
         _hand_admin_key_to_host(config, args)
         asyncio.run(_serve(args, config))
     except (ValueError, FileNotFoundError) as error:

@@ -31,11 +31,13 @@ from components.protocols import (
     Task,
 )
 from components.proxy.auth import SessionKeys
+from components.remote_waits import PENDING_WAITS
 from components.rewards.compose import RewardWeights
 from components.rollout.runner import GroupRollouts, RolloutConfig, RolloutRunner
 from components.trajectory import Trajectory
 
 logger = logging.getLogger("rein.rollout.producer")
+ACTOR_CALL_MARGIN_S = 60.0  # beyond a call's own bounds: shipping it and its result
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -145,10 +147,26 @@ class ActorRolloutRunner(GroupRollouts):
 
     async def run_one(self, task: Task, *, group_id: str, step: int) -> Trajectory:
         """One rollout in the actor; cancelling the waiter cancels it there."""
-        return await _await_ref(self.actor.run_one.remote(task, group_id, step))
+        config = self.config
+        return await PENDING_WAITS.within(  # the rollout's own bounds, and a margin for the call itself
+            _await_ref(self.actor.run_one.remote(task, group_id, step)),
+            deadline_s=config.acquire_timeout_s
+            + config.setup_timeout_s
+            + config.harness_timeout_s
+            + config.probe_timeout_s
+            + config.release_timeout_s
+            + ACTOR_CALL_MARGIN_S,
+            component=f"rollout producer actor on node {self.node_id}",
+            request=f"run_one({group_id})",
+        )
 
     async def finish_group(self, task: Task, members: list[Trajectory]) -> list[Trajectory]:
-        return await _await_ref(self.actor.finish_group.remote(task, members))
+        return await PENDING_WAITS.within(
+            _await_ref(self.actor.finish_group.remote(task, members)),
+            deadline_s=self.config.grading_timeout_s + ACTOR_CALL_MARGIN_S,
+            component=f"rollout producer actor on node {self.node_id}",
+            request=f"finish_group({task.task_id})",
+        )
 
     async def close(self) -> None:
         """Close the actor's sandboxes and end the actor."""

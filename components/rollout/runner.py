@@ -40,17 +40,18 @@ from components.proxy.sessions import validate_policy_name
 from components.rewards.compose import RewardWeights, apply_group_reward
 from components.rollout.failures import classify_exception
 from components.rollout.log_text import clip_text
-from components.trajectory import TRAINABLE_STATUSES, Trajectory, TrajectoryStatus
+from components.trajectory import (
+    INFRASTRUCTURE_STATUSES,
+    TRAINABLE_STATUSES,
+    Trajectory,
+    TrajectoryStatus,
+)
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 OPEN_PROXY_API_KEY = "rein"  # what harnesses send to a proxy without per-session tokens (any key is accepted)
-
-_INFRA_STATUSES = frozenset(
-    {TrajectoryStatus.SANDBOX_ERROR, TrajectoryStatus.ENGINE_ERROR, TrajectoryStatus.GRADING_ERROR}
-)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -364,7 +365,7 @@ class RolloutRunner(GroupRollouts):
     async def _check_sandbox(self, sandbox: Sandbox, rollout: _Rollout) -> None:
         """A sandbox that died under the harness makes the rollout an infrastructure failure, whatever the
         harness concluded from its dying commands."""
-        if rollout.status in _INFRA_STATUSES:
+        if rollout.status in INFRASTRUCTURE_STATUSES:
             return
         try:
             probe = await asyncio.wait_for(
@@ -393,13 +394,14 @@ class RolloutRunner(GroupRollouts):
             TrajectoryStatus.ENGINE_ERROR,
         ):
             rollout.fail(TrajectoryStatus.CONTEXT_OVERFLOW, "the conversation outgrew the context window")
-        elif described.get("num_engine_errors", 0) and rollout.status == TrajectoryStatus.AGENT_ERROR:
-            # A black-box agent only sees an HTTP 5xx and exits in its own way; the proxy saw the cause.
+        elif described.get("num_engine_errors", 0) and rollout.status not in INFRASTRUCTURE_STATUSES:
+            # A black-box agent only sees an HTTP 5xx and goes on (retries, changes course) or exits in its own
+            # way; the proxy saw the cause. Either way the conversation is no clean sample of the policy.
             rollout.fail(
                 TrajectoryStatus.ENGINE_ERROR,
                 f"engine failed {described['num_engine_errors']} time(s) "
-                f"(last: {described.get('last_engine_error', '')}); the agent then stopped: "
-                f"{rollout.failure_reason}",
+                f"(last: {described.get('last_engine_error', '')}); the agent then ended with "
+                f"{rollout.status.value}: {rollout.failure_reason or 'ok'}",
             )
 
     async def _grade(self, task: Task, sandbox: Sandbox, rollout: _Rollout) -> None:

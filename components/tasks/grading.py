@@ -22,12 +22,12 @@ killing or stopping the observer (started, but no authenticated verdict). Failur
 Python missing, an observer that never started or failed itself. Suspicious edits are *flagged* in ``log``
 with a ``FLAGGED:`` line.
 
-Known limit: the code under test runs in pytest's process, so code that reaches pytest's objects in memory
-can forge that process's events. The tree scan closes the plain forms: with ``reject_test_runner_tampering``
-(default) any added line naming pytest/_pytest/pluggy in any changed file earns 0, and with
-``reject_interpreter_tampering`` (default) so does any added line reaching into the interpreter (``sys.modules``,
-``builtins``, frame/GC walking, tracing hooks, ``ctypes``, ``os.kill``, ``/proc``). Access obfuscated past a
-text scan (names assembled from strings) is not caught.
+The agent's code runs in a process of its own, not in pytest's (``grading_runner.py``, step 4): what it can
+write there (events, frames, pytest's objects, its own exit) is not what decides. The tree scan stays as a
+second line: with ``reject_test_runner_tampering`` (default) any added line naming pytest/_pytest/pluggy in any
+changed file earns 0, and with ``reject_interpreter_tampering`` (default) so does any added line reaching into
+the interpreter (``sys.modules``, ``builtins``, frame/GC walking, tracing hooks, ``ctypes``, ``os.kill``,
+``/proc``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ pyarrow path (tests, benchmarks, single-process training) built from the same th
    reward); trajectories that are not trainable (infrastructure failures, no reward) become one empty row so
    they are counted, and never reach a batch.
 2. ``plan_step`` (on the driver, over a small summary: ids, rewards, token counts, versions): group
-   advantages from the ``Algorithm``, the staleness bound, and per-segment weights from the ``Algorithm``
+   advantages from the ``Algorithm``, the staleness measured (the loop bounds it: ``components/loop.py``), and
+   per-segment weights from the ``Algorithm``
    (GRPO's default gives a segment its share of its trajectory's sampled tokens, so a trajectory split into
    many segments weighs the same as one that was not). Groups whose rewards are all equal get advantage 0
    and contribute no policy gradient (counted).
@@ -35,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from components.config import require_non_negative, require_positive
+from components.config import option, require_positive
 from components.protocols import Algorithm
 from components.training.distillation import DistillationConfig, token_advantages
 from components.training.overlong import OverlongConfig, length_penalty, overlong_trajectories
@@ -129,26 +130,31 @@ MICRO_BATCH_SCHEMA = pa.schema(
 class SampleBatchConfig:
     """How trajectories become micro-batches."""
 
-    max_tokens_per_micro_batch: int = (
-        4096  # token budget of one packed row (a longer segment gets its own row)
+    max_tokens_per_micro_batch: int = option(
+        1024,
+        "token budget of one packed training row (bounds trainer memory; a longer segment gets its own row)",
+        flag="max-tokens-per-micro-batch",
     )
-    max_staleness: int | None = (
-        None  # drop trajectories with a token sampled more than this many versions ago
+    drop_zero_advantage_groups: bool = option(
+        False, "skip groups with equal rewards (no policy gradient) entirely"
     )
-    drop_zero_advantage_groups: bool = False  # skip groups with equal rewards (no policy gradient) entirely
     # Per lineage kind (``BranchKind`` values: subagent, compaction, side_call, retry, …) a factor on the
     # segments' sample weights; 0 leaves that kind out of training. Kinds not named keep factor 1.
     branch_weights: Mapping[str, float] = field(default_factory=dict)
-    overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated trajectories (overlong.py)
+    overlong: OverlongConfig = option(OverlongConfig(), "overlong (truncated) trajectories (overlong.py)")
     # the weights of a teacher's per-token signal and the task advantage, for segments a teacher scored
-    distillation: DistillationConfig = field(default_factory=DistillationConfig)
-    # per-turn advantages from per-turn and final rewards (turn_credit.py); off: one per trajectory
-    turn_credit: TurnCreditConfig = field(default_factory=TurnCreditConfig)
+    distillation: DistillationConfig = option(
+        DistillationConfig(),
+        "distillation's advantage weights",
+        set_by="the run's distillation brick (TrainerBrickConfig.for_run)",
+    )
+    turn_credit: TurnCreditConfig = option(
+        TurnCreditConfig(),
+        "per-turn advantages from process rewards (turn_credit.py); off: one per trajectory",
+    )
 
     def __post_init__(self) -> None:
         require_positive(self.max_tokens_per_micro_batch, "max_tokens_per_micro_batch")
-        if self.max_staleness is not None:
-            require_non_negative(self.max_staleness, "max_staleness")
         kinds = [k.value for k in BranchKind]
         for kind, factor in dict(self.branch_weights).items():
             if kind not in kinds:
@@ -298,7 +304,7 @@ def _segment_keys(trajectory_ids: Sequence[str], segment_index: Sequence[int]) -
 def plan_step(
     summary: pa.Table, algorithm: Algorithm, config: SampleBatchConfig, *, current_version: int
 ) -> StepPlan:
-    """Advantages, staleness drops and sample weights for one step, from the segment summary columns."""
+    """Advantages, staleness and sample weights for one step, from the segment summary columns."""
     unreadable = summary["unreadable_shard"].is_valid().to_numpy(zero_copy_only=False)
     plan = StepPlan()
     metrics = plan.metrics
@@ -349,13 +355,9 @@ def plan_step(
     np.minimum.at(trajectory_min_version, trajectory_index, min_version)
     has_sampled = trajectory_min_version != NO_SAMPLED_VERSION
     staleness = np.where(has_sampled, current_version - trajectory_min_version, 0)
-    stale = np.zeros(len(unique_ids), dtype=bool)
-    if config.max_staleness is not None:
-        stale = has_sampled & (staleness > config.max_staleness)
-    metrics["num_stale_trajectories"] = float(stale.sum())
     metrics["num_trajectories_without_sampled_tokens"] = float((~has_sampled).sum())
     metrics["staleness_max"] = float(staleness[has_sampled].max()) if has_sampled.any() else 0.0
-    keep_trajectory = has_sampled & ~stale
+    keep_trajectory = has_sampled.copy()
     if config.drop_zero_advantage_groups:
         keep_trajectory &= ~zero_advantage_group[group_index]
     if config.overlong.mode == "mask":

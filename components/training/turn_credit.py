@@ -32,10 +32,26 @@ from components.trajectory import sampled_turn_starts
 class TurnCreditConfig:
     """Per-turn advantages from per-turn (process) and final rewards."""
 
-    enabled: bool = option(False, "advantages per turn from discounted returns (false: one per trajectory)")
-    discount: float = option(1.0, "gamma: a turn's return counts later rewards discounted by gamma per turn")
-    turn_reward_weight: float = option(1.0, "weight of the per-turn (process) rewards in a turn's return")
-    final_reward_weight: float = option(1.0, "weight of the trajectory's final reward in a turn's return")
+    enabled: bool = option(
+        False,
+        "advantages per turn from discounted returns (false: one per trajectory)",
+        flag="trainer-turn-credit-enabled",
+    )
+    discount: float = option(
+        1.0,
+        "gamma: a turn's return counts later rewards discounted by gamma per turn",
+        flag="trainer-turn-credit-discount",
+    )
+    turn_reward_weight: float = option(
+        1.0,
+        "weight of the per-turn (process) rewards in a turn's return",
+        flag="trainer-turn-credit-turn-reward-weight",
+    )
+    final_reward_weight: float = option(
+        1.0,
+        "weight of the trajectory's final reward in a turn's return",
+        flag="trainer-turn-credit-final-reward-weight",
+    )
 
     def __post_init__(self) -> None:
         require(0.0 <= self.discount <= 1.0, "discount", f"must be in [0, 1], got {self.discount!r}")

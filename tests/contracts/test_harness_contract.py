@@ -107,16 +107,19 @@ def _mini_swe_agent() -> BuiltInHarness:
     return BuiltInHarness(BlackBoxHarness(MiniSweAgent(), config), _minilib_task)
 
 
-def _declared_agent(module: str, constant: str) -> Callable[[], BuiltInHarness]:
-    """A declared black-box agent (``harnesses/agent_spec.py``) on a minilib task, bounds kept small."""
+def _declared_agent(module: str, make_agent: str, **options) -> Callable[[], BuiltInHarness]:
+    """A declared black-box agent (``harnesses/agent_spec.py``: ``module.make_agent(**options)``, or the
+    module's constant of that name) on a minilib task, bounds kept small."""
 
     def make() -> BuiltInHarness:
         import importlib
 
         from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
 
-        agent = getattr(importlib.import_module(module), constant)
-        require_tool(agent.argv[0], "run `make setup-test` (npm install of the agents)")
+        agent = getattr(importlib.import_module(module), make_agent)
+        agent = agent(**options) if callable(agent) else agent
+        for program in (word for word in agent.argv[:2] if isinstance(word, str) and word.startswith("/")):
+            require_tool(program, "run `make setup-test` (npm install of the agents)")  # Node and its entry
         config = BlackBoxConfig(max_turns=2, wall_time_s=100, max_output_tokens=32)
         return BuiltInHarness(BlackBoxHarness(agent, config), _minilib_task)
 
@@ -128,6 +131,9 @@ BUILT_INS = {
     "toy-agent": _toy_agent,
     "wrapped-function": _wrapped_agent,
     "mini-swe-agent-blackbox": _mini_swe_agent,
+    "claude-code-blackbox": _declared_agent("harnesses.claude_code", "ClaudeCodeAgent", bare=True),
+    "codex-blackbox": _declared_agent("harnesses.codex", "CodexAgent"),
+    "gemini-cli-blackbox": _declared_agent("harnesses.gemini_cli", "GeminiCliAgent", max_attempts=1),
     "opencode-blackbox": _declared_agent("harnesses.opencode", "OPENCODE"),
     "qwen-code-blackbox": _declared_agent("harnesses.qwen_code", "QWEN_CODE"),
     "openclaw-blackbox": _declared_agent("harnesses.openclaw", "OPENCLAW"),
@@ -139,10 +145,10 @@ BUILT_INS = {
 # The Node agents (opencode, Qwen Code, OpenClaw) start in 20-100 s on a loaded 2-core machine before their first
 # call, so the failure checks would cost minutes; their exits are mapped by declared rules
 # (tests/harnesses/test_agent_spec.py) and each fixes a task for real in tests/harnesses/test_node_agents.py.
-SLOW_TO_FAIL = {"mini-swe-agent-blackbox", "opencode-blackbox", "qwen-code-blackbox", "openclaw-blackbox"}
+SLOW_TO_FAIL = set()
 # OpenClaw's start-up (plugin registry, SQLite state) alone can exceed BOUND_S here: its one real run, with the
 # same checks (the session recorded its calls, an outcome with a status), is test_node_agents.py's.
-SLOW_TO_START = {"openclaw-blackbox"}
+SLOW_TO_START = set()
 SESSION_CHECK = "test_a_run_talks_through_its_session_and_returns_an_outcome"
 FAILURE_CHECKS = {
     "test_a_failing_engine_is_reported_not_raised",

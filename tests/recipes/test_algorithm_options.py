@@ -60,7 +60,7 @@ def test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run(tmp_path, 
     assert scored > 0 or all(row["dynamic_sampling/kept_groups"] == 0 for row in rows)
 
 
-ALGORITHM_FLAGS = ("--algorithms-grpo-loss-importance-sampling", "icepop")
+ALGORITHM_FLAGS = ("--algorithm-loss-importance-sampling", "icepop")
 
 
 def test_turn_credit_trains_tictactoe_on_per_turn_rewards(tmp_path, tiny_model_dir, capsys):
@@ -71,10 +71,10 @@ def test_turn_credit_trains_tictactoe_on_per_turn_rewards(tmp_path, tiny_model_d
     from recipes.tictactoe_grpo import TicTacToeGrpoConfig
 
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"trainer": {"turn_credit": {"enabled": True, "discount": 2}}}))
+    bad.write_text(json.dumps({"trainer": {"batching": {"turn_credit": {"enabled": True, "discount": 2}}}}))
     with pytest.raises(SystemExit):
         parse_config(TicTacToeGrpoConfig, ["--config", str(bad)])
-    assert "trainer.turn_credit.discount: must be in [0, 1], got 2" in capsys.readouterr().err
+    assert "trainer.batching.turn_credit.discount: must be in [0, 1], got 2" in capsys.readouterr().err
     run_dir = tmp_path / "run"
     run_recipe(
         "tictactoe_grpo",

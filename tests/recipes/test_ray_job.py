@@ -76,23 +76,48 @@ def ray_head():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def test_ray_job_submit_runs_one_swe_step(ray_head, tmp_path, tiny_model_dir):
-    require_tool(Path(sys.prefix) / "bin" / "mini", "pip install mini-swe-agent (the test extra)")
-    run_dir = tmp_path / "run"
+def submit_one_step(ray_head: str, run_dir: Path, *flags: str) -> list[dict]:
+    """``ray job submit ... -- python recipes/swe_grpo.py --run-dir RUN_DIR <one step> FLAGS``: it succeeds and
+    leaves a complete run; its trajectory rows."""
     command = [
         str(RAY), "job", "submit", "--address", ray_head, "--working-dir", str(REPO_ROOT),
         "--runtime-env-json", json.dumps({"excludes": WORKING_DIR_EXCLUDES}), "--",
-        sys.executable, "recipes/swe_grpo.py", "--model", str(tiny_model_dir), "--run-dir", str(run_dir),
-        "--num-steps", "1", "--num-tasks", "1", "--group-size", "2", "--max-turns", "2", "--proxy", "serve",
-        "--proxy-replicas", "1", "--wandb-mode", "offline", "--harness", "mini_swe_agent",
+        sys.executable, "recipes/swe_grpo.py", "--run-dir", str(run_dir), "--num-steps", "1", "--num-tasks", "1",
+        "--group-size", "2", "--max-turns", "2", "--proxy-replicas", "1", "--wandb-mode", "offline", *flags,
     ]  # fmt: skip
     completed = subprocess.run(command, env=recipe_env(), capture_output=True, text=True, timeout=540)
     output = completed.stdout[-6000:] + completed.stderr[-6000:]
     assert completed.returncode == 0 and "succeeded" in output, output
     assert_complete_run(run_dir, num_steps=1, rollouts_per_step=2)
+    return [
+        row
+        for path in (run_dir / "trajectories").glob("*.parquet")
+        for row in pq.read_table(path).to_pylist()
+    ]
+
+
+def test_ray_job_submit_runs_one_swe_step(ray_head, tmp_path, tiny_model_dir):
+    require_tool(Path(sys.prefix) / "bin" / "mini", "pip install mini-swe-agent (the test extra)")
+    run_dir = tmp_path / "run"
+    flags = ("--model", str(tiny_model_dir), "--proxy", "serve", "--harness", "mini_swe_agent")
+    rows = submit_one_step(ray_head, run_dir, *flags)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["proxy"]["kind"] == "serve" and config["recipe"] == "swe_grpo"
-    rows = [row for path in (run_dir / "trajectories").glob("*.parquet") for row in pq.read_table(path).to_pylist()]
     assert {row["harness"] for row in rows} == {"mini-swe-agent"}
     assert not [row["failure_reason"] for row in rows if row["status"] in ("agent_error", "sandbox_error")]
     assert any(row["segments"] for row in rows), "mini-swe-agent never reached the policy"
+
+
+def test_ray_job_submit_runs_one_swe_step_on_vllm(ray_head, tmp_path, vllm_server):
+    """The README's ``ray job submit ... --engine vllm --vllm-url ...``: the job's proxy shards (Ray actors)
+    generate on the session's real vLLM server, and the step's weights reach it as version 1."""
+    import httpx
+
+    run_dir = tmp_path / "run"
+    flags = ("--model", str(vllm_server.model_dir), "--engine", "vllm", "--vllm-url", vllm_server.url)
+    rows = submit_one_step(ray_head, run_dir, *flags)
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["engine"]["kind"] == "vllm" and config["engine"]["url"] == vllm_server.url
+    assert not [row["failure_reason"] for row in rows if row["status"] in ("agent_error", "engine_error")]
+    assert any(row["segments"] for row in rows), "no rollout reached the vLLM server"
+    assert httpx.get(f"{vllm_server.url}/weight_info").json()["weight_version"] == "1"

@@ -49,6 +49,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from components.engine.embedded import EmbeddedEngine
+from components.engine.scripted import ScriptedEngine
 from components.protocols import FinishReason, SamplingParams
 
 
@@ -689,6 +690,7 @@ class FakeSGLangProcess:
         startup_delay_s: float = 0.0,
         context_window: int | None = None,
         no_eos: bool = False,
+        scripted_policy: str = "",
     ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -703,6 +705,8 @@ class FakeSGLangProcess:
             self.command += ["--context-window", str(context_window)]
         if no_eos:
             self.command += ["--no-eos"]
+        if scripted_policy:
+            self.command += ["--scripted-policy", scripted_policy]
         self.process: subprocess.Popen | None = None
 
     def start(self) -> FakeSGLangProcess:
@@ -744,6 +748,27 @@ class FakeSGLangProcess:
                 self.kill()
 
 
+class ScriptedSGLangEngine(ScriptedEngine):
+    """A scripted policy as the stand-in's engine (which decodes with ``engine.tokenizer``)."""
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+
+def scripted_engine(spec: str, model_path: str, context_window: int) -> ScriptedSGLangEngine:
+    """A ``ScriptedSGLangEngine`` over the model's tokenizer, replying with ``MODULE:NAME`` (prompt → reply)."""
+    import importlib
+
+    from transformers import AutoTokenizer
+
+    module, _, name = spec.partition(":")
+    policy = getattr(importlib.import_module(module), name)
+    return ScriptedSGLangEngine(
+        AutoTokenizer.from_pretrained(model_path), policy, context_window=context_window
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m tests.components.engine.fake_sglang --model-path DIR --port N``: serve until killed."""
     from components.engine.embedded import EmbeddedEngineConfig
@@ -757,13 +782,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-window", type=int, default=None)
     parser.add_argument("--no-eos", action="store_true", help="never stop on EOS (deterministic lengths)")
     parser.add_argument("--startup-delay-s", type=float, default=0.0, help="/health answers 503 this long")
+    parser.add_argument(
+        "--scripted-policy",
+        default="",
+        help="MODULE:NAME of a prompt → reply function: a ScriptedEngine samples its replies instead of the model",
+    )
     args = parser.parse_args(argv)
-    options: dict[str, Any] = {"model_path": args.model_path, "num_threads": 1}
-    if args.context_window:
-        options["context_window"] = args.context_window
-    if args.no_eos:
-        options["eos_token_ids"] = ()
-    engine = EmbeddedEngine(EmbeddedEngineConfig(**options))
+    if args.scripted_policy:
+        engine = scripted_engine(args.scripted_policy, args.model_path, args.context_window or 65536)
+    else:
+        options: dict[str, Any] = {"model_path": args.model_path, "num_threads": 1}
+        if args.context_window:
+            options["context_window"] = args.context_window
+        if args.no_eos:
+            options["eos_token_ids"] = ()
+        engine = EmbeddedEngine(EmbeddedEngineConfig(**options))
     state = FakeSGLangState(
         engine=engine,
         model_path=args.model_path,

@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from openai import OpenAI
 from ray import cloudpickle
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
@@ -25,7 +24,7 @@ from components.errors import EngineError
 from components.protocols import SamplingParams
 from components.trajectory_store import TrajectoryStore
 from tests.components.engine.fake_sglang import FakeSGLangProcess, FakeSGLangServer
-from tests.components.proxy.proxy_helpers import read_rein_proxy_start
+from tests.components.proxy.proxy_helpers import one_reply_through_rein_proxy, read_rein_proxy_start
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -139,16 +138,8 @@ def test_rein_proxy_engine_sglang_serves_an_agent_request(tiny_model_dir, tmp_pa
             match = re.search(r"\(context window (\d+)\)", banner)
             assert int(match.group(1)) > 0 and f"SGLang {server.url}" in banner
             # Closed by default: session control takes the admin key it printed once to stderr.
-            admin = {"Authorization": f"Bearer {admin_key}"}
             assert httpx.post(f"{url}/sessions").status_code == 401
-            session = httpx.post(f"{url}/sessions", headers=admin).json()
-            client = OpenAI(base_url=f"{session['base_url']}/v1", api_key=session["api_key"], max_retries=0)
-            reply = client.chat.completions.create(
-                model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=5
-            )
-            assert reply.usage.completion_tokens == 5
-            finalized = httpx.post(f"{url}/s/{session['session_id']}/finalize", headers=admin, json={}).json()
-            assert finalized["status"] == "ok"
+            one_reply_through_rein_proxy(url, admin_key)
             log = httpx.get(
                 f"{server.url}/_fake/requests", headers={"Authorization": "Bearer user-key"}
             ).json()

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from components.engine.server_fleet import FleetRecoveryConfig, ServerDownError
 from components.engine.vllm import (
     VLLMEngine,
     VLLMEngineConfig,
@@ -192,14 +193,18 @@ async def test_fleet_over_vllm_pauses_reloads_and_stamps_one_version(vllm_server
 @pytest.mark.vllm_kills_server
 async def test_a_killed_server_fails_requests_in_flight_with_a_clear_engine_error(vllm_server):
     config = VLLMEngineConfig(base_url=vllm_server.url, max_retries=1, retry_backoff_s=0.1)
-    fleet = await VLLMFleet.connect(VLLMFleetConfig(urls=(vllm_server.url,), server=config))
+    recovery = FleetRecoveryConfig(server_return_timeout_s=3, health_poll_s=0.5)
+    fleet = await VLLMFleet.connect(
+        VLLMFleetConfig(urls=(vllm_server.url,), server=config, recovery=recovery)
+    )
     try:
         in_flight = asyncio.create_task(fleet.generate(PROMPTS[0], SamplingParams(max_tokens=800, seed=0)))
         await asyncio.sleep(1.0)
         vllm_server.process.kill()
         with pytest.raises(EngineError, match=f"every vLLM server is down: {vllm_server.url}"):
             await asyncio.wait_for(in_flight, 60)
-        with pytest.raises(EngineError, match="every vLLM server is down"):
+        # a new request waits for the server's return, bounded (here 3 s), then fails naming it
+        with pytest.raises(ServerDownError, match=f"none came back within 3 s.*{vllm_server.url}"):
             await asyncio.wait_for(fleet.generate(PROMPTS[1], SamplingParams(max_tokens=4)), 60)
     finally:
         await fleet.aclose()

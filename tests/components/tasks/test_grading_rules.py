@@ -13,6 +13,7 @@ import pytest
 from components.tasks.grading_runner import (
     DishonestComparison,
     HonestComparisons,
+    ProbingComparisons,
     honest_asserts,
     outcomes_from_events,
     read_by_the_test_runner,
@@ -102,4 +103,28 @@ def test_only_comparisons_in_asserts_are_rewritten():
     assert ast.unparse(tree).splitlines() == [
         "assert @rein_compare(('==',), f(1), 2) and @rein_compare(('not in',), x, y)",
         "z = a == b",
+    ]
+
+
+def test_repository_comparisons_probe_the_agents_values_instead_of_refusing_them(own_module):
+    """Repository mode: a type of a changed file may equal a builtin value (the repository's types do), but one
+    that also equals a probe of that value's shape is lying."""
+    _, agentlib = own_module
+    compare = ProbingComparisons([agentlib.__file__])
+    for operators, *operands in [(("==",), agentlib.Liar(), 3), (("==",), "x", agentlib.Agreeable("y")),
+                                 (("==",), [agentlib.Liar()], [3]), (("in",), agentlib.Liar(), [3])]:  # fmt: skip
+        with pytest.raises(DishonestComparison):
+            compare(operators, *operands)
+    assert compare(("!=",), agentlib.Box(1), 1) and not compare(("==",), agentlib.Box(1), 1)
+    assert compare(("==",), agentlib.Box(1), agentlib.Box(1)) and compare(("<",), 1, 2)
+    assert ProbingComparisons([])(("==",), agentlib.Liar(), 3) is True  # not a changed file: the repository's
+
+
+def test_repository_asserts_keep_comparisons_whose_results_are_used():
+    import ast
+
+    tree = honest_asserts(ast.parse("assert (a == b).all() and not c == d\nassert f(x == y)\n"), True)
+    assert ast.unparse(tree).splitlines() == [
+        "assert (a == b).all() and (not @rein_compare(('==',), c, d))",
+        "assert f(x == y)",
     ]
