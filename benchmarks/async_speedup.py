@@ -194,7 +194,9 @@ def read_run(metrics_path: Path) -> ModeRun:
 async def run_mode(args: argparse.Namespace, mode: str, seed: int, warm_up: bool, run_dir: Path) -> ModeRun:
     """One run of the toy recipe (its own ``train``) in ``mode`` with the tool-latency agent; a warm-up run is
     1 step × 1 group with short tool calls."""
-    from components.launch import RolloutBrickConfig, SamplingBrickConfig, TrainerBrickConfig
+    from components.launch import RolloutBrickConfig, SamplingBrickConfig
+    from components.training.step import OptimizerConfig
+    from components.training.trainer_config import TrainerBrickConfig
     from monitoring.logger import WandbLoggersConfig
     from recipes.tictactoe_grpo import TicTacToeGrpoConfig, toy_harness, train
     from sandboxes.pool import SandboxPoolConfig
@@ -213,7 +215,7 @@ async def run_mode(args: argparse.Namespace, mode: str, seed: int, warm_up: bool
         ),
         sampling=SamplingBrickConfig(max_tokens=24),
         max_turns=2,
-        trainer=TrainerBrickConfig(workers=1, learning_rate=2e-5),
+        trainer=TrainerBrickConfig(num_workers=1, optimizer=OptimizerConfig(learning_rate=2e-5)),
         sandbox=SandboxPoolConfig(num_warm=args.num_warm_sandboxes),
         checkpoint_every_steps=0,
         monitoring=WandbLoggersConfig(wandb_mode="disabled"),

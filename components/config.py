@@ -32,10 +32,13 @@ def require_one_of(value: Any, field: str, allowed: Iterable[Any]) -> None:
     require(value in allowed, field, f"must be one of {list(allowed)}, got {value!r}")
 
 
-def option(default: Any, help: str, *, flag: str | None = None, **kwargs: Any) -> Any:
+def option(
+    default: Any, help: str, *, flag: str | None = None, set_by: str | None = None, **kwargs: Any
+) -> Any:
     """A config field with its documentation (``--help`` shows it). ``default`` may be a brick config (a
-    dataclass instance); ``flag`` is a second, historical flag besides the derived ``--prefix-name`` one."""
-    metadata = {"help": help, **({"flag": flag} if flag else {})}
+    dataclass instance); ``flag`` is a second, historical flag besides the derived ``--prefix-name`` one;
+    ``set_by`` names who sets a field a person never types (no flag, no config-file key: it has one source)."""
+    metadata = {"help": help, **({"flag": flag} if flag else {}), **({"set_by": set_by} if set_by else {})}
     if dataclasses.is_dataclass(default) and not isinstance(default, type):
         return dataclasses.field(default_factory=lambda: default, metadata=metadata, **kwargs)
     return dataclasses.field(default=default, metadata=metadata, **kwargs)

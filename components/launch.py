@@ -23,7 +23,7 @@ Placement through Ray resources:
     ``--proxy local`` serves it from the driver process instead (one fewer moving part, no Serve start-up);
   - sandboxes: the driver's bubblewrap pool keeps ``sandbox.num_warm`` started (``--sandbox-backend e2b``: E2B's
     cloud); on a multi-node cluster use ``sandboxes.ray_pool`` whose capacity is the ``sandbox_slots`` resource;
-  - trainer: ``trainer.workers`` Ray Train FSDP2 workers with ``trainer.cpus_per_worker`` CPUs (1 GPU each when
+  - trainer: ``trainer.num_workers`` Ray Train FSDP2 workers with ``trainer.cpus_per_worker`` CPUs (1 GPU each when
     ``trainer.use_gpu``);
   - rollout producer (harness runs, grading, the agents' sandboxes): in the driver, or with
     ``--rollout-placement actor`` one Ray actor with ``rollout.actor_num_cpus`` CPUs and the custom resources
@@ -58,32 +58,27 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from components.config import require, require_non_negative, require_one_of, require_positive
-from components.engine.providers import EmbeddedEngineBrickConfig, EngineBrickConfig
-from components.lora import LoraSettings
+from components.config import require, require_non_negative, require_positive
+from components.engine.providers import EmbeddedEngineBrickConfig, EngineBrickConfig, EngineProvider
+from components.loop import RolloutBrickConfig
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
 from components.protocols import (
     Algorithm,
-    EngineProvider,
     MetricsLoggerProvider,
-    ProxyProvider,
     SandboxProvider,
     SessionControl,
     StartsAhead,
     Task,
 )
-from components.proxy.providers import ProxyBrickConfig, ServeProxyConfig
+from components.proxy.providers import ProxyBrickConfig, ProxyProvider, ServeProxyConfig
 from components.recipe_config import config_to_json, option, slot
-from components.registry import ENGINES, LOGGERS, PROXIES, SANDBOXES
-from components.rollout.dynamic_sampling import DynamicSamplingConfig
+from components.registry import ALGORITHMS, ENGINES, LOGGERS, PROXIES, SANDBOXES
 from components.sampling import SamplingDistribution
-from components.training.algorithms import AlgorithmOptions
+from components.training.algorithms import AlgorithmConfig, GRPOConfig
 from components.training.distillation import DistillationConfig
-from components.training.overlong import OverlongConfig
-from components.training.step import OptimizerConfig
-from components.training.trainer import TrainerConfig
+from components.training.trainer_config import TrainerBrickConfig, TrainerConfig
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 from monitoring.logger import MetricsLoggersConfig, WandbLoggersConfig
@@ -103,134 +98,9 @@ WORKING_DIR_EXCLUDES = [".venv", ".models", ".agents", "runs", ".git", "**/__pyc
 # Where a field goes: a field that configures one brick goes into that brick's config below (its flag is
 # ``--<brick>-<field>``, or a historical flag kept with ``option(..., flag=...)``); a field the whole run shares
 # (model, steps, seed, sampling) stays on ``RunConfig``. A recipe changes a brick's defaults by giving the brick
-# field a new default instance: ``trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5))``.
+# field a new default instance: ``sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=192))``.
+# The trainer brick's config lives with the trainer (``components/training/trainer_config.py``).
 # ``--config FILE`` takes the same fields nested by brick (``trainer: {workers: 2}``).
-
-
-@dataclass(kw_only=True, frozen=True)
-class TrainerBrickConfig:
-    """The trainer brick: the Ray Train FSDP2 worker group and its optimizer."""
-
-    workers: int = option(2, "Ray Train FSDP2 workers")
-    cpus_per_worker: float = option(1.0, "Ray CPUs per trainer worker")
-    use_gpu: bool = option(False, "train on GPUs (one per worker, NCCL)")
-    learning_rate: float = option(1e-5, "AdamW learning rate", flag="learning-rate")
-    max_tokens_per_micro_batch: int = option(
-        1024,
-        "token budget of one packed training row (bounds trainer memory)",
-        flag="max-tokens-per-micro-batch",
-    )
-    lora_rank: int = option(0, "LoRA rank (peft adapter); 0 trains every weight", flag="lora-rank")
-    lora_alpha: float = option(0.0, "LoRA alpha; 0 means 2 x rank", flag="lora-alpha")
-    lora_dropout: float = option(0.0, "LoRA dropout", flag="lora-dropout")
-    lora_target: str = option(
-        "all-linear",
-        "LoRA target modules: all-linear or comma-separated names (q_proj,v_proj)",
-        flag="lora-target",
-    )
-    gradient_checkpointing: bool = option(False, "recompute activations in backward (less trainer memory)")
-    overlong: OverlongConfig = option(
-        OverlongConfig(), "overlong (truncated) trajectories (components/training/overlong.py)"
-    )
-    # the optimizer's and the step's knobs; their defaults are those of the configs they go to
-    weight_decay: float = option(OptimizerConfig.weight_decay, "AdamW decoupled weight decay")
-    max_grad_norm: float = option(
-        OptimizerConfig.max_grad_norm, "clip the global gradient norm to this (0: no clipping)"
-    )
-    num_updates_per_step: int = option(
-        TrainerConfig.num_updates_per_step,
-        "optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)",
-    )
-    entropy_coef: float = option(
-        TrainerConfig.entropy_coef, "entropy bonus weight, added to every algorithm's loss"
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("workers", "cpus_per_worker", "learning_rate", "max_tokens_per_micro_batch"):
-            require_positive(getattr(self, name), name)
-        self.optimizer()  # validates weight_decay and max_grad_norm
-        require_positive(self.num_updates_per_step, "num_updates_per_step")
-        require_non_negative(self.entropy_coef, "entropy_coef")
-        self.lora_settings()  # validates the lora_* fields
-
-    def optimizer(self) -> OptimizerConfig:
-        """The trainer's AdamW config."""
-        return OptimizerConfig(
-            learning_rate=self.learning_rate, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm
-        )
-
-    def lora_settings(self) -> LoraSettings:
-        targets = self.lora_target if self.lora_target == "all-linear" else tuple(self.lora_target.split(","))
-        return LoraSettings(
-            rank=self.lora_rank,
-            alpha=self.lora_alpha or None,
-            dropout=self.lora_dropout,
-            target_modules=targets,
-        )
-
-
-@dataclass(kw_only=True, frozen=True)
-class RolloutBrickConfig:
-    """How rollouts are scheduled against training (the loop: ``components/loop.py``)."""
-
-    mode: Literal["sync", "async", "partial"] = option(
-        "sync",
-        "sync: roll out, then train (the reference); async: rollouts stay in flight across steps, the trainer "
-        "takes complete groups as they come; partial: step n+1 rolls out while step n trains, in-flight "
-        "rollouts continue on new weights (see components/loop.py)",
-    )
-    max_staleness: int = option(
-        1,
-        "async/partial: drop (and count) a group whose oldest sampled token is more versions behind",
-        flag="max-staleness",
-    )
-    max_steps_ahead: int = option(
-        1,
-        "async/partial: while the trainer is the bottleneck (its last step found its groups complete), start "
-        "groups at most this many steps beyond its step (capped by max_staleness; each step more would be a "
-        "version of staleness on every group); while rollouts are (it waits for groups), up to max_staleness",
-        flag="max-steps-ahead",
-    )
-    max_concurrency: int = option(4, "rollouts in flight at once", flag="max-concurrency")
-    placement: Literal["driver", "actor"] = option(
-        "driver",
-        "where the rollout producer runs: in the driver, or in a Ray actor placed by actor_num_cpus / "
-        "actor_resources on any node (needs proxy kind serve; see components/rollout/producer.py)",
-    )
-    actor_num_cpus: float = option(1.0, "Ray CPUs of the rollout producer actor (placement actor)")
-    actor_resources: str = option(
-        "", "custom Ray resources the producer actor needs, name=amount,... e.g. rollout=1 (placement actor)"
-    )
-    dynamic_sampling: DynamicSamplingConfig = option(
-        DynamicSamplingConfig(), "DAPO dynamic sampling (components/rollout/dynamic_sampling.py)"
-    )
-    engine_error_rounds: int = option(
-        2,
-        "sync: a group that lost a rollout to an engine failure (a server that died) is rolled out again, at "
-        "most this many rounds per step; the failed rollouts stay in the shard, excluded from training",
-    )
-
-    def __post_init__(self) -> None:
-        require_one_of(self.mode, "mode", ("sync", "async", "partial"))
-        require_positive(self.max_concurrency, "max_concurrency")
-        require_one_of(self.placement, "placement", ("driver", "actor"))
-        require_non_negative(self.actor_num_cpus, "actor_num_cpus")
-        self.actor_resource_amounts  # noqa: B018 -- validates actor_resources
-        require_non_negative(self.max_staleness, "max_staleness")
-        require_non_negative(self.max_steps_ahead, "max_steps_ahead")
-        require_non_negative(self.engine_error_rounds, "engine_error_rounds")
-        require(
-            self.mode != "partial" or self.max_staleness >= 1,
-            "max_staleness",
-            "must be >= 1 in rollout mode partial (step n+1's rollouts start under step n's weights)",
-        )
-
-    @property
-    def actor_resource_amounts(self) -> dict[str, float]:
-        """``actor_resources`` as Ray custom resources."""
-        from components.rollout.producer import parse_resources
-
-        return parse_resources(self.actor_resources)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -276,15 +146,12 @@ class RunConfig:
     run_dir: str = option("", "run directory; '' makes runs/<recipe>-<time>; an existing one is resumed")
     num_steps: int = option(2, "training steps (rollout → train → weight sync → log/checkpoint)")
     group_size: int = option(2, "rollouts per task per step (one GRPO group)")
-    algorithm: Literal["grpo", "dr_grpo", "gspo", "rloo"] = option(
-        "grpo",
+    algorithm: AlgorithmConfig = slot(
+        ALGORITHMS,
+        GRPOConfig(),
         "policy-gradient algorithm (components/training/algorithms/): GRPO, Dr.GRPO, GSPO (sequence-level ratio "
-        "and clipping) or RLOO (leave-one-out baseline)",
-    )
-    algorithms: AlgorithmOptions = option(
-        AlgorithmOptions(),
-        "each algorithm's config and loss knobs (the --algorithm one is used): clip range, mismatch correction "
-        "(importance_sampling), KL coefficient and estimator, loss aggregation (sample_weighting)",
+        "and clipping) or RLOO (leave-one-out baseline); its fields are its loss knobs: clip range, mismatch "
+        "correction (importance_sampling), KL coefficient and estimator, loss aggregation (sample_weighting)",
     )
     checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
     seed: int = option(0, "seed of the trainer and of task selection")
@@ -435,7 +302,6 @@ class Bricks:
     @classmethod
     def from_config(cls, config: RunConfig, *, sandbox_paths: Sequence[str] = ()) -> Bricks:
         """The bricks ``config`` names; ``sandbox_paths``: host paths the sandboxes bind read-only."""
-        from components.training.algorithms import make_algorithm
         from sandboxes.resilient import ResilientSandboxProvider, SandboxResilienceConfig
 
         sandboxes = config.sandbox.build(read_only_paths=sandbox_paths)
@@ -445,7 +311,7 @@ class Bricks:
                 record_routed_experts=config.sampling.record_routed_experts,
             ),
             proxy=config.proxy.build(),
-            algorithm=make_algorithm(config.algorithm, config.algorithms),
+            algorithm=config.algorithm.build(),
             sandboxes=ResilientSandboxProvider(
                 sandboxes, SandboxResilienceConfig()
             ),  # retries, circuit breaker
@@ -492,9 +358,14 @@ class RunStack:
             await stack.close()
 
     async def _start(self) -> None:
+        from components.process_guard import ProcessGuard
         from components.training import latest_checkpoint
 
         config, run = self.config, self.run
+        # First: the local Ray, sandboxes, servers and agents started from here on die with this driver, even
+        # when it is SIGKILLed (the guard closes last, after every other cleanup).
+        guard = ProcessGuard.start(log_path=run.path / "logs" / "process_guard.log")
+        self._cleanups.append(lambda: _to_thread(guard.close))
         connect_ray(config)
         checkpoint = latest_checkpoint(run.path / "checkpoints")
         # A LoRA checkpoint is an adapter folder: the engine starts on the base and gets the resumed adapter
@@ -541,13 +412,20 @@ class RunStack:
             logger.warning("warming up the trainer failed: %s", error)
 
     async def _start_teachers(self) -> list[Any]:
-        """One embedded engine in this process per ``distillation.teachers`` folder (same tokenizer as the
-        policy, else a ``ValueError`` naming the field)."""
+        """Per ``distillation.teachers`` entry: an embedded engine in this process for a model folder, or the
+        client of a ``vllm:URL`` / ``sglang:URL`` server (same tokenizer as the policy, else a ``ValueError``
+        naming the field)."""
         from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
         from components.training.distillation import require_same_tokenizer
+        from components.training.server_teachers import connect_server_teacher, server_kind
 
         teachers = []
         for name in self.config.distillation.teachers:
+            if server_kind(name):
+                teacher = await connect_server_teacher(name, policy_model=self.run.model_path)
+                self._cleanups.append(teacher.aclose)
+                teachers.append(teacher)
+                continue
             folder = resolve_model(name)
             require_same_tokenizer(self.run.model_path, folder, field="distillation.teachers")
             engine_config = EmbeddedEngineConfig(
@@ -570,34 +448,16 @@ class RunStack:
         return await score_with_teachers(self.config.distillation, self.teachers, trajectories)
 
     def _start_trainer(self) -> Trainer:
-        from components.training import Trainer
-
-        return Trainer(self.trainer_config(), algorithm=self.bricks.algorithm)
+        return self.trainer_config().build(algorithm=self.bricks.algorithm)
 
     def trainer_config(self) -> TrainerConfig:
         """The config the run's trainer starts with (the trainer brick, the sampling temperature, the seed)."""
-        from components.training import SampleBatchConfig
-
-        config, run = self.config, self.run
-        return TrainerConfig(
-            model_path=run.model_path,
-            run_dir=run.path,
-            num_workers=config.trainer.workers,
-            use_gpu=config.trainer.use_gpu,
-            cpus_per_worker=config.trainer.cpus_per_worker,
-            optimizer=config.trainer.optimizer(),
-            num_updates_per_step=config.trainer.num_updates_per_step,
-            entropy_coef=config.trainer.entropy_coef,
-            batching=SampleBatchConfig(
-                max_tokens_per_micro_batch=config.trainer.max_tokens_per_micro_batch,
-                overlong=config.trainer.overlong,
-                distillation=config.distillation,
-            ),
-            lora=config.trainer.lora_settings(),
-            gradient_checkpointing=config.trainer.gradient_checkpointing,
-            temperature=config.sampling.temperature,
-            seed=config.seed,
-            resume=True,
+        return self.config.trainer.for_run(
+            model_path=self.run.model_path,
+            run_dir=self.run.path,
+            temperature=self.config.sampling.temperature,
+            seed=self.config.seed,
+            distillation=self.config.distillation,
         )
 
     async def _start_proxy(self) -> tuple[str, SessionControl]:
@@ -638,8 +498,9 @@ class RunStack:
     ) -> tuple[list[Trajectory], Path | None]:
         """This step's trajectories and their shard: read back when stored before a restart, else rolled out
         (``runner.run(tasks, step)``) and written as one shard. With ``rollout.dynamic_sampling`` groups whose
-        rewards are all equal are replaced by groups of ``replacement_tasks(round)`` and left out of the shard
-        (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
+        rewards are all equal are replaced by groups of ``replacement_tasks(round)``, and groups left with too
+        few survivors of infrastructure failures (``rollout.partial_groups``) by new groups of their task; both
+        are left out of the shard (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
         from components.rollout.dynamic_sampling import sample_step
         from components.rollout.engine_failures import replace_engine_failures
 
@@ -653,9 +514,11 @@ class RunStack:
             lambda batch, first_index: runner.run(batch, step, first_index=first_index),
             tasks,
             replacement_tasks,
+            partial=self.config.rollout.partial_groups,
         )
         if self.config.rollout.dynamic_sampling.enabled:
             self.last_sampling_metrics = sampled.metrics()
+        self.last_sampling_metrics.update(sampled.partial_group_metrics())
         replacements = await replace_engine_failures(
             lambda batch, first_index: runner.run(batch, step, first_index=first_index),
             sampled.trained,

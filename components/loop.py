@@ -63,12 +63,13 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from components.config import require, require_non_negative
+from components.config import option, require, require_non_negative, require_one_of, require_positive
 from components.protocols import Task
+from components.remote_waits import StallReporter
 from components.rollout.buffer import (
     LEDGER_KEY,
     Group,
@@ -85,6 +86,11 @@ from components.rollout.dynamic_sampling import (
     DynamicSamplingConfig,
     is_informative,
 )
+from components.rollout.partial_groups import (
+    LOST_TO_INFRASTRUCTURE_DROP_REASON,
+    PartialGroupConfig,
+    partial_group_metrics,
+)
 from components.trajectory import Trajectory
 from components.trajectory_store import CorruptShard, TrajectoryStore
 
@@ -97,52 +103,84 @@ if TYPE_CHECKING:
 logger = logging.getLogger("rein.loop")
 
 RolloutMode = Literal["sync", "async", "partial"]
-ROLLOUT_MODES: tuple[str, ...] = ("sync", "async", "partial")
+ROLLOUT_MODES: tuple[RolloutMode, ...] = ("sync", "async", "partial")
 STALENESS_DROP_REASON = "stale"
 
 TasksForStep = Callable[[int], Sequence[Task]]
 
 
 @dataclass(kw_only=True, frozen=True)
-class LoopConfig:
-    """What the loop itself needs (a recipe's ``RunConfig`` carries these fields)."""
+class RolloutBrickConfig:
+    """How rollouts are scheduled against training (the loop: ``components/loop.py``)."""
 
-    rollout_mode: RolloutMode = "sync"
-    max_staleness: int = 1
-    max_steps_ahead: int = 1
-    num_steps: int = 2
-    group_size: int = 2
-    max_concurrency: int = 4
-    checkpoint_every_steps: int = 1
-    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    mode: RolloutMode = option(
+        "sync",
+        "sync: roll out, then train (the reference); async: rollouts stay in flight across steps, the trainer "
+        "takes complete groups as they come; partial: step n+1 rolls out while step n trains, in-flight "
+        "rollouts continue on new weights (see components/loop.py)",
+    )
+    max_staleness: int = option(
+        1,
+        "async/partial: drop (and count) a group whose oldest sampled token is more versions behind",
+        flag="max-staleness",
+    )
+    max_steps_ahead: int = option(
+        1,
+        "async/partial: while the trainer is the bottleneck (its last step found its groups complete), start "
+        "groups at most this many steps beyond its step (capped by max_staleness; each step more would be a "
+        "version of staleness on every group); while rollouts are (it waits for groups), up to max_staleness",
+        flag="max-steps-ahead",
+    )
+    max_concurrency: int = option(4, "rollouts in flight at once", flag="max-concurrency")
+    placement: Literal["driver", "actor"] = option(
+        "driver",
+        "where the rollout producer runs: in the driver, or in a Ray actor placed by actor_num_cpus / "
+        "actor_resources on any node (needs proxy kind serve; see components/rollout/producer.py)",
+    )
+    actor_num_cpus: float = option(1.0, "Ray CPUs of the rollout producer actor (placement actor)")
+    actor_resources: str = option(
+        "", "custom Ray resources the producer actor needs, name=amount,... e.g. rollout=1 (placement actor)"
+    )
+    dynamic_sampling: DynamicSamplingConfig = option(
+        DynamicSamplingConfig(), "DAPO dynamic sampling (components/rollout/dynamic_sampling.py)"
+    )
+    partial_groups: PartialGroupConfig = option(
+        PartialGroupConfig(),
+        "groups that lost members to infrastructure failures (components/rollout/partial_groups.py)",
+    )
+    engine_error_rounds: int = option(
+        2,
+        "sync: a group that lost a rollout to an engine failure (a server that died) is rolled out again, at "
+        "most this many rounds per step; the failed rollouts stay in the shard, excluded from training",
+    )
+    stall_report_after_s: float = option(
+        120.0,
+        "report any wait on a remote component (actor call, engine request) pending longer than this, naming "
+        "it, in the log and the run's stalls.jsonl (components/remote_waits.py)",
+    )
 
     def __post_init__(self) -> None:
-        require(
-            self.rollout_mode in ROLLOUT_MODES,
-            "rollout_mode",
-            f"must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}",
-        )
+        require_one_of(self.mode, "mode", ROLLOUT_MODES)
+        require_positive(self.max_concurrency, "max_concurrency")
+        require_positive(self.stall_report_after_s, "stall_report_after_s")
+        require_one_of(self.placement, "placement", ("driver", "actor"))
+        require_non_negative(self.actor_num_cpus, "actor_num_cpus")
+        self.actor_resource_amounts  # noqa: B018 -- validates actor_resources
         require_non_negative(self.max_staleness, "max_staleness")
         require_non_negative(self.max_steps_ahead, "max_steps_ahead")
+        require_non_negative(self.engine_error_rounds, "engine_error_rounds")
         require(
-            self.rollout_mode != "partial" or self.max_staleness >= 1,
+            self.mode != "partial" or self.max_staleness >= 1,
             "max_staleness",
-            "must be >= 1 in rollout_mode partial (step n+1's rollouts start under step n's weights)",
+            "must be >= 1 in rollout mode partial (step n+1's rollouts start under step n's weights)",
         )
 
-    @classmethod
-    def of(cls, config: Any) -> LoopConfig:
-        """The loop's fields of a recipe's ``RunConfig`` (its ``rollout`` brick and the run's steps)."""
-        return cls(
-            rollout_mode=config.rollout.mode,
-            max_staleness=config.rollout.max_staleness,
-            max_steps_ahead=config.rollout.max_steps_ahead,
-            num_steps=config.num_steps,
-            group_size=config.group_size,
-            max_concurrency=config.rollout.max_concurrency,
-            checkpoint_every_steps=config.checkpoint_every_steps,
-            dynamic_sampling=config.rollout.dynamic_sampling,
-        )
+    @property
+    def actor_resource_amounts(self) -> dict[str, float]:
+        """``actor_resources`` as Ray custom resources."""
+        from components.rollout.producer import parse_resources
+
+        return parse_resources(self.actor_resources)
 
     def steps_in_line(self, *, rollout_bound: bool) -> int:
         """How many steps' groups may be in line for the trainer, counting the step it is on (collecting or
@@ -218,8 +256,8 @@ class LoopInputs:
     stack: RunStack
     runner: RolloutRunner | ActorRolloutRunner
     tasks_for_step: TasksForStep
-    loop_config: LoopConfig
     groups_per_step: int
+    stalls: StallReporter
 
 
 async def run_recipe_loop(
@@ -257,13 +295,19 @@ async def _run_steps(
         stack=stack,
         runner=runner,
         tasks_for_step=tasks_for_step,
-        loop_config=LoopConfig.of(config),
         groups_per_step=groups_per_step,
+        stalls=StallReporter(run.path, report_after_s=config.rollout.stall_report_after_s),
     )
-    if inputs.loop_config.rollout_mode == "sync":
-        await _run_sync(inputs)
-    else:
-        await OverlappedLoop(inputs).run()
+    reporter = asyncio.create_task(inputs.stalls.run())  # no silent hang: see components/remote_waits.py
+    try:
+        if config.rollout.mode == "sync":
+            await _run_sync(inputs)
+        else:
+            await OverlappedLoop(inputs).run()
+    finally:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
 
 
 def _monitor(inputs: LoopInputs, *, rollouts_per_step: int, first_step: int) -> RunMonitor:
@@ -359,6 +403,7 @@ async def _sync_steps(
         pipeline.update(staleness_histogram([0] * groups_per_step))
         pipeline.update(stack.last_sampling_metrics)
         pipeline.update(probe.take())
+        pipeline.update(inputs.stalls.take())
         # 4. log, 5. checkpoint when due (after the log: see ``RunStack.train_and_sync``)
         monitor.end_step(
             step,
@@ -414,10 +459,10 @@ class OverlappedLoop:
         self.stack = inputs.stack
         self.runner = inputs.runner
         self.tasks_for_step = inputs.tasks_for_step
-        self.loop_config = inputs.loop_config
+        self.rollout = inputs.config.rollout
         self.groups_per_step = inputs.groups_per_step
         self.store: TrajectoryStore = self.stack.store
-        self.buffer = GroupBuffer(self.loop_config.group_size)
+        self.buffer = GroupBuffer(self.config.group_size)
         self.ledger = TrajectoryLedger.from_state(self.stack.trainer.state.extra)
         self.changed = asyncio.Condition()
         self.open_groups: set[int] = set()  # admitted, not yet trained or dropped
@@ -427,11 +472,12 @@ class OverlappedLoop:
         self.trainer_waited = False  # ... or had to, for the step it trains now
         self.next_index = 0
         self.groups_wanted = 0  # more groups the producer must still start
-        self.slots = RolloutSlots(self.loop_config.max_concurrency, self.changed)
+        self.slots = RolloutSlots(self.rollout.max_concurrency, self.changed)
         self.failed: Exception | None = None  # a group that could not be committed stops the producer
         self.committed_since_step: list[Trajectory] = []
         self.dropped_groups = 0
         self.extra_groups = 0  # groups drawn this step in place of groups whose rewards were all equal
+        self.replaced_short_groups = 0  # groups drawn this step in place of groups too short to train
         self.monitor: Any = None
 
     # --- resume --------------------------------------------------------------------------------------------
@@ -477,11 +523,11 @@ class OverlappedLoop:
 
     def _admissible(self) -> bool:
         """Another group may start: the groups before it in line (the current step's, taken or not, and every
-        open one) fill fewer than ``LoopConfig.steps_in_line`` steps, rollouts being the bottleneck while the
+        open one) fill fewer than ``RolloutBrickConfig.steps_in_line`` steps, rollouts being the bottleneck while the
         trainer waits for groups now or had to for its last step."""
         in_line = self.taken_for_step + len(self.open_groups)
         rollout_bound = self.trainer_waiting or self.trainer_waited
-        return in_line < self.loop_config.steps_in_line(rollout_bound=rollout_bound) * self.groups_per_step
+        return in_line < self.rollout.steps_in_line(rollout_bound=rollout_bound) * self.groups_per_step
 
     async def _next_group(self) -> int:
         """The next group to roll out, once the producer is allowed to run that far ahead. With every needed
@@ -554,18 +600,25 @@ class OverlappedLoop:
                 self.monitor.rollout_finished(trajectory)
 
     def _replaced(self, index: int, trajectories: Sequence[Trajectory], shard: Path) -> bool:
-        """Dynamic sampling: a committed group whose rewards are all equal is recorded as dropped and another
-        group is drawn, while the step's ``max_extra_groups`` allow (called holding ``changed``)."""
-        sampling = self.loop_config.dynamic_sampling
-        if (
+        """A committed group left with too few survivors of infrastructure failures (``partial_groups``, while
+        the step's ``max_replacements`` allow), or, with dynamic sampling, whose rewards are all equal (while
+        ``max_extra_groups`` allow), is recorded as dropped and another group is drawn (called holding
+        ``changed``)."""
+        sampling, partial = self.rollout.dynamic_sampling, self.rollout.partial_groups
+        if partial.is_short(trajectories) and self.replaced_short_groups < partial.max_replacements:
+            self.ledger.record_dropped([shard], LOST_TO_INFRASTRUCTURE_DROP_REASON)
+            self.replaced_short_groups += 1
+            logger.info("group %d lost too many members to infrastructure failures: replaced", index)
+        elif (
             not sampling.enabled
             or is_informative(trajectories)
             or self.extra_groups >= sampling.max_extra_groups
         ):
             return False
-        self.ledger.record_dropped([shard], ZERO_VARIANCE_DROP_REASON)
+        else:
+            self.ledger.record_dropped([shard], ZERO_VARIANCE_DROP_REASON)
+            self.extra_groups += 1
         self.open_groups.discard(index)
-        self.extra_groups += 1
         self.groups_wanted += 1
         self.changed.notify_all()
         if self.monitor is not None:
@@ -576,11 +629,11 @@ class OverlappedLoop:
     def _doomed(self, finished: Sequence[Trajectory]) -> bool:
         """``async``: the group's finished members already sampled a token more than ``max_staleness`` versions
         behind the trainer, so the group can only be dropped: its slow members are not worth waiting for."""
-        if self.loop_config.rollout_mode != "async":
+        if self.rollout.mode != "async":
             return False
         oldest = oldest_token_version(finished)
         version = self.stack.trainer.state.weight_version
-        return oldest is not None and version - oldest > self.loop_config.max_staleness
+        return oldest is not None and version - oldest > self.rollout.max_staleness
 
     async def _give_up_when_doomed(self, index: int, finished: Sequence[Trajectory]) -> None:
         """Return once the group is doomed (``_doomed``) and given up; re-checked on every change (a member
@@ -608,7 +661,7 @@ class OverlappedLoop:
                 async with self.changed:
                     await self.changed.wait_for(lambda: self.failed is not None or self.slots.has_room())
                 index = await self._next_group()
-                self.slots.reserve(self.loop_config.group_size)
+                self.slots.reserve(self.config.group_size)
                 logger.debug("group %d started (open %d)", index, len(self.open_groups))
                 job = asyncio.create_task(self._roll_out_group(index))
                 running.add(job)
@@ -623,7 +676,7 @@ class OverlappedLoop:
         fresh: list[Group] = []
         staleness: list[int] = []
         started = time.monotonic()
-        ordered = self.loop_config.rollout_mode == "partial"
+        ordered = self.rollout.mode == "partial"
         async with self.changed:
             while True:
                 if ordered:  # the next groups_per_step indices, whether started yet or not
@@ -635,7 +688,7 @@ class OverlappedLoop:
                 if groups:
                     version = self.stack.trainer.state.weight_version
                     split = split_stale(
-                        groups, current_version=version, max_staleness=self.loop_config.max_staleness
+                        groups, current_version=version, max_staleness=self.rollout.max_staleness
                     )
                     staleness += split.staleness
                     fresh += split.fresh
@@ -658,8 +711,8 @@ class OverlappedLoop:
     def _drop(self, stale: Sequence[Group]) -> None:
         self.ledger.record_dropped((s for g in stale for s in g.shards), STALENESS_DROP_REASON)
         self.dropped_groups += len(stale)
-        logger.info("dropped %d groups beyond max_staleness %d", len(stale), self.loop_config.max_staleness)
-        if self.loop_config.rollout_mode == "async":
+        logger.info("dropped %d groups beyond max_staleness %d", len(stale), self.rollout.max_staleness)
+        if self.rollout.mode == "async":
             self.groups_wanted += len(stale)  # the trainer still gets groups_per_step fresh groups
 
     async def _train(self, step: int, groups: Sequence[Group]) -> dict[str, float]:
@@ -681,7 +734,7 @@ class OverlappedLoop:
     async def run(self) -> None:
         self.recover()
         first_step = self.ledger.steps_done
-        rollouts_per_step = self.groups_per_step * self.loop_config.group_size
+        rollouts_per_step = self.groups_per_step * self.config.group_size
         monitor = _monitor(self.inputs, rollouts_per_step=rollouts_per_step, first_step=first_step)
         self.monitor = monitor
         producer = asyncio.create_task(self.produce())
@@ -723,16 +776,22 @@ class OverlappedLoop:
                 committed, self.committed_since_step = self.committed_since_step, []
                 extra = _timing_metrics(
                     committed,
-                    max_concurrency=self.loop_config.max_concurrency,
+                    max_concurrency=self.rollout.max_concurrency,
                     wall_s=now - step_started,
                     train_s=now - train_started,
                     trained_tokens=float(train_metrics.get("train/num_tokens", 0.0)),
                 )
                 extra.update(staleness_histogram(staleness))
                 extra.update(probe.take())
+                extra.update(self.inputs.stalls.take())
                 extra["staleness/groups_dropped"] = float(self.dropped_groups)
-                if self.loop_config.dynamic_sampling.enabled:
+                if self.rollout.dynamic_sampling.enabled:
                     extra["dynamic_sampling/extra_groups"] = float(self.extra_groups)
+                extra.update(
+                    partial_group_metrics(
+                        [g.trajectories for g in groups], num_replaced=self.replaced_short_groups
+                    )
+                )
                 extra["pipeline/buffer_depth"] = float(buffer_depth)
                 extra["pipeline/rollouts_in_flight"] = float(self.slots.running)
                 extra["pipeline/trainer_wait_s"] = waited_s
@@ -748,6 +807,7 @@ class OverlappedLoop:
                 await self.stack.checkpoint_if_due(step)
                 self.dropped_groups = 0
                 self.extra_groups = 0
+                self.replaced_short_groups = 0
                 step_started = now
 
     async def _wait_for_groups(
@@ -768,4 +828,4 @@ class OverlappedLoop:
         return waiter.result()
 
 
-__all__ = ["LoopConfig", "LoopInputs", "ROLLOUT_MODES", "RolloutMode", "run_recipe_loop"]
+__all__ = ["LoopInputs", "RolloutBrickConfig", "ROLLOUT_MODES", "RolloutMode", "run_recipe_loop"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.config import require, require_non_negative
+from components.config import option, require, require_non_negative
 
 if TYPE_CHECKING:
     import torch
@@ -37,13 +37,21 @@ class LoraError(ValueError):
 class LoraSettings:
     """LoRA fine-tuning of the policy; ``rank`` 0 trains every weight (full fine-tuning)."""
 
-    rank: int = 0
-    alpha: float | None = None  # None: 2 x rank (scale 2)
-    dropout: float = 0.0
-    # "all-linear" (peft: every linear layer but the output head) or module names such as ("q_proj", "v_proj")
-    target_modules: str | tuple[str, ...] = "all-linear"
+    rank: int = option(0, "LoRA rank (peft adapter); 0 trains every weight", flag="lora-rank")
+    alpha: float | None = option(None, "LoRA alpha; unset or 0 means 2 x rank (scale 2)", flag="lora-alpha")
+    dropout: float = option(0.0, "LoRA dropout", flag="lora-dropout")
+    target_modules: str | tuple[str, ...] = option(
+        "all-linear",
+        "LoRA target modules: all-linear (peft: every linear layer but the output head) or module names "
+        "(q_proj,v_proj)",
+        flag="lora-target",
+    )
 
     def __post_init__(self) -> None:
+        if self.alpha == 0:  # the command line's way of saying "unset"
+            object.__setattr__(self, "alpha", None)
+        if isinstance(self.target_modules, str) and self.target_modules != "all-linear":
+            object.__setattr__(self, "target_modules", tuple(filter(None, self.target_modules.split(","))))
         require_non_negative(self.rank, "lora.rank")
         require(isinstance(self.rank, int), "lora.rank", f"must be an int, got {self.rank!r}")
         if self.alpha is not None:

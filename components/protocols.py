@@ -20,10 +20,6 @@ if TYPE_CHECKING:  # torch is heavy; only the type checker needs it here
     import torch
     from ray import ObjectRef
 
-    from components.lora import LoraAdapter
-    from components.proxy.config import ProxyConfig
-    from components.training.trainer import Trainer
-    from components.training.weight_sync import WeightSync
     from components.trajectory import Trajectory
 
 
@@ -92,7 +88,9 @@ class InferenceEngine(Protocol):
     produced each token. A prompt at or over ``context_window`` raises ``ContextOverflowError`` and generates
     nothing; otherwise ``max_tokens`` is clamped to the room left. ``update_weights`` is atomic with respect
     to in-flight requests: every token is produced entirely by one version, and tokens sampled after the call
-    returns carry the new version. Many ``generate`` calls may be in flight at once.
+    returns carry the new version. Many ``generate`` calls may be in flight at once. ``adapter`` names the LoRA
+    policy that serves the request (multi-LoRA engines: ``policy(name)``); None is the engine's own policy, and an
+    engine without adapters refuses any other value with a ``ValueError`` naming ``adapter``.
     """
 
     @property
@@ -101,7 +99,9 @@ class InferenceEngine(Protocol):
     @property
     def weight_version(self) -> int: ...
 
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult: ...
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> GenerationResult: ...
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
 
@@ -259,6 +259,9 @@ class RewardResult:
     error: str = ""
     # With ``error``: which part failed, one of ``components.errors.GRADING_ERROR_KINDS`` ("" counts as other).
     error_kind: str = ""
+    # A process reward per model call of the rollout, in call order (turn-level credit); () gives none and
+    # keeps the harness's (``HarnessOutcome.turn_rewards``), if any.
+    turn_rewards: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         require((self.reward is None) == bool(self.error), "error", "must be set exactly when reward is None")
@@ -296,6 +299,9 @@ class HarnessOutcome:
     failure_reason: str = ""
     metrics: Mapping[str, float] = field(default_factory=dict)
     log: str = ""
+    # A process reward per model call, in call order (turn-level credit, ``components/training/turn_credit.py``);
+    # () gives none. The count must match the calls the proxy recorded, or the trajectory is not finalized.
+    turn_rewards: tuple[float, ...] = ()
 
 
 @runtime_checkable
@@ -393,6 +399,30 @@ class TaskWithSetup(Protocol):
     async def run_setup(self, sandbox: Sandbox) -> None: ...
 
 
+@dataclass(frozen=True, kw_only=True)
+class SessionOutcome:
+    """How a rollout ended, handed to ``SessionControl.finalize``: the trajectory's fields the proxy cannot know
+    (a field left None keeps what the session was opened with)."""
+
+    reward: float | None = None
+    status: str | None = (
+        None  # a ``TrajectoryStatus`` value; None: ok (context_overflow when the proxy refused)
+    )
+    failure_reason: str = ""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    task_id: str | None = None
+    group_id: str | None = None
+    harness: str | None = None
+    step: int | None = None
+    log: str = ""
+    turn_rewards: tuple[float, ...] | None = None  # a process reward per model call, in call order
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metrics", dict(self.metrics))
+        if self.turn_rewards is not None:
+            object.__setattr__(self, "turn_rewards", tuple(float(r) for r in self.turn_rewards))
+
+
 @runtime_checkable
 class SessionControl(Protocol):
     """What the rollout runner needs of the proxy: open, describe, finalize or discard a recorded session
@@ -416,7 +446,7 @@ class SessionControl(Protocol):
 
     async def describe(self, session_id: str) -> dict[str, Any]: ...
 
-    async def finalize(self, session_id: str, **fields: Any) -> Trajectory: ...
+    async def finalize(self, session_id: str, outcome: SessionOutcome = SessionOutcome()) -> Trajectory: ...
 
     async def discard(self, session_id: str) -> None: ...
 
@@ -424,6 +454,31 @@ class SessionControl(Protocol):
 # ----------------------------------------------------------------------------------------------------------
 # Weight sync: how a trainer's new policy reaches an engine (``components/training/weight_sync.py``)
 # ----------------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class WeightBroadcaster(Protocol):
+    """A trainer whose rank 0 can broadcast its current policy to engine servers over a weight-update group
+    (``components.training.trainer.Trainer``).
+
+    Contract: ``broadcast_weights`` sends every weight of the current policy, stamped ``version``, to the
+    ``servers`` over the group ``sync`` describes, and returns its timings.
+    """
+
+    def broadcast_weights(
+        self, servers: Sequence[object], sync: object, version: int
+    ) -> dict[str, float]: ...
+
+
+class AdapterWeights(Protocol):
+    """One LoRA adapter version as it travels to an engine (``components.lora.LoraAdapter``): peft's
+    ``LoraConfig`` as a dict and the adapter's tensors in saved-adapter key form."""
+
+    config: Mapping[str, Any]
+    tensors: Mapping[str, torch.Tensor]
+
+    @property
+    def num_bytes(self) -> int: ...
 
 
 @runtime_checkable
@@ -458,19 +513,19 @@ class TrainerBroadcastEngine(Protocol):
     weights and their tokens carry ``version``; generation was paused on every server meanwhile.
     """
 
-    async def update_weights_from_trainer(self, trainer: Trainer, version: int) -> Any: ...
+    async def update_weights_from_trainer(self, trainer: WeightBroadcaster, version: int) -> Any: ...
 
 
 @runtime_checkable
 class AdapterEngine(Protocol):
     """An engine that serves a LoRA adapter over fixed base weights and takes new adapter versions in place.
 
-    Contract: ``update_adapter`` applies ``adapter`` (a ``components.lora.LoraAdapter``: peft config + tensors)
+    Contract: ``update_adapter`` applies ``adapter`` (``AdapterWeights``, e.g. ``components.lora.LoraAdapter``)
     between two decode steps without reloading the base weights; tokens sampled afterwards carry ``version``,
     and KV computed under an earlier version is never reused for them.
     """
 
-    async def update_adapter(self, adapter: LoraAdapter, version: int) -> None: ...
+    async def update_adapter(self, adapter: AdapterWeights, version: int) -> None: ...
 
 
 @runtime_checkable
@@ -483,36 +538,3 @@ class LoraServingEngine(Protocol):
     """
 
     async def load_lora_adapter(self, lora_path: str, version: int) -> Any: ...
-
-
-@runtime_checkable
-class EngineProvider(Protocol):
-    """Starts a run's inference engine and says how the trainer's new weights reach it (embedded actor,
-    SGLang servers, or a user's engine).
-
-    Contract: ``start`` returns an engine serving the weights at ``model_path`` (the newest checkpoint when
-    ``resumed``) stamped ``weight_version``, and the ``WeightSync`` that pushes later versions to it; ``close``
-    stops what ``start`` started, is idempotent, and is safe to call when ``start`` failed or never ran.
-    """
-
-    async def start(
-        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
-    ) -> tuple[InferenceEngine, WeightSync]: ...
-
-    async def close(self) -> None: ...
-
-
-@runtime_checkable
-class ProxyProvider(Protocol):
-    """Serves the inference proxy (OpenAI / Anthropic routes, recorded sessions) over a run's engine: in the
-    driver process or as Ray Serve replicas.
-
-    Contract: ``start`` returns the proxy's base URL and the ``SessionControl`` that opens and finalizes its
-    sessions; ``close`` stops what ``start`` started, is idempotent, and is safe when ``start`` never ran.
-    """
-
-    async def start(
-        self, engine: InferenceEngine, *, model_path: Path, config: ProxyConfig, run_name: str
-    ) -> tuple[str, SessionControl]: ...
-
-    async def close(self) -> None: ...

@@ -2,11 +2,11 @@
 
 A recipe config is a frozen dataclass whose fields are plain values or *brick configs* (frozen dataclasses of
 their own: engine, proxy, sandbox, trainer, algorithm, rollout, monitoring). ``parse_config`` turns it into one
-flat, readable command line — one convention: a brick's field ``trainer.workers`` is ``--trainer-workers``
+flat, readable command line — one convention: a brick's field ``trainer.use_gpu`` is ``--trainer-use-gpu``
 (a field may keep a shorter historical flag with ``option(..., flag="learning-rate")``) — and reads
-``--config FILE`` (YAML or JSON, nested like the dataclasses: ``trainer: {workers: 2}``); flags given on the
+``--config FILE`` (YAML or JSON, nested like the dataclasses: ``trainer: {num_workers: 2}``); flags given on the
 command line override the file. ``--help`` lists every field, grouped by brick, with its meaning and default.
-A bad value fails naming the field (``trainer.workers: must be > 0``).
+A bad value fails naming the field (``trainer.num_workers: must be > 0``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -131,7 +131,7 @@ def _leaves(
     hints = typing.get_type_hints(config_class)
     leaves = []
     for field in dataclasses.fields(config_class):
-        if not field.init:
+        if not field.init or "set_by" in field.metadata:
             continue
         value = getattr(brick_default, field.name) if brick_default is not None else _field_default(field)
         field_path = (*path, field.name)
@@ -171,7 +171,7 @@ def _leaves(
 
 
 def config_flags(config_class: type, kinds: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Every plain field of ``config_class`` and its bricks (dotted: ``trainer.workers``; a slot's kind:
+    """Every plain field of ``config_class`` and its bricks (dotted: ``trainer.use_gpu``; a slot's kind:
     ``engine.kind``) → its command-line flag (``--trainer-workers``; a field with a historical flag: that one).
     ``kinds`` (slot path → kind, e.g. ``{"engine": "sglang"}``) lists another kind's fields than the default's."""
     by_path = {tuple(path.split(".")): kind for path, kind in (kinds or {}).items()}
@@ -213,6 +213,25 @@ def command_line_flags(config_class: type, argv: Sequence[str] = ()) -> set[str]
     return {f"--{flag}" for leaf in _leaves(config_class, kinds=kinds) for flag in leaf.flags}
 
 
+def _kind_text(text: str) -> tuple[str, str | None]:
+    """``KIND`` or ``KIND:VALUE`` (the short form of a kind's ``shorthand`` field: ``swebench:rows.parquet``)."""
+    kind, separator, value = text.partition(":")
+    return (kind, value) if separator else (text, None)
+
+
+def _kind_choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    """argparse ``type`` of a slot's flag: a registered kind, or ``KIND:VALUE``."""
+
+    def check(text: str) -> str:
+        if _kind_text(text)[0] not in choices:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {text!r} (choose from {', '.join(map(repr, choices))})"
+            )
+        return text
+
+    return check
+
+
 def _kind_and_fields(value: Any, where: str) -> tuple[str | None, dict[str, Any]]:
     """A slot's overrides: ``KIND`` or ``{kind: KIND, field: ...}`` (kind optional)."""
     if isinstance(value, str):
@@ -229,7 +248,7 @@ def _build(
     """``config_class`` (or ``base``, a brick's default) with ``overrides`` (nested dicts) applied; validation
     errors name the dotted field."""
     hints = typing.get_type_hints(config_class)
-    fields = {f.name: f for f in dataclasses.fields(config_class) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(config_class) if f.init and "set_by" not in f.metadata}
     changes: dict[str, Any] = {}
     for name, value in overrides.items():
         where = ".".join((*path, name))
@@ -239,9 +258,17 @@ def _build(
         registry = _registry(fields[name], hints[name])
         if registry is not None:
             kind, kind_fields = _kind_and_fields(value, where)
-            if kind is not None and kind not in registry.kinds():
-                raise ValueError(f"{where}: must be one of {list(registry.kinds())}, got {kind!r}")
+            shorthand = None
+            if kind is not None:
+                kind, shorthand = _kind_text(kind)
+                if kind not in registry.kinds():
+                    raise ValueError(f"{where}: must be one of {list(registry.kinds())}, got {kind!r}")
             kind_class = type(brick_default) if kind is None else registry.get(kind)
+            if shorthand is not None:
+                shorthand_field = getattr(kind_class, "shorthand", None)
+                if shorthand_field is None:
+                    raise ValueError(f"{where}: kind {kind!r} has no {kind}:VALUE form")
+                kind_fields.setdefault(shorthand_field, shorthand)
             kind_base = brick_default if type(brick_default) is kind_class else None
             changes[name] = _build(kind_class, kind_fields, (*path, name), kind_base)
         elif _is_brick(hints[name]):
@@ -298,6 +325,7 @@ def _chosen_kinds(
         for leaf in kind_leaves:
             slot_path = leaf.path[:-1]
             kind = namespace["/".join(leaf.path)] or _file_kind(file_fields, slot_path)
+            kind = _kind_text(kind)[0] if kind is not None else None
             if kind is not None and kind in leaf.choices:  # a bad one fails in the full parser, listing them
                 chosen[slot_path] = kind
         if chosen == kinds:
@@ -347,7 +375,7 @@ def parse_config(
     }
     groups: dict[str, Any] = {}
     for leaf in leaves:
-        convert, choices = _converter(leaf.annotation) if leaf.choices is None else (str, leaf.choices)
+        convert, choices = _converter(leaf.annotation) if leaf.choices is None else (None, leaf.choices)
         shown = ",".join(map(str, leaf.default)) if isinstance(leaf.default, tuple) else leaf.default
         brick = leaf.path[0] if len(leaf.path) > 1 else ""
         if brick not in groups:
@@ -360,9 +388,11 @@ def parse_config(
         groups[brick].add_argument(
             *(f"--{flag}" for flag in leaf.flags),
             dest="/".join(leaf.path),
-            metavar=leaf.flags[0].upper().replace("-", "_") if choices is None else None,
-            type=convert,
-            choices=choices,
+            metavar=leaf.flags[0].upper().replace("-", "_")
+            if choices is None
+            else f"{{{','.join(choices)}}}",
+            type=convert if leaf.choices is None else _kind_choice(leaf.choices),
+            choices=choices if leaf.choices is None else None,
             default=dataclasses.MISSING,
             help=f"{help} (default: {shown})",
         )

@@ -122,8 +122,6 @@ def _qualified(config_class: type) -> str:
     return f"{config_class.__module__}.{config_class.__qualname__}"
 
 
-# The seams' registries (the algorithm seam is still ``--algorithm NAME`` + ``--algorithms-<name>-<field>``:
-# ``components/training/algorithms/__init__.py``).
 # The seams' registries (built-in kinds are registered by the modules named here, where each brick lives).
 ENGINES: Registry = Registry("engine", builtin_modules=("components.engine.providers",))
 PROXIES: Registry = Registry("proxy", builtin_modules=("components.proxy.providers",))
@@ -135,10 +133,23 @@ HARNESSES: Registry = Registry(
         "harnesses.mini_swe_agent",
         "harnesses.claude_code",
         "harnesses.codex",
+        "harnesses.opencode",
+        "harnesses.openclaw",
+        "harnesses.qwen_code",
+        "harnesses.gemini_cli",
     ),
 )
-TASK_SOURCES: Registry = Registry("tasks")
+TASK_SOURCES: Registry = Registry("tasks", builtin_modules=("components.tasks.sources",))
 REWARDS: Registry = Registry("reward", builtin_modules=("components.rewards.config",))
+ALGORITHMS: Registry = Registry(
+    "algorithm",
+    builtin_modules=(
+        "components.training.algorithms.grpo",
+        "components.training.algorithms.dr_grpo",
+        "components.training.algorithms.gspo",
+        "components.training.algorithms.rloo",
+    ),
+)
 LOGGERS: Registry = Registry("logger", builtin_modules=("monitoring.logger",))
 SEAMS: tuple[Registry, ...] = (
     ENGINES,
@@ -147,6 +158,7 @@ SEAMS: tuple[Registry, ...] = (
     HARNESSES,
     TASK_SOURCES,
     REWARDS,
+    ALGORITHMS,
     LOGGERS,
 )
 

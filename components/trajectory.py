@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -47,6 +47,10 @@ TRAINABLE_STATUSES = frozenset(
         TrajectoryStatus.TURN_LIMIT,
         TrajectoryStatus.CONTEXT_OVERFLOW,
     }
+)
+# failures that are no one's doing in the rollout (the agent's own crashes are ``agent_error``)
+INFRASTRUCTURE_STATUSES = frozenset(
+    {TrajectoryStatus.SANDBOX_ERROR, TrajectoryStatus.ENGINE_ERROR, TrajectoryStatus.GRADING_ERROR}
 )
 
 
@@ -80,6 +84,16 @@ class BranchKind(StrEnum):
     #                                sampling distribution, or a turn that raced a concurrent one)
 
 
+def sampled_turn_starts(loss_mask: np.ndarray) -> np.ndarray:
+    """Where each turn starts: the first token of every maximal run of ``loss_mask == 1``."""
+    mask = np.asarray(loss_mask) == 1
+    return np.flatnonzero(mask & ~np.concatenate([[False], mask[:-1]]))
+
+
+def _optional_arrays_equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return np.array_equal(a, b) if a is not None and b is not None else a is b
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Segment:
     """One append-only token sequence. ``loss_mask`` is 1 exactly on tokens the policy sampled; ``logprobs``
@@ -102,6 +116,10 @@ class Segment:
     # on-policy distillation: a teacher's teacher-forced logprob of each sampled token (0 elsewhere), recorded
     # with the rollout so a resumed run never scores it again (``components/training/distillation.py``)
     teacher_logprobs: np.ndarray | None = None
+    # turn-level credit: a process reward per turn of this segment (a turn is one maximal run of sampled
+    # tokens, ``sampled_turn_starts``), in order; None when the harness and grader gave none
+    # (``components/training/turn_credit.py``)
+    turn_rewards: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", np.asarray(self.token_ids, dtype=np.int32))
@@ -113,6 +131,15 @@ class Segment:
                 )
             object.__setattr__(self, "teacher_logprobs", teacher)
         object.__setattr__(self, "loss_mask", np.asarray(self.loss_mask, dtype=np.int8))
+        if self.turn_rewards is not None:
+            rewards = np.asarray(self.turn_rewards, dtype=np.float32)
+            num_turns = len(sampled_turn_starts(self.loss_mask))
+            if rewards.shape != (num_turns,) or not np.isfinite(rewards).all():
+                raise ValueError(
+                    f"segment.turn_rewards: expected {num_turns} finite entries (one per turn: a run of "
+                    f"sampled tokens), got shape {rewards.shape}"
+                )
+            object.__setattr__(self, "turn_rewards", rewards)
         object.__setattr__(self, "logprobs", np.asarray(self.logprobs, dtype=np.float32))
         object.__setattr__(self, "weight_versions", np.asarray(self.weight_versions, dtype=np.int32))
         if not isinstance(self.sampling, SamplingDistribution):
@@ -164,6 +191,11 @@ class Segment:
     def num_sampled_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
+    @property
+    def num_turns(self) -> int:
+        """The segment's turns: maximal runs of sampled tokens (one per model call it records)."""
+        return len(sampled_turn_starts(self.loss_mask))
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Segment):
             return NotImplemented
@@ -181,6 +213,7 @@ class Segment:
                 if self.teacher_logprobs is not None and other.teacher_logprobs is not None
                 else self.teacher_logprobs is other.teacher_logprobs
             )
+            and _optional_arrays_equal(self.turn_rewards, other.turn_rewards)
             and (
                 np.array_equal(self.routed_experts, other.routed_experts)
                 if self.routed_experts is not None and other.routed_experts is not None
@@ -266,6 +299,8 @@ SEGMENT_TYPE = pa.struct(
         pa.field("branch_kind", pa.string(), nullable=True),
         # a teacher's logprobs per token (on-policy distillation); empty when not scored, null in older files
         pa.field("teacher_logprobs", pa.list_(pa.float32()), nullable=True),
+        # a process reward per turn of the segment (trajectory/4); empty when none, null in older files
+        pa.field("turn_rewards", pa.list_(pa.float32()), nullable=True),
     ]
 )
 
@@ -284,7 +319,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("messages_json", pa.string(), nullable=False),
         pa.field("log", pa.string(), nullable=False),
     ],
-    metadata={"rein.schema": "trajectory/3"},
+    metadata={"rein.schema": "trajectory/4"},
 )
 
 
@@ -312,7 +347,23 @@ def _segment_to_row(segment: Segment) -> dict[str, Any]:
         "teacher_logprobs": (
             segment.teacher_logprobs if segment.teacher_logprobs is not None else np.empty(0, np.float32)
         ),
+        "turn_rewards": segment.turn_rewards,  # null when none were given
     }
+
+
+def with_turn_rewards(segments: Sequence[Segment], turn_rewards: Sequence[float]) -> tuple[Segment, ...]:
+    """``segments`` with ``turn_rewards`` (one per model call, in call order) split over their turns in segment
+    order; ``ValueError`` unless there is exactly one reward per turn."""
+
+    rewards = np.asarray(turn_rewards, dtype=np.float64)
+    bounds = np.cumsum([0, *(segment.num_turns for segment in segments)])
+    if len(rewards) != bounds[-1]:
+        raise ValueError(
+            f"turn_rewards: {len(rewards)} rewards for {bounds[-1]} turns (one per model call the session recorded)"
+        )
+    return tuple(
+        replace(segment, turn_rewards=rewards[bounds[i] : bounds[i + 1]]) for i, segment in enumerate(segments)
+    )
 
 
 def trajectories_to_table(trajectories: Sequence[Trajectory]) -> pa.Table:
@@ -352,6 +403,9 @@ def _segment_from_row(row: Mapping[str, Any]) -> Segment:
         branch_kind=row.get("branch_kind") or BranchKind.ROOT,
         teacher_logprobs=(
             np.asarray(row["teacher_logprobs"], dtype=np.float32) if row.get("teacher_logprobs") else None
+        ),
+        turn_rewards=(
+            None if row.get("turn_rewards") is None else np.asarray(row["turn_rewards"], dtype=np.float32)
         ),
     )
 

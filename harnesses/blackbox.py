@@ -327,3 +327,22 @@ def black_box_harness(
     return BlackBoxHarness(
         agent, BlackBoxConfig(max_turns=max_turns, wall_time_s=wall_time_s, max_output_tokens=max_tokens)
     )
+
+
+class BlackBoxBrickConfig:
+    """The base of a black-box ``harness`` kind: a subclass (a frozen dataclass registered with
+    ``@HARNESSES.register(name)``, its fields the agent's settings) says which ``agent()`` it runs."""
+
+    def agent(self) -> BlackBoxAgent:
+        """The agent this kind runs."""
+        raise NotImplementedError
+
+    def read_only_paths(self) -> tuple[str, ...]:
+        """Host paths the agent's sandboxes need read-only (its executable, its runtime)."""
+        return self.agent().read_only_paths()
+
+    def build(self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float) -> Harness:
+        """The agent as a harness under the run's bounds (it samples at the run's temperature via the proxy)."""
+        return black_box_harness(
+            self.agent(), max_turns=max_turns, wall_time_s=wall_time_s, max_tokens=max_tokens
+        )

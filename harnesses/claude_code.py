@@ -7,12 +7,11 @@ import json
 from dataclasses import dataclass
 
 from components.config import option
-from components.protocols import Harness
 from components.registry import HARNESSES
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import AGENTS_DIR, npm_agent_executable
 from harnesses.agent_spec import AgentSpec, JsonFile
-from harnesses.blackbox import AgentExit, BlackBoxConfig, black_box_harness, default_exit_status
+from harnesses.blackbox import AgentExit, BlackBoxBrickConfig, BlackBoxConfig, default_exit_status
 
 
 def _last_json_object(text: str) -> dict | None:
@@ -103,7 +102,7 @@ def ClaudeCodeAgent(*, bare: bool = False, max_retries: int = 2) -> AgentSpec:
 
 @HARNESSES.register("claude_code")
 @dataclass(kw_only=True, frozen=True)
-class ClaudeCodeBrickConfig:
+class ClaudeCodeBrickConfig(BlackBoxBrickConfig):
     """The ``harness`` kind ``claude_code``: the unmodified ``claude`` CLI (a black-box agent)."""
 
     bare: bool = option(
@@ -112,11 +111,3 @@ class ClaudeCodeBrickConfig:
 
     def agent(self) -> AgentSpec:
         return ClaudeCodeAgent(bare=self.bare)
-
-    def read_only_paths(self) -> tuple[str, ...]:
-        return self.agent().read_only_paths()
-
-    def build(self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float) -> Harness:
-        return black_box_harness(
-            self.agent(), max_turns=max_turns, wall_time_s=wall_time_s, max_tokens=max_tokens
-        )

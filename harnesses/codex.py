@@ -8,12 +8,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.protocols import Harness
 from components.registry import HARNESSES
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import AGENTS_DIR
 from harnesses.agent_spec import AgentSpec, TomlFile
-from harnesses.blackbox import AgentExit, BlackBoxConfig, black_box_harness, default_exit_status
+from harnesses.blackbox import AgentExit, BlackBoxBrickConfig, BlackBoxConfig, default_exit_status
 
 API_KEY_ENV = "REIN_API_KEY"
 
@@ -74,10 +73,16 @@ def read_codex_events(
     return status, reason, metrics
 
 
-def CodexAgent(*, executable: Path = NATIVE_CODEX) -> AgentSpec:
+def CodexAgent(*, executable: Path = NATIVE_CODEX, auto_compact_token_limit: int | None = None) -> AgentSpec:
     """``codex exec --skip-git-repo-check --json --dangerously-bypass-approvals-and-sandbox PROMPT`` with one
     provider in ``$CODEX_HOME/config.toml`` pointing at the proxy session; codex's own sandbox is off because
-    bwrap already is one."""
+    bwrap already is one. ``auto_compact_token_limit``: its ``model_auto_compact_token_limit`` (compact the
+    history once a turn's tokens pass it); None: its default for the model."""
+    compaction = (
+        {}
+        if auto_compact_token_limit is None
+        else {"model_auto_compact_token_limit": auto_compact_token_limit}
+    )
     return AgentSpec(
         name="codex",
         paths=(AGENTS_DIR,),  # the native binary; no Node needed
@@ -102,6 +107,7 @@ def CodexAgent(*, executable: Path = NATIVE_CODEX) -> AgentSpec:
                     "approval_policy": "never",
                     "sandbox_mode": "danger-full-access",
                     "check_for_update_on_startup": False,
+                    **compaction,
                     "model_providers": {
                         "rein": {
                             "name": "rein",
@@ -122,13 +128,8 @@ def CodexAgent(*, executable: Path = NATIVE_CODEX) -> AgentSpec:
 
 @HARNESSES.register("codex")
 @dataclass(kw_only=True, frozen=True)
-class CodexBrickConfig:
+class CodexBrickConfig(BlackBoxBrickConfig):
     """The ``harness`` kind ``codex``: the unmodified Codex CLI (a black-box agent)."""
 
-    def read_only_paths(self) -> tuple[str, ...]:
-        return CodexAgent().read_only_paths()
-
-    def build(self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float) -> Harness:
-        return black_box_harness(
-            CodexAgent(), max_turns=max_turns, wall_time_s=wall_time_s, max_tokens=max_tokens
-        )
+    def agent(self) -> AgentSpec:
+        return CodexAgent()

@@ -19,14 +19,17 @@ result's ``stats`` give the request, tool-call and token counts.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
+from components.registry import HARNESSES
 from components.trajectory import TrajectoryStatus
-from harnesses.agent_paths import AGENTS_DIR, NODE_PATHS, npm_agent_executable
+from harnesses.agent_paths import AGENTS_DIR, NODE24
 from harnesses.agent_spec import AgentSpec, JsonFile
-from harnesses.blackbox import AgentExit, BlackBoxConfig, default_exit_status
+from harnesses.blackbox import AgentExit, BlackBoxBrickConfig, BlackBoxConfig, default_exit_status
 
-GEMINI_EXECUTABLE = npm_agent_executable("gemini")  # a Node bundle (system Node >= 20)
+# A Node (>= 20) bundle, run on the Node 24 under .agents: no system Node is needed, so it runs in images too.
+GEMINI_EXECUTABLE = AGENTS_DIR / "node_modules" / "@google" / "gemini-cli" / "bundle" / "gemini.js"
 TURN_LIMIT_EXIT_CODE = 53  # FatalTurnLimitedError (packages/core/src/utils/errors.ts)
 
 
@@ -88,8 +91,9 @@ def GeminiCliAgent(*, max_attempts: int = 2) -> AgentSpec:
     ``--yolo`` because the sandbox, not Gemini CLI, is the permission boundary."""
     return AgentSpec(
         name="gemini-cli",
-        paths=(AGENTS_DIR, *NODE_PATHS),
+        paths=(AGENTS_DIR,),
         argv=(
+            str(NODE24),
             str(GEMINI_EXECUTABLE),
             "-p",
             "{prompt}",
@@ -141,3 +145,12 @@ def GeminiCliAgent(*, max_attempts: int = 2) -> AgentSpec:
         },
         exit=read_gemini_result,
     )
+
+
+@HARNESSES.register("gemini_cli")
+@dataclass(kw_only=True, frozen=True)
+class GeminiCliBrickConfig(BlackBoxBrickConfig):
+    """The ``harness`` kind ``gemini_cli``: the unmodified Gemini CLI (npm ``@google/gemini-cli``)."""
+
+    def agent(self) -> AgentSpec:
+        return GeminiCliAgent()

@@ -10,12 +10,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.protocols import Harness
 from components.registry import HARNESSES
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import python_environment_paths
 from harnesses.agent_spec import AgentSpec
-from harnesses.blackbox import AgentExit, BlackBoxConfig, black_box_harness, default_exit_status
+from harnesses.blackbox import AgentExit, BlackBoxBrickConfig, BlackBoxConfig, default_exit_status
 
 _ENGINE_FAILURES = (
     "APIConnectionError",
@@ -103,13 +102,8 @@ def MiniSweAgent(*, executable: Path | None = None) -> AgentSpec:
 
 @HARNESSES.register("mini_swe_agent")
 @dataclass(kw_only=True, frozen=True)
-class MiniSweAgentBrickConfig:
+class MiniSweAgentBrickConfig(BlackBoxBrickConfig):
     """The ``harness`` kind ``mini_swe_agent``: the unmodified PyPI mini-swe-agent (a black-box agent)."""
 
-    def read_only_paths(self) -> tuple[str, ...]:
-        return MiniSweAgent().read_only_paths()
-
-    def build(self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float) -> Harness:
-        return black_box_harness(
-            MiniSweAgent(), max_turns=max_turns, wall_time_s=wall_time_s, max_tokens=max_tokens
-        )
+    def agent(self) -> AgentSpec:
+        return MiniSweAgent()

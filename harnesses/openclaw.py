@@ -7,11 +7,13 @@ the sandbox's ``timeout`` bound it, as Codex. Exit 0 ok, 1 a model or result err
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
+from components.registry import HARNESSES
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import AGENTS_DIR, NODE24
 from harnesses.agent_spec import AgentSpec, ExitRules, JsonFile, OutputRule
-from harnesses.blackbox import AgentExit
+from harnesses.blackbox import AgentExit, BlackBoxBrickConfig
 
 OPENCLAW_ENTRY = AGENTS_DIR / "node_modules" / "openclaw" / "openclaw.mjs"
 CONTEXT_WINDOW = 32_768
@@ -40,7 +42,8 @@ OPENCLAW = AgentSpec(
         *(str(NODE24), str(OPENCLAW_ENTRY), "agent", "exec", "--config", "{home}/openclaw.json"),
         *("--model", "rein/{model}", "--json", "--timeout", "{wall_time_s}", "{prompt}"),
     ),
-    env={"NO_COLOR": "1", "OPENCLAW_NO_UPDATE_CHECK": "1"},
+    # documented switches (docs/gateway/config-runtime.md, telemetry.md): no update request or notice
+    env={"NO_COLOR": "1", "OPENCLAW_NO_AUTO_UPDATE": "1"},
     home_files={
         "openclaw.json": JsonFile(
             {
@@ -66,6 +69,7 @@ OPENCLAW = AgentSpec(
                     },
                 },
                 "agents": {"defaults": {"model": {"primary": "rein/{model}"}}},
+                "update": {"checkOnStart": False},
             }
         )
     },
@@ -87,3 +91,12 @@ OPENCLAW = AgentSpec(
 def OpenClawAgent() -> AgentSpec:
     """OpenClaw as a black-box agent (see the module docstring)."""
     return OPENCLAW
+
+
+@HARNESSES.register("openclaw")
+@dataclass(kw_only=True, frozen=True)
+class OpenClawBrickConfig(BlackBoxBrickConfig):
+    """The ``harness`` kind ``openclaw``: the unmodified OpenClaw CLI (a black-box agent)."""
+
+    def agent(self) -> AgentSpec:
+        return OpenClawAgent()

@@ -1,19 +1,23 @@
 """opencode (npm ``opencode-ai``) as a black-box agent: ``opencode run --format json``, with the proxy session as
 a custom OpenAI-compatible provider in ``$HOME/.config/opencode/opencode.json`` (opencode's bundled
 ``@ai-sdk/openai-compatible``: Chat Completions), the turn bound as the build agent's ``steps``, the output bound as the model's ``limit.output``.
-opencode's last step forces a wrap-up by ending the conversation with an assistant message (its ``MAX_STEPS``
-text, a prefill) that the proxy refuses (400: TITO does not continue prefilled replies): ``steps`` is therefore
-``max_turns + 1``, so ``max_turns`` model calls are made and the refused wrap-up marks the turn bound. Its npm install is a native
+Its turn bound, read in its source (``SessionRunner.runTurn``): once a session has made ``steps`` steps, the
+next request ends the conversation with an assistant message (its ``MAX_STEPS`` text, a prefill) with tools
+off. The proxy refuses that request (400: TITO does not continue prefilled replies, ``PREFILL_REFUSAL``), and
+``read_opencode_events`` reads exactly that refusal after ``max_turns`` steps as the turn bound; ``steps`` is
+``max_turns + 1`` so that ``max_turns`` model calls are made (the wrap-up is never sampled, never trained). Its npm install is a native
 (Bun) binary that needs only libc, so it also runs in image sandboxes."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
+from components.registry import HARNESSES
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import AGENTS_DIR
 from harnesses.agent_spec import AgentSpec, ExitRules, JsonFile, OutputRule
-from harnesses.blackbox import AgentExit, BlackBoxConfig
+from harnesses.blackbox import AgentExit, BlackBoxBrickConfig, BlackBoxConfig
 
 NATIVE_OPENCODE = AGENTS_DIR / "node_modules" / "opencode-linux-x64" / "bin" / "opencode"
 CONTEXT_WINDOW = 32_768  # what opencode is told (it compacts near it); the proxy enforces the real one
@@ -44,18 +48,38 @@ def opencode_metrics(run: AgentExit) -> dict[str, float]:
     }
 
 
+# What the proxy answers (400) to a request whose last message is an assistant message (components/tito/session.py)
+PREFILL_REFUSAL = "continuing a prefilled reply is not supported"
+
+
 def read_opencode_events(
     run: AgentExit, config: BlackBoxConfig
 ) -> tuple[TrajectoryStatus, str, dict[str, float]]:
-    """The declared rules, then: a run whose steps reached ``max_turns`` (its wrap-up refused) ended on its
-    turn bound; a run that printed an error event and made no step failed."""
+    """The declared rules, then opencode's own turn bound: after ``steps`` model calls it sends one more request
+    ending in an assistant message (its wrap-up prefill, tools off); the proxy refuses it, opencode prints that
+    error and exits. A run that made its ``max_turns`` steps and whose only failure is that refusal (or none)
+    ended on its turn bound; the same refusal before the bound is the agent's error; any other failure after
+    the bound goes through the declared rules; a run that printed an error event and made no step failed."""
     status, reason, metrics = OPENCODE_EXIT(run, config)
-    errors = [e for e in _events(run) if e.get("type") == "error"]
-    if metrics["num_turns"] >= config.max_turns and not run.timed_out:
-        return TrajectoryStatus.TURN_LIMIT, f"opencode reached its {config.max_turns} steps", metrics
-    if status == TrajectoryStatus.OK and errors and metrics["num_turns"] == 0:
-        text = json.dumps(errors[-1].get("error") or errors[-1])[:500]
-        return TrajectoryStatus.ENGINE_ERROR, f"opencode: {text}", metrics
+    if run.timed_out:
+        return status, reason, metrics
+    errors = [json.dumps(e.get("error") or e)[:500] for e in _events(run) if e.get("type") == "error"]
+    other_errors = [text for text in errors if PREFILL_REFUSAL not in text]
+    if metrics["num_turns"] >= config.max_turns and not other_errors:
+        refused = "its wrap-up (an assistant prefill) refused by the proxy" if errors else "no wrap-up sent"
+        return (
+            TrajectoryStatus.TURN_LIMIT,
+            f"opencode reached its {config.max_turns} steps; {refused}",
+            metrics,
+        )
+    if len(other_errors) < len(errors) and metrics["num_turns"] < config.max_turns:
+        return (
+            TrajectoryStatus.AGENT_ERROR,
+            "opencode sent an assistant prefill before its step bound",
+            metrics,
+        )
+    if status == TrajectoryStatus.OK and other_errors and metrics["num_turns"] == 0:
+        return TrajectoryStatus.ENGINE_ERROR, f"opencode: {other_errors[-1]}", metrics
     return status, reason, metrics
 
 
@@ -127,3 +151,12 @@ OPENCODE = AgentSpec(
 def OpencodeAgent() -> AgentSpec:
     """opencode as a black-box agent (see the module docstring)."""
     return OPENCODE
+
+
+@HARNESSES.register("opencode")
+@dataclass(kw_only=True, frozen=True)
+class OpencodeBrickConfig(BlackBoxBrickConfig):
+    """The ``harness`` kind ``opencode``: the unmodified opencode (npm ``opencode-ai``) CLI (a black-box agent)."""
+
+    def agent(self) -> AgentSpec:
+        return OpencodeAgent()

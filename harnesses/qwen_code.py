@@ -6,11 +6,13 @@ reached) and ``samplingParams.max_tokens`` as the output bound."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
+from components.registry import HARNESSES
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import AGENTS_DIR, NODE24
 from harnesses.agent_spec import AgentSpec, ExitRules, JsonFile, OutputRule
-from harnesses.blackbox import AgentExit
+from harnesses.blackbox import AgentExit, BlackBoxBrickConfig
 
 QWEN_ENTRY = AGENTS_DIR / "node_modules" / "@qwen-code" / "qwen-code" / "cli-entry.js"
 
@@ -85,3 +87,12 @@ QWEN_CODE = AgentSpec(
 def QwenCodeAgent() -> AgentSpec:
     """Qwen Code as a black-box agent (see the module docstring)."""
     return QWEN_CODE
+
+
+@HARNESSES.register("qwen_code")
+@dataclass(kw_only=True, frozen=True)
+class QwenCodeBrickConfig(BlackBoxBrickConfig):
+    """The ``harness`` kind ``qwen_code``: the unmodified Qwen Code (npm ``@qwen-code/qwen-code``) CLI (a black-box agent)."""
+
+    def agent(self) -> AgentSpec:
+        return QwenCodeAgent()

@@ -134,6 +134,7 @@ class ToyAgentHarness:
             "num_response_tokens": 0,
         }
         log_lines: list[str] = []
+        turn_rewards: list[float] = []  # per model call: the process rewards of its moves (turn credit)
 
         def metrics() -> dict[str, float]:
             return {
@@ -147,7 +148,7 @@ class ToyAgentHarness:
         )
         try:
             async with asyncio.timeout(config.wall_time_s) as deadline:
-                done = await self._play(client, env, task.seed, counters, log_lines)
+                done = await self._play(client, env, task.seed, counters, log_lines, turn_rewards)
         except TimeoutError as exc:
             if not deadline.expired():
                 return outcome_from_exception(exc, metrics=metrics(), log="\n".join(log_lines))
@@ -168,6 +169,8 @@ class ToyAgentHarness:
             failure_reason=reason,
             metrics=metrics(),
             log=clip_text("\n".join(log_lines), config.max_log_chars),
+            # a timed-out game may have lost the call it was waiting for: its count could be off
+            turn_rewards=tuple(turn_rewards) if status != TrajectoryStatus.TIMEOUT else (),
         )
 
     def _with_instruction(self, observation: str, text_move: Callable[[str], ToolCall | None] | None) -> str:
@@ -177,7 +180,13 @@ class ToyAgentHarness:
         return f"{observation}\n{self.config.text_move_instruction}"
 
     async def _play(
-        self, client: AsyncOpenAI, env: ToyEnvironment, seed: int, counters: dict[str, int], log: list[str]
+        self,
+        client: AsyncOpenAI,
+        env: ToyEnvironment,
+        seed: int,
+        counters: dict[str, int],
+        log: list[str],
+        turn_rewards: list[float],
     ) -> bool:
         config = self.config
         tools = [spec.to_openai() for spec in env.tools()] if config.offer_tools else []
@@ -202,6 +211,7 @@ class ToyAgentHarness:
                 temperature=config.temperature,
                 **({"tools": tools} if tools else {}),
             )
+            turn_rewards.append(0.0)  # this call's moves add their process rewards below
             if response.usage is not None:
                 counters["num_response_tokens"] += response.usage.completion_tokens
             message = response.choices[0].message
@@ -225,6 +235,7 @@ class ToyAgentHarness:
                     messages.append({"role": "user", "content": reminder or NO_MOVE_REMINDER})
                     continue
                 observation, done = env.step(move)
+                turn_rewards[-1] += env.turn_reward()
                 counters["num_moves"] += 1
                 counters["num_text_moves"] += 1
                 log.append(f"> (text) {move.name} {move.arguments}\n{observation}")
@@ -236,6 +247,7 @@ class ToyAgentHarness:
                 observation, done = env.step(
                     ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
                 )
+                turn_rewards[-1] += env.turn_reward()
                 counters["num_moves"] += 1
                 log.append(f"> {call.function.name} {call.function.arguments}\n{observation}")
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": observation})

@@ -14,7 +14,6 @@ which SmolLM2's 8k context window needs. Without it, use a model with a context 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from components.launch import SamplingBrickConfig, main_entry
 from components.recipe_config import option
@@ -25,8 +24,8 @@ from recipes.swe_grpo import SweGrpoConfig, main
 class ClaudeCodeGrpoConfig(SweGrpoConfig):
     """The SWE GRPO run with Claude Code (every other field as in ``SweGrpoConfig``)."""
 
-    harness: Literal["swe_agent", "mini_swe_agent", "claude_code", "codex"] = option(
-        "claude_code", "the agent: claude_code here; any SWE harness works with the same loop"
+    harness: str = option(
+        "claude_code", "the agent: claude_code here; any registered harness kind works with the same loop"
     )
     max_turns: int = option(3, "Claude Code's --max-turns")
     sampling: SamplingBrickConfig = option(

@@ -16,9 +16,9 @@ all recipes share: ``components/loop.py``). Placement, run directory and resume:
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from pathlib import Path
 
 from components.config import require, require_positive
 from components.launch import (
@@ -32,38 +32,15 @@ from components.launch import (
 from components.loop import run_recipe_loop
 from components.protocols import Harness
 from components.recipe_config import option, slot
-from components.registry import REWARDS
+from components.registry import HARNESSES, REWARDS, TASK_SOURCES
 from components.rewards.config import HiddenTestsRewardConfig, RewardBrickConfig
 from components.rollout import RolloutConfig, RolloutRunner
 from components.rollout.mixture import HarnessMix
-from components.tasks import SweGrader, load_builtin_tasks
+from components.tasks.sources import BuiltinTaskSourceConfig, TaskSourceConfig
 from components.tasks.swe import python_tool_paths
-from components.tasks.swebench import R2E_TESTS_PATH, SnapshotPrefetcher, load_task_set
-from components.tasks.swebench_grading import SweBenchGrader
-from sandboxes import BwrapSandbox
-from sandboxes.image import ImageSandboxConfig, ImageSandboxProvider
-
-
-def _black_box_agents():
-    """The unmodified agents by the name a user types (each builds its ``AgentSpec``)."""
-    from harnesses.claude_code import ClaudeCodeAgent
-    from harnesses.codex import CodexAgent
-    from harnesses.mini_swe_agent import MiniSweAgent
-    from harnesses.openclaw import OpenClawAgent
-    from harnesses.opencode import OpencodeAgent
-    from harnesses.qwen_code import QwenCodeAgent
-
-    return {
-        "mini_swe_agent": lambda config: MiniSweAgent(),
-        "claude_code": lambda config: ClaudeCodeAgent(bare=config.claude_code_bare),
-        "codex": lambda config: CodexAgent(),
-        "opencode": lambda config: OpencodeAgent(),
-        "openclaw": lambda config: OpenClawAgent(),
-        "qwen_code": lambda config: QwenCodeAgent(),
-    }
-
-
-HARNESSES = ("swe_agent", "mini_swe_agent", "claude_code", "codex", "opencode", "openclaw", "qwen_code")
+from harnesses.blackbox import HarnessBrickConfig
+from harnesses.claude_code import ClaudeCodeBrickConfig
+from harnesses.swe_agent import SweAgentBrickConfig
 
 
 def harness_weights(spec: str) -> dict[str, float]:
@@ -71,7 +48,9 @@ def harness_weights(spec: str) -> dict[str, float]:
     weights: dict[str, float] = {}
     for item in spec.split(","):
         name, _, weight = item.strip().partition(":")
-        require(name in HARNESSES, "harness", f"{name!r} is not one of {HARNESSES} (in {spec!r})")
+        require(
+            name in HARNESSES, "harness", f"{name!r} is not one of {list(HARNESSES.kinds())} (in {spec!r})"
+        )
         require(name not in weights, "harness", f"{name!r} is named twice in {spec!r}")
         try:
             weights[name] = float(weight) if weight else 1.0
@@ -87,19 +66,23 @@ class SweGrpoConfig(RunConfig):
 
     harness: str = option(
         "swe_agent",
-        "the agent: white-box swe_agent, or black-box mini_swe_agent / claude_code / codex / opencode / openclaw /"
-        " qwen_code; several, comma-separated with optional weights (claude_code:2,codex:1), split the GRPO"
-        " groups between them",
+        f"the agent: a registered harness kind ({', '.join(HARNESSES.kinds())}: swe_agent is the white-box "
+        "one); several, comma-separated with optional weights (claude_code:2,codex:1), split the GRPO groups "
+        "between them",
     )
     harness_mix_within_groups: bool = option(
         False, "with several harnesses: spread each group's samples over them (default: a group, one harness)"
     )
-    claude_code_bare: bool = option(True, "claude_code: --bare mode (~1k prompt tokens instead of ~20k)")
+    # The settings of the harness kinds that have any (a kind the mix names is built from the field holding it,
+    # else from its defaults).
+    swe_agent: SweAgentBrickConfig = option(SweAgentBrickConfig(), "the swe_agent harness kind")
+    claude_code: ClaudeCodeBrickConfig = option(ClaudeCodeBrickConfig(), "the claude_code harness kind")
     num_tasks: int = option(2, "tasks (GRPO groups) per step, taken in order from the task list")
-    task_ids: tuple[str, ...] = option((), "comma-separated built-in task ids to train on (default: all 45)")
-    tasks: str = option("builtin", "builtin, swebench:PATH or r2e:PATH (Parquet / JSONL rows)")
-    images: str = option("", "image store for swebench:/r2e: tasks (OCI layouts / docker archives)")
-    snapshots: str = option("", "repository snapshots for swebench:/r2e: tasks (<instance_id>[.tar.gz])")
+    tasks: TaskSourceConfig = slot(
+        TASK_SOURCES,
+        BuiltinTaskSourceConfig(),
+        "the tasks: the built-in SWE tasks, or a SWE-bench-format set (swebench:PATH, r2e:PATH: Parquet / JSONL)",
+    )
     max_turns: int = option(3, "model calls per rollout")
     sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=192), "the policy's sampling")
     wall_time_s: float = option(300.0, "wall-clock bound of one agent run")
@@ -117,78 +100,35 @@ class SweGrpoConfig(RunConfig):
         harness_weights(self.harness)  # raises naming the field
 
 
-def build_harness(config: SweGrpoConfig, name: str) -> tuple[Harness, tuple[str, ...]]:
-    """The harness ``name``, and the host paths its sandboxes need read-only (kept warm by the pool)."""
-    if name == "swe_agent":
-        from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
+def harness_kinds(config: SweGrpoConfig) -> dict[str, HarnessBrickConfig]:
+    """Each harness kind ``config.harness`` names → its config: the config's field holding that kind, else the
+    kind's defaults."""
+    values = (getattr(config, field.name) for field in dataclasses.fields(config))
+    configured = {HARNESSES.name_of(value): value for value in values if HARNESSES.holds(value)}
+    return {
+        name: configured[name] if name in configured else HARNESSES.get(name)()
+        for name in harness_weights(config.harness)
+    }
 
-        agent_config = SweAgentConfig(
-            max_turns=config.max_turns,
-            wall_time_s=config.wall_time_s,
-            max_tokens=config.sampling.max_tokens,
-            temperature=config.sampling.temperature,
-        )
-        return SweAgentHarness(agent_config), python_tool_paths()
-    from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
 
-    agent = _black_box_agents()[name](config)
-    harness = BlackBoxHarness(
-        agent,
-        BlackBoxConfig(
-            max_turns=config.max_turns,
-            wall_time_s=config.wall_time_s,
-            max_output_tokens=config.sampling.max_tokens,
-        ),
+def build_harness(config: SweGrpoConfig, kind: HarnessBrickConfig) -> tuple[Harness, tuple[str, ...]]:
+    """The harness of ``kind`` under the run's bounds, and the host paths its sandboxes need read-only."""
+    harness = kind.build(
+        max_turns=config.max_turns,
+        wall_time_s=config.wall_time_s,
+        max_tokens=config.sampling.max_tokens,
+        temperature=config.sampling.temperature,
     )
-    return harness, (*python_tool_paths(), *agent.read_only_paths())
-
-
-def load_tasks(config: SweGrpoConfig) -> list:
-    """The built-in tasks, or those named by ``task_ids`` (an unknown id fails naming the field); or a
-    SWE-bench-format set (``tasks``), whose bad rows are reported and skipped."""
-    if config.tasks != "builtin":
-        loaded = load_task_set(
-            config.tasks,
-            images=Path(config.images) if config.images else None,
-            snapshots=Path(config.snapshots) if config.snapshots else None,
-        )
-        for row in loaded.rejected:
-            print(f"skipped instance {row.instance_id}: {row.reason}")
-        require(bool(loaded.tasks), "tasks", f"no usable instance in {config.tasks}")
-        return loaded.tasks
-    tasks = load_builtin_tasks()
-    if not config.task_ids:
-        return tasks
-    by_id = {task.task_id: task for task in tasks}
-    unknown = [task_id for task_id in config.task_ids if task_id not in by_id]
-    require(not unknown, "task_ids", f"unknown task ids {unknown}; known: {sorted(by_id)}")
-    return [by_id[task_id] for task_id in config.task_ids]
-
-
-async def swebench_sandboxes(config: SweGrpoConfig, stack: RunStack, tasks: list, agent_paths, exits):
-    """SWE-bench-format tasks: agents and grader on the tasks' images (a pool per image; R2E-Gym's hidden
-    tests hidden from agents), or on the host root when the set has no image store."""
-    exits.callback(SnapshotPrefetcher(tasks).start().stop)  # first unpacks off the rollout event loop
-    if not any(task.image for task in tasks):
-        return stack.sandboxes, SweBenchGrader(BwrapSandbox.create)
-    hidden = (R2E_TESTS_PATH,) if config.tasks.startswith("r2e:") else ()
-    agents = ImageSandboxProvider(ImageSandboxConfig(read_only_paths=tuple(agent_paths), hidden_paths=hidden))
-    grading = ImageSandboxProvider(ImageSandboxConfig(num_warm_per_image=0))
-    for provider in (agents, grading):
-        await exits.enter_async_context(provider)
-    return agents, SweBenchGrader(grading)
+    return harness, (*python_tool_paths(), *kind.read_only_paths())
 
 
 async def main(config: SweGrpoConfig, *, recipe: str = "swe_grpo") -> None:
-    tasks = load_tasks(config)
+    tasks = config.tasks.build()
     run = RunDirectory.create(config, recipe=recipe)
-    harnesses = {name: build_harness(config, name) for name in harness_weights(config.harness)}
+    harnesses = {name: build_harness(config, kind) for name, kind in harness_kinds(config).items()}
     sandbox_paths = tuple(dict.fromkeys(path for _, paths in harnesses.values() for path in paths))
-    async with RunStack.start(config, run, sandbox_paths=sandbox_paths) as stack, AsyncExitStack() as images:
-        # Grading gets fresh sandboxes of its own, never the agent's.
-        sandboxes, grader = stack.sandboxes, SweGrader(BwrapSandbox.create)
-        if config.tasks != "builtin":
-            sandboxes, grader = await swebench_sandboxes(config, stack, tasks, sandbox_paths, images)
+    async with RunStack.start(config, run, sandbox_paths=sandbox_paths) as stack, AsyncExitStack() as exits:
+        sandboxes, grader = await config.tasks.environment(tasks, stack.sandboxes, sandbox_paths, exits)
         grader, group_reward, reward_weights = config.reward.build(grader)
         runners = {
             RolloutRunner(

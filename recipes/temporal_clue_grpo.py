@@ -17,7 +17,6 @@ from components.launch import (
     RunDirectory,
     RunStack,
     SamplingBrickConfig,
-    TrainerBrickConfig,
     main_entry,
 )
 from components.loop import run_recipe_loop
@@ -26,6 +25,8 @@ from components.recipe_config import option, slot
 from components.registry import PROXIES
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks.toys.temporal_clue import TemporalClueConfig, TemporalClueEnv
+from components.training.step import OptimizerConfig
+from components.training.trainer_config import TrainerBrickConfig
 from harnesses.toy_agent import ToyAgentConfig, ToyAgentHarness, ToyGameTask
 
 SYSTEM_PROMPT = "You solve deduction puzzles. Name the murderer, the weapon, the room and the time."
@@ -39,7 +40,9 @@ class TemporalClueGrpoConfig(RunConfig):
     num_steps: int = option(4, "training steps")
     group_size: int = option(4, "answers per puzzle per step (one GRPO group)")
     sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=64), "the policy's sampling")
-    trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5), "the trainer")
+    trainer: TrainerBrickConfig = option(
+        TrainerBrickConfig(optimizer=OptimizerConfig(learning_rate=2e-5)), "the trainer"
+    )
     proxy: ProxyBrickConfig = slot(
         PROXIES, LocalProxyConfig(), "the inference proxy (in the driver: no Serve start-up)"
     )

@@ -26,7 +26,6 @@ from components.launch import (
     RunDirectory,
     RunStack,
     SamplingBrickConfig,
-    TrainerBrickConfig,
     main_entry,
 )
 from components.loop import run_recipe_loop
@@ -38,6 +37,8 @@ from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks.toys import TicTacToeConfig, TicTacToeEnv
 from components.tasks.toys.tictactoe import cell_name
 from components.tito.messages import ToolCall
+from components.training.step import OptimizerConfig
+from components.training.trainer_config import TrainerBrickConfig
 from harnesses.toy_agent import ToyAgentConfig, ToyAgentHarness, ToyGameTask
 
 TOOL_SYSTEM_PROMPT = "You are playing a game. Make each move by calling a tool."
@@ -54,7 +55,9 @@ class TicTacToeGrpoConfig(RunConfig):
     group_size: int = option(4, "games per seed per step (one GRPO group)")
     rollout: RolloutBrickConfig = option(RolloutBrickConfig(max_concurrency=8), "rollout scheduling")
     sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=48), "the policy's sampling")
-    trainer: TrainerBrickConfig = option(TrainerBrickConfig(learning_rate=2e-5), "the trainer")
+    trainer: TrainerBrickConfig = option(
+        TrainerBrickConfig(optimizer=OptimizerConfig(learning_rate=2e-5)), "the trainer"
+    )
     proxy: ProxyBrickConfig = slot(
         PROXIES, LocalProxyConfig(), "the inference proxy (in the driver: no Serve start-up)"
     )

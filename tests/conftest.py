@@ -83,6 +83,21 @@ def tokenizer(default_model_dir):
 vllm_server = vllm_fixture.vllm_server
 
 
+_PROCESS_GUARD = pytest.StashKey()
+
+
+def pytest_configure(config):
+    from components.process_guard import ProcessGuard
+
+    # A pytest run killed with SIGKILL leaves none of its tests' processes behind (local Ray clusters, the
+    # shared vLLM server, sandboxes, recipe subprocesses): ``components/process_guard.py``.
+    config.stash[_PROCESS_GUARD] = ProcessGuard.start()
+
+
+def pytest_unconfigure(config):
+    config.stash[_PROCESS_GUARD].close()
+
+
 def pytest_collection_modifyitems(config, items):
     vllm_fixture.order_server_killers_last(items)
 

@@ -8,7 +8,7 @@ from components.errors import SandboxError
 class FailingEngine:
     """An ``InferenceEngine`` whose every generation fails (a crashed GPU worker, say): the proxy answers 5xx."""
 
-    context_window = 4096
+    context_window = 65536  # larger than any agent's prompt (Codex, Gemini CLI: > 4k): the call reaches it
     weight_version = 0
 
     async def generate(self, input_ids, params):

@@ -48,9 +48,13 @@ END_TO_END = {
     "python recipes/temporal_clue_grpo.py --model tiny --distillation-teachers M --distillation-kl-weight 0.5": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
     ),
-    "python recipes/temporal_clue_grpo.py --model tiny --algorithms-grpo-loss-importance-sampling icepop "
+    "python recipes/temporal_clue_grpo.py --model tiny --algorithm-loss-importance-sampling icepop "
     "--rollout-dynamic-sampling-enabled true --trainer-overlong-mode penalty": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
+    ),
+    "python recipes/tictactoe_grpo.py --model tiny --trainer-turn-credit-enabled true "
+    "--trainer-turn-credit-discount 0.9": (
+        "tests/recipes/test_algorithm_options.py::test_turn_credit_trains_tictactoe_on_per_turn_rewards"
     ),
     "python recipes/tictactoe_grpo.py --model tiny --rollout-mode async --max-staleness 2": (
         "tests/recipes/test_async_loop.py::test_async_run_trains_every_committed_group_exactly_once"

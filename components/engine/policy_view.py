@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from components.config import require
 from components.protocols import GenerationResult, SamplingParams
 
 
@@ -29,5 +30,11 @@ class PolicyView:
     def weight_version(self) -> int:
         return self.engine.adapter_version(self.name)
 
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> GenerationResult:
+        """Generate with this view's policy (``adapter``, when given, must name it)."""
+        require(
+            adapter in (None, self.name), "adapter", f"this view serves policy {self.name!r}, got {adapter!r}"
+        )
         return await self.engine.generate(input_ids, params, adapter=self.name)

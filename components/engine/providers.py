@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from components.config import option, require, require_non_negative, require_one_of, require_positive
-from components.protocols import EngineProvider, InferenceEngine
+from components.protocols import InferenceEngine
 from components.registry import ENGINES
 from components.sampling import SamplingDistribution
 
@@ -20,6 +20,23 @@ if TYPE_CHECKING:
     from components.engine.sglang_fleet import SGLangFleet
     from components.engine.vllm_fleet import VLLMFleet
     from components.training.weight_sync import WeightSync
+
+
+@runtime_checkable
+class EngineProvider(Protocol):
+    """Starts a run's inference engine and says how the trainer's new weights reach it (embedded actor,
+    SGLang servers, or a user's engine).
+
+    Contract: ``start`` returns an engine serving the weights at ``model_path`` (the newest checkpoint when
+    ``resumed``) stamped ``weight_version``, and the ``WeightSync`` that pushes later versions to it; ``close``
+    stops what ``start`` started, is idempotent, and is safe to call when ``start`` failed or never ran.
+    """
+
+    async def start(
+        self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
+    ) -> tuple[InferenceEngine, WeightSync]: ...
+
+    async def close(self) -> None: ...
 
 
 @runtime_checkable

@@ -23,10 +23,15 @@ from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from components.engine.lora_adapters import DEFAULT_ADAPTER, PolicyEngine
 from components.errors import EngineError, ReinError
 from components.protocols import GenerationResult, SamplingParams
+from components.remote_waits import PENDING_WAITS, EngineStalledError
 
 if TYPE_CHECKING:
     import torch
     from ray.actor import ActorHandle
+
+# The longest one engine-actor call may take (a generate or a weight load, on CPU under load); past it the
+# call is an ``EngineStalledError`` naming the request, never a silent hang.
+ENGINE_CALL_DEADLINE_S = 900.0
 
 
 class EngineActor:
@@ -118,9 +123,14 @@ class RayEngineClient:
         """Without ``context_window`` this blocks on one actor call; in async code use ``connect``."""
         self.actor = actor
         if context_window is None:
-            import ray
 
-            info = ray.get(actor.info.remote())
+            info = PENDING_WAITS.get_within(
+                actor.info.remote(),
+                deadline_s=ENGINE_CALL_DEADLINE_S,
+                component="engine actor",
+                request="info",
+                error=EngineStalledError,
+            )
             context_window, weight_version = info["context_window"], info["weight_version"]
             initial_weight_version = info["initial_weight_version"]
         self._context_window = context_window
@@ -131,7 +141,7 @@ class RayEngineClient:
     @classmethod
     async def connect(cls, actor: ActorHandle) -> RayEngineClient:
         """A client for ``actor``, reading its context window and weight version."""
-        info = await cls._call(actor.info.remote())
+        info = await cls._call(actor.info.remote(), "info")
         return cls(
             actor,
             context_window=info["context_window"],
@@ -153,7 +163,7 @@ class RayEngineClient:
         """Generate in the actor (batched there with every other in-flight call, whatever their policy);
         ``adapter``: the policy that serves it (see ``policy``)."""
         result: GenerationResult = await self._call(
-            self.actor.generate.remote(list(input_ids), params, adapter)
+            self.actor.generate.remote(list(input_ids), params, adapter), "generate"
         )
         if result.weight_versions:
             self._saw_version(adapter, result.weight_versions[-1])
@@ -173,7 +183,7 @@ class RayEngineClient:
 
     async def refresh_policy(self, name: str) -> int:
         """Ask the actor for the version of policy ``name``'s adapter (and remember it)."""
-        version = await self._call(self.actor.adapter_version.remote(name))
+        version = await self._call(self.actor.adapter_version.remote(name), "adapter_version")
         self._saw_version(name, version)
         return version
 
@@ -188,11 +198,16 @@ class RayEngineClient:
         import ray
 
         reference = ray.put(dict(state_dict))
-        self._weight_version = await self._call(self.actor.update_weights.remote(reference, version))
+        self._weight_version = await self._call(
+            self.actor.update_weights.remote(reference, version), f"update_weights(version {version})"
+        )
 
     async def update_adapter(self, adapter: Any, version: int, *, name: str = DEFAULT_ADAPTER) -> None:
         """``AdapterEngine``: only the LoRA adapter's tensors travel to the actor (policy ``name``'s adapter)."""
-        served = await self._call(self.actor.update_adapter.remote(adapter, version, name))
+        served = await self._call(
+            self.actor.update_adapter.remote(adapter, version, name),
+            f"update_adapter({name}, version {version})",
+        )
         if name == DEFAULT_ADAPTER:
             self._weight_version = served
         else:
@@ -200,27 +215,36 @@ class RayEngineClient:
 
     async def update_weights_from_ref(self, state_dict_ref: Any, version: int) -> None:
         """``ObjectStoreWeightsEngine``: the actor resolves the trainer's object ref itself (no driver copy)."""
-        self._weight_version = await self._call(self.actor.update_weights.remote(state_dict_ref, version))
+        self._weight_version = await self._call(
+            self.actor.update_weights.remote(state_dict_ref, version), f"update_weights(version {version})"
+        )
 
     async def logprobs_of(
         self, input_ids: Sequence[int], start: int = 1, *, adapter: str | None = None
     ) -> tuple[float, ...]:
         """Teacher-forced scoring in the actor under its current weights (policy ``adapter``'s when named)."""
-        return await self._call(self.actor.logprobs_of.remote(list(input_ids), start, adapter))
+        return await self._call(self.actor.logprobs_of.remote(list(input_ids), start, adapter), "logprobs_of")
 
     async def refresh(self) -> dict[str, Any]:
         """Ask the actor for its current state (and update ``weight_version``)."""
-        info = await self._call(self.actor.info.remote())
+        info = await self._call(self.actor.info.remote(), "info")
         self._weight_version = info["weight_version"]
         return info
 
     @staticmethod
-    async def _call(reference: Any) -> Any:
-        """Await an actor call; re-raise Rein's own errors as themselves, Ray failures as ``EngineError``."""
+    async def _call(reference: Any, request: str) -> Any:
+        """Await an actor call for at most ``ENGINE_CALL_DEADLINE_S`` (``EngineStalledError`` past it, naming
+        ``request``); re-raise Rein's own errors as themselves, Ray failures as ``EngineError``."""
         import ray.exceptions
 
         try:
-            return await reference
+            return await PENDING_WAITS.within(
+                reference,
+                deadline_s=ENGINE_CALL_DEADLINE_S,
+                component="engine actor",
+                request=request,
+                error=EngineStalledError,
+            )
         except ray.exceptions.RayTaskError as error:
             cause = error.cause
             if isinstance(cause, ReinError | ValueError):

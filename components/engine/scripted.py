@@ -54,6 +54,11 @@ def _finish(
     )
 
 
+def require_no_adapter(adapter: str | None) -> None:
+    """A scripted engine has no LoRA adapters (``InferenceEngine.generate``'s contract)."""
+    require(adapter is None, "adapter", f"a scripted engine serves no LoRA adapters, got {adapter!r}")
+
+
 class EchoEngine:
     """Answers every prompt with ``reply_ids`` + EOS instantly (zero-cost engine for overhead measurements)."""
 
@@ -73,8 +78,11 @@ class EchoEngine:
     def weight_version(self) -> int:
         return self._weight_version
 
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> GenerationResult:
         """The fixed reply, clamped to ``params.max_tokens`` and the room left in the window."""
+        require_no_adapter(adapter)
         return _finish(self._reply_ids, input_ids, params, self._context_window, self._weight_version)
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -137,8 +145,11 @@ class ScriptedEngine:
             return self._script(self._tokenizer.decode(list(input_ids)))
         return self._script[min(index, len(self._script) - 1)]
 
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> GenerationResult:
         """The next scripted text as token ids + EOS (clamped like a real engine)."""
+        require_no_adapter(adapter)
         if len(input_ids) >= self._context_window:
             raise ContextOverflowError(num_prompt_tokens=len(input_ids), context_window=self._context_window)
         text = self._next_text(input_ids)

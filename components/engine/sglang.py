@@ -661,6 +661,32 @@ class SGLangEngine(HttpServerClient):
         table = flat.reshape(num_positions, -1, top_k)
         return tuple(tuple(tuple(int(e) for e in layer) for layer in position) for position in table)
 
+    async def logprobs_of(self, input_ids: Sequence[int], start: int = 1) -> tuple[float, ...]:
+        """Teacher-forced log p(input_ids[i] | input_ids[:i]) for i in [start, len) (a distillation teacher,
+        ``components/training/distillation.py``): ``/generate`` with ``max_new_tokens`` 0, ``return_logprob`` and
+        ``logprob_start_len`` 0, whose ``meta_info.input_token_logprobs`` holds [logprob, id, text] for every
+        prompt token (the first one's logprob null: nothing precedes it)."""
+        ids = [int(token) for token in input_ids]
+        require(1 <= start <= len(ids), "start", f"must be in [1, {len(ids)}], got {start}")
+        if len(ids) >= self.context_window:
+            raise ContextOverflowError(num_prompt_tokens=len(ids), context_window=self.context_window)
+        payload = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        }
+        reply = await self._request("POST", "/generate", json=payload)
+        try:
+            entries = reply["meta_info"]["input_token_logprobs"]
+            if [int(entries[i][1]) for i in range(start, len(ids))] != ids[start:]:
+                raise ValueError("the scored ids are not the ids sent")
+            return tuple(float(entries[i][0]) for i in range(start, len(ids)))
+        except (KeyError, IndexError, TypeError, ValueError) as error:
+            raise MissingLogprobsError(
+                f"SGLang {self.url}: /generate returned no input logprob for every scored token ({error!r})"
+            ) from None
+
     # --- plumbing ----------------------------------------------------------------------------------------
 
     async def _paused_update(self, path: str, body: dict[str, Any], version: int) -> dict[str, Any]:

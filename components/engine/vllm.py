@@ -256,6 +256,27 @@ class VLLMEngine(HttpServerClient):
             result = replace(result, weight_versions=(lora[1],) * len(result.output_ids))
         return result
 
+    async def logprobs_of(self, input_ids: Sequence[int], start: int = 1) -> tuple[float, ...]:
+        """Teacher-forced log p(input_ids[i] | input_ids[:i]) for i in [start, len) (a distillation teacher,
+        ``components/training/distillation.py``): ``/v1/completions`` with the ids as the prompt, ``max_tokens``
+        1 and ``prompt_logprobs`` 0, which returns each prompt token's own logprob from the unscaled logits
+        (vLLM's ``CompletionResponseChoice.prompt_logprobs``: None for the first token, then {id: Logprob})."""
+        ids = [int(token) for token in input_ids]
+        require(1 <= start <= len(ids), "start", f"must be in [1, {len(ids)}], got {start}")
+        if len(ids) >= self.context_window:
+            raise ContextOverflowError(num_prompt_tokens=len(ids), context_window=self.context_window)
+        payload = {
+            "model": self._served_model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
+        }  # fmt: skip
+        reply = await self._request("POST", "/v1/completions", json=payload)
+        try:
+            entries = reply["choices"][0]["prompt_logprobs"]
+            return tuple(float(entries[i][str(ids[i])]["logprob"]) for i in range(start, len(ids)))
+        except (KeyError, IndexError, TypeError, ValueError) as error:
+            raise MissingLogprobsError(
+                f"vLLM {self.url}: /v1/completions returned no prompt logprob for every scored token ({error!r})"
+            ) from None
+
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Write ``state_dict`` as an HF folder under ``weight_sync_dir`` and reload the server from it."""
         folder = await asyncio.to_thread(self.write_weights, state_dict, int(version))

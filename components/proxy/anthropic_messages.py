@@ -39,6 +39,7 @@ from components.proxy.json_fields import (
     require_object,
 )
 from components.proxy.sessions import TurnOutcome, TurnRequest
+from components.tito.formats import call_argument_pieces
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 
 PLACEHOLDERS = {"image": "[image]", "document": "[document]"}
@@ -283,11 +284,19 @@ def _stream_blocks(
     if outcome.deltas is None:
         return [_stream_block(block) for block in content]
     tool_blocks = iter(block for block in content if block["type"] == "tool_use")
+
+    def tool_block(index: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        empty, whole = _stream_block(next(tool_blocks))
+        pieces = call_argument_pieces(outcome.deltas, index, whole[0]["partial_json"])
+        return empty, [{"type": "input_json_delta", "partial_json": piece} for piece in pieces]
+
     blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
     kind = None
     for delta in outcome.deltas:
+        if delta.kind == "tool_call_arguments":
+            continue  # sent with its call's block (``call_argument_pieces``)
         if delta.kind == "tool_call":
-            blocks.append(_stream_block(next(tool_blocks)))
+            blocks.append(tool_block(delta.index))
             kind = "tool_call"
             continue
         if delta.kind != kind:

@@ -21,7 +21,7 @@ Session control:
                                  ``components.proxy.sessions``; the requests' ``model`` field never picks one)
   GET  /s/{id}/trajectory        the recorded segments so far
   POST /s/{id}/finalize          body {reward, status, failure_reason, metrics, task_id, group_id, harness,
-                                 step, log} → the trajectory as JSON (written to RUN_DIR/trajectories)
+                                 step, log, turn_rewards} → the trajectory as JSON (written to RUN_DIR/trajectories)
   POST /s/{id}/discard           drop the session
   GET  /health
 
@@ -63,6 +63,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from components.protocols import SessionOutcome
 from components.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import (
@@ -71,7 +72,7 @@ from components.proxy.errors import (
     SessionNotFoundError,
     classify_error,
 )
-from components.proxy.json_fields import get_int, get_str, parse_json_object, require_object
+from components.proxy.json_fields import get_int, get_list, get_str, parse_json_object, require_object
 from components.proxy.limits import RequestSizeLimits, check_turn_shape
 from components.proxy.sessions import SessionRegistry, TurnOutcome, trajectory_to_json, validate_session_id
 
@@ -451,8 +452,11 @@ class _ProxyHandlers:
             for name, value in metrics.items():
                 if isinstance(value, bool) or not isinstance(value, int | float):
                     raise InvalidRequestError(f"body.metrics.{name}: expected a number")
-            trajectory = await self.registry.finalize(
-                session_id,
+            turn_rewards = get_list(body, "turn_rewards", "body", default=None)
+            for index, value in enumerate(turn_rewards or ()):
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise InvalidRequestError(f"body.turn_rewards[{index}]: expected a number")
+            outcome = SessionOutcome(
                 reward=None if reward is None else float(reward),
                 status=get_str(body, "status", "body", default=None),
                 failure_reason=get_str(body, "failure_reason", "body", default=""),
@@ -462,7 +466,9 @@ class _ProxyHandlers:
                 harness=get_str(body, "harness", "body", default=None),
                 step=get_int(body, "step", "body", minimum=0),
                 log=get_str(body, "log", "body", default=""),
+                turn_rewards=None if turn_rewards is None else tuple(turn_rewards),
             )
+            trajectory = await self.registry.finalize(session_id, outcome)
         except Exception as error:
             return self._error(CHAT, error)
         return _json(trajectory_to_json(trajectory))

@@ -34,6 +34,7 @@ from components.proxy.json_fields import (
     require_object,
 )
 from components.proxy.sessions import TokenLogprob, TurnOutcome, TurnRequest
+from components.tito.formats import call_argument_pieces
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 
 ROLE_ALIASES = {
@@ -291,23 +292,16 @@ def render_stream(
                 frames.append(chunk({"reasoning_content": delta.text}))
             elif delta.kind == "content":
                 frames.append(chunk({"content": delta.text}))
-            elif delta.tool_call is not None:
+            elif delta.kind == "tool_call" and delta.tool_call is not None:
                 call = delta.tool_call
-                function = {"name": call.name, "arguments": call.arguments}
-                frames.append(
-                    chunk(
-                        {
-                            "tool_calls": [
-                                {
-                                    "index": delta.index,
-                                    "id": call.id,
-                                    "type": "function",
-                                    "function": function,
-                                }
-                            ]
-                        }
+                pieces = call_argument_pieces(outcome.deltas, delta.index, call.arguments)
+                first = {"index": delta.index, "id": call.id, "type": "function"}
+                for number, piece in enumerate(pieces):  # the arguments as the sampled tokens wrote them
+                    head = first if number == 0 else {"index": delta.index}
+                    function = (
+                        {"name": call.name, "arguments": piece} if number == 0 else {"arguments": piece}
                     )
-                )
+                    frames.append(chunk({"tool_calls": [{**head, "function": function}]}))
     elif reply.reasoning:
         frames.append(chunk({"reasoning_content": reply.reasoning}))
     if outcome.deltas is None:

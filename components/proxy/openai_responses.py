@@ -36,6 +36,7 @@ from components.proxy.json_fields import (
 )
 from components.proxy.openai_chat import content_text
 from components.proxy.sessions import TurnOutcome, TurnRequest
+from components.tito.formats import call_argument_pieces
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 
 MESSAGE_ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -363,8 +364,10 @@ def render_stream(
                 item={**item, "status": "in_progress", "arguments": ""},
             )
             ids = {"item_id": item["id"], "output_index": output_index}
-            if item["arguments"]:
-                emit("response.function_call_arguments.delta", **ids, delta=item["arguments"])
+            call_index = sum(1 for earlier in items[:output_index] if earlier["type"] == "function_call")
+            for piece in call_argument_pieces(outcome.deltas, call_index, item["arguments"]):
+                if piece:  # the arguments as the sampled tokens wrote them
+                    emit("response.function_call_arguments.delta", **ids, delta=piece)
             emit(
                 "response.function_call_arguments.done", **ids, name=item["name"], arguments=item["arguments"]
             )

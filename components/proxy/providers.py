@@ -8,15 +8,31 @@ import asyncio
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from components.config import option, require_positive
-from components.protocols import InferenceEngine, ProxyProvider, SessionControl
+from components.protocols import InferenceEngine, SessionControl
 from components.registry import PROXIES
 
 if TYPE_CHECKING:
     from components.proxy.config import ProxyConfig
     from components.proxy.server import ProxyServer
+
+
+@runtime_checkable
+class ProxyProvider(Protocol):
+    """Serves the inference proxy (OpenAI / Anthropic routes, recorded sessions) over a run's engine: in the
+    driver process or as Ray Serve replicas.
+
+    Contract: ``start`` returns the proxy's base URL and the ``SessionControl`` that opens and finalizes its
+    sessions; ``close`` stops what ``start`` started, is idempotent, and is safe when ``start`` never ran.
+    """
+
+    async def start(
+        self, engine: InferenceEngine, *, model_path: Path, config: ProxyConfig, run_name: str
+    ) -> tuple[str, SessionControl]: ...
+
+    async def close(self) -> None: ...
 
 
 class ProxyBrickConfig(Protocol):

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from components.config import require_positive
-from components.protocols import InferenceEngine
+from components.errors import EngineError
+from components.protocols import InferenceEngine, SessionOutcome
 from components.proxy.config import ProxyConfig
-from components.proxy.errors import RemoteCallError, from_remote, to_remote
+from components.proxy.errors import RemoteCallError, SessionNotFoundError, from_remote, to_remote
 from components.proxy.sessions import (
     LocalSessionRegistry,
     TurnOutcome,
@@ -31,15 +32,25 @@ from components.proxy.sessions import (
     new_session_id,
     validate_session_id,
 )
+from components.remote_waits import PENDING_WAITS, EngineStalledError
 from components.tito.messages import ChatMessage, ToolSpec
 from components.trajectory import Trajectory
+
+# A shard call includes the engine's generation of a turn (see ``ENGINE_CALL_DEADLINE_S``), and a little more.
+SHARD_CALL_DEADLINE_S = 960.0
+SHARD_START_DEADLINE_S = 300.0  # a shard actor loads its tokenizer; Ray may first start a worker for it
 
 
 class SessionShard:
     """A Ray actor holding some of the sessions (a ``LocalSessionRegistry``) and calling the shared engine.
 
     Each method is the ``LocalSessionRegistry`` method of the same name; any failure comes back as a
-    ``RemoteCallError`` (turned back into the typed exception by ``ShardedSessionRegistry``)."""
+    ``RemoteCallError`` (turned back into the typed exception by ``ShardedSessionRegistry``).
+
+    A shard that dies is restarted by Ray (``max_restarts``) with no sessions: the calls in flight fail as
+    ``EngineError`` ("session shard N died"), and a later call for a session of the dead incarnation is an
+    ``EngineError`` saying the session was lost with the shard (an ``engine_error`` rollout, replaced), never a
+    404 that would read as the agent's mistake; new sessions work on the restarted shard."""
 
     def __init__(
         self,
@@ -48,16 +59,35 @@ class SessionShard:
         config: ProxyConfig,
         policies: Mapping[str, InferenceEngine] | None = None,
     ) -> None:
+        import ray
         from transformers import AutoTokenizer
 
         self.registry = LocalSessionRegistry(
             engine, AutoTokenizer.from_pretrained(tokenizer_path), config, policies=policies
         )
+        self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self._opened_here: set[str] = set()  # after a restart: the sessions of this incarnation
+
+    @contextlib.contextmanager
+    def _remote_errors(self, session_id: str) -> Iterator[None]:
+        """Send a failure across the actor boundary as a picklable ``RemoteCallError``."""
+        try:
+            yield
+        except SessionNotFoundError as missing:
+            lost = self._restarted and session_id not in self._opened_here
+            lost_error = EngineError(
+                f"session {session_id} was lost when its session shard died and restarted"
+            )
+            raise to_remote(lost_error if lost else missing) from None
+        except Exception as error:
+            raise to_remote(error) from None
 
     async def open_session(
         self, *, session_id: str, task_id: str, group_id: str, harness: str, step: int, policy: str = ""
     ) -> str:
-        with _remote_errors():
+        if self._restarted:
+            self._opened_here.add(session_id)
+        with self._remote_errors(session_id):
             return await self.registry.open_session(
                 session_id=session_id,
                 task_id=task_id,
@@ -68,48 +98,41 @@ class SessionShard:
             )
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
-        with _remote_errors():
+        with self._remote_errors(session_id):
             return await self.registry.run_turn(session_id, request)
 
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> int:
-        with _remote_errors():
+        with self._remote_errors(session_id):
             return await self.registry.count_tokens(session_id, messages, tools)
 
     async def describe(self, session_id: str) -> dict[str, Any]:
-        with _remote_errors():
+        with self._remote_errors(session_id):
             return await self.registry.describe(session_id)
 
-    async def finalize(self, session_id: str, **fields: Any) -> Trajectory:
-        """``fields``: ``LocalSessionRegistry.finalize``'s keyword arguments (reward, status, ...)."""
-        with _remote_errors():
-            return await self.registry.finalize(session_id, **fields)
+    async def finalize(self, session_id: str, outcome: SessionOutcome) -> Trajectory:
+        with self._remote_errors(session_id):
+            return await self.registry.finalize(session_id, outcome)
 
     async def discard(self, session_id: str) -> None:
-        with _remote_errors():
+        with self._remote_errors(session_id):
             await self.registry.discard(session_id)
 
     def num_open_sessions(self) -> int:
         return self.registry.num_open_sessions
 
 
-@contextlib.contextmanager
-def _remote_errors() -> Iterator[None]:
-    """Send a failure across the actor boundary as a picklable ``RemoteCallError``."""
-    try:
-        yield
-    except Exception as error:
-        raise to_remote(error) from None
-
-
 class ShardedSessionRegistry:
     """The ``SessionRegistry`` over session shards; cheap to pickle into every Serve replica."""
 
-    def __init__(self, shards: Sequence[Any]) -> None:
+    def __init__(self, shards: Sequence[Any], *, shard_arguments: Sequence[Any] = ()) -> None:
+        """``shard_arguments``: the object refs the shards were built from, held while the registry lives so
+        that Ray can restart a dead shard from them."""
         if not shards:
             raise ValueError("shards: need at least one session shard actor")
         self.shards = tuple(shards)
+        self.shard_arguments = tuple(shard_arguments)
 
     def shard_index(self, session_id: str) -> int:
         """Which shard owns ``session_id`` (stable across processes)."""
@@ -119,18 +142,28 @@ class ShardedSessionRegistry:
         """The shard actor owning ``session_id``."""
         return self.shards[self.shard_index(session_id)]
 
-    @staticmethod
-    async def _result(reply: Any) -> Any:
-        """Await one shard call; remote errors come back typed."""
-        from ray.exceptions import RayTaskError
+    async def _result(self, session_id: str, request: str, reply: Any) -> Any:
+        """Await one call on ``session_id``'s shard for at most ``SHARD_CALL_DEADLINE_S``; remote errors come back
+        typed; a dead or stalled shard is an ``EngineError`` naming it (the rollout is an ``engine_error``:
+        replaced, never trained; its session is gone with the shard)."""
+        from ray.exceptions import RayActorError, RayTaskError
 
+        shard = f"session shard {self.shard_index(session_id)}"
         try:
-            return await reply
+            return await PENDING_WAITS.within(
+                reply,
+                deadline_s=SHARD_CALL_DEADLINE_S,
+                component=shard,
+                request=f"{request}(session {session_id})",
+                error=EngineStalledError,
+            )
         except RayTaskError as error:
             cause = getattr(error, "cause", None)
             if isinstance(cause, RemoteCallError):
                 raise from_remote(cause) from None
             raise
+        except RayActorError as error:
+            raise EngineError(f"{shard} died; session {session_id} was discarded with it: {error}") from None
 
     async def open_session(
         self,
@@ -145,6 +178,8 @@ class ShardedSessionRegistry:
         """Start recording a new session bound to ``policy`` on its shard; returns its id."""
         session_id = validate_session_id(session_id) if session_id is not None else new_session_id()
         return await self._result(
+            session_id,
+            "open_session",
             self._shard(session_id).open_session.remote(
                 session_id=session_id,
                 task_id=task_id,
@@ -152,62 +187,52 @@ class ShardedSessionRegistry:
                 harness=harness,
                 step=step,
                 policy=policy,
-            )
+            ),
         )
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
         """See ``LocalSessionRegistry.run_turn``."""
-        return await self._result(self._shard(session_id).run_turn.remote(session_id, request))
+        return await self._result(
+            session_id, "run_turn", self._shard(session_id).run_turn.remote(session_id, request)
+        )
 
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> int:
         """See ``LocalSessionRegistry.count_tokens``."""
         shard = self._shard(session_id)
-        return await self._result(shard.count_tokens.remote(session_id, tuple(messages), tuple(tools)))
+        return await self._result(
+            session_id,
+            "count_tokens",
+            shard.count_tokens.remote(session_id, tuple(messages), tuple(tools)),
+        )
 
     async def describe(self, session_id: str) -> dict[str, Any]:
         """See ``LocalSessionRegistry.describe``."""
-        return await self._result(self._shard(session_id).describe.remote(session_id))
+        return await self._result(session_id, "describe", self._shard(session_id).describe.remote(session_id))
 
-    async def finalize(
-        self,
-        session_id: str,
-        *,
-        reward: float | None = None,
-        status: str | None = None,
-        failure_reason: str = "",
-        metrics: Mapping[str, float] | None = None,
-        task_id: str | None = None,
-        group_id: str | None = None,
-        harness: str | None = None,
-        step: int | None = None,
-        log: str = "",
-    ) -> Trajectory:
+    async def finalize(self, session_id: str, outcome: SessionOutcome = SessionOutcome()) -> Trajectory:
         """See ``LocalSessionRegistry.finalize`` (the shard writes the trajectory to its store)."""
-        reply = self._shard(session_id).finalize.remote(
-            session_id,
-            reward=reward,
-            status=status,
-            failure_reason=failure_reason,
-            metrics=dict(metrics or {}),
-            task_id=task_id,
-            group_id=group_id,
-            harness=harness,
-            step=step,
-            log=log,
-        )
-        return await self._result(reply)
+        reply = self._shard(session_id).finalize.remote(session_id, outcome)
+        return await self._result(session_id, "finalize", reply)
 
     async def discard(self, session_id: str) -> None:
         """See ``LocalSessionRegistry.discard``."""
-        await self._result(self._shard(session_id).discard.remote(session_id))
+        await self._result(session_id, "discard", self._shard(session_id).discard.remote(session_id))
 
     async def num_open_sessions(self) -> int:
         """Open sessions over all shards."""
         import asyncio
 
-        return sum(await asyncio.gather(*(shard.num_open_sessions.remote() for shard in self.shards)))
+        replies = asyncio.gather(*(shard.num_open_sessions.remote() for shard in self.shards))
+        return sum(
+            await PENDING_WAITS.within(
+                replies,
+                deadline_s=SHARD_CALL_DEADLINE_S,
+                component="session shards",
+                request="num_open_sessions",
+            )
+        )
 
     def shutdown(self) -> None:
         """Kill the shard actors (open sessions are lost)."""
@@ -231,16 +256,25 @@ def start_session_shards(
     import ray
 
     require_positive(num_shards, "num_shards")
-    actor_class = ray.remote(num_cpus=0, max_concurrency=1000)(SessionShard)
+    # restarted when it dies (its sessions are lost, see ``SessionShard``); calls in flight are not retried
+    actor_class = ray.remote(num_cpus=0, max_concurrency=1000, max_restarts=-1)(SessionShard)
+    # in the object store, owned here: a restarted shard is built again from the same objects
+    arguments = [
+        ray.put(engine),
+        str(tokenizer_path),
+        ray.put(config or ProxyConfig()),
+        ray.put(dict(policies or {})),
+    ]
     shards = []
     for index in range(num_shards):
         options: dict[str, Any] = {}
         if name_prefix:
             options["name"] = f"{name_prefix}-{index}"
-        shards.append(
-            actor_class.options(**options).remote(
-                engine, str(tokenizer_path), config or ProxyConfig(), dict(policies or {})
-            )
-        )
-    ray.get([shard.num_open_sessions.remote() for shard in shards])  # wait until every shard is up
-    return ShardedSessionRegistry(shards)
+        shards.append(actor_class.options(**options).remote(*arguments))
+    PENDING_WAITS.get_within(  # wait until every shard is up
+        [shard.num_open_sessions.remote() for shard in shards],
+        deadline_s=SHARD_START_DEADLINE_S,
+        component="session shards",
+        request="start",
+    )
+    return ShardedSessionRegistry(shards, shard_arguments=arguments)

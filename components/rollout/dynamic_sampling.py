@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from components.config import require_non_negative
 from components.protocols import Task
 from components.recipe_config import option
+from components.rollout.partial_groups import PartialGroupConfig, partial_group_metrics
 from components.trajectory import Trajectory
 
 ZERO_VARIANCE_DROP_REASON = "zero_reward_variance"
@@ -47,16 +48,20 @@ def split_groups(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
 
 @dataclass(kw_only=True)
 class SampledStep:
-    """A step's groups after dynamic sampling: those to train, those dropped, and the draw counts."""
+    """A step's groups after dynamic sampling and partial-group replacement: those to train, those dropped,
+    and the draw counts."""
 
     kept: list[list[Trajectory]] = field(default_factory=list)
-    dropped: list[list[Trajectory]] = field(default_factory=list)
-    num_extra_groups: int = 0  # groups rolled out beyond the step's own
+    dropped: list[list[Trajectory]] = field(default_factory=list)  # equal rewards (dynamic sampling)
+    short: list[list[Trajectory]] = field(
+        default_factory=list
+    )  # replaced: too few survivors (partial groups)
+    num_extra_groups: int = 0  # groups rolled out beyond the step's own for dynamic sampling
 
     @property
     def trajectories(self) -> list[Trajectory]:
         """Every rollout of the step, kept or not (what the store records)."""
-        return [t for group in (*self.kept, *self.dropped) for t in group]
+        return [t for group in (*self.kept, *self.dropped, *self.short) for t in group]
 
     @property
     def trained(self) -> list[Trajectory]:
@@ -71,6 +76,9 @@ class SampledStep:
             "dynamic_sampling/kept_groups": float(len(self.kept)),
         }
 
+    def partial_group_metrics(self) -> dict[str, float]:
+        return partial_group_metrics(self.kept, num_replaced=len(self.short))
+
 
 RollOut = Callable[[Sequence[Task], int], Awaitable[list[Trajectory]]]
 
@@ -80,23 +88,36 @@ async def sample_step(
     roll_out: RollOut,
     tasks: Sequence[Task],
     replacement_tasks: Callable[[int], Sequence[Task]],
+    *,
+    partial: PartialGroupConfig | None = None,
 ) -> SampledStep:
-    """Roll out ``tasks`` (``roll_out(tasks, first_index)``, one group each), drop the uninformative groups and
-    roll out replacements from ``replacement_tasks(round)`` (round 1, 2, ...) until the step has as many
-    informative groups as tasks or ``max_extra_groups`` extra groups were drawn."""
+    """Roll out ``tasks`` (``roll_out(tasks, first_index)``, one group each) and, in rounds, replace: a short
+    group (``partial``, see ``components/rollout/partial_groups.py``) by a new group of its own task, while
+    ``partial.max_replacements`` allow; an uninformative group (dynamic sampling, when enabled) by a group of
+    ``replacement_tasks(round)`` (round 1, 2, ...) until the step has as many informative groups as tasks or
+    ``max_extra_groups`` extra groups were drawn."""
+    partial = partial or PartialGroupConfig(min_group_size=0)
     step = SampledStep()
     wanted, next_index, round_ = len(tasks), len(tasks), 0
+    task_of = {task.task_id: task for task in tasks}
     batch = await roll_out(tasks, 0)
     while True:
+        again: list[Task] = []  # short groups' tasks, rolled out again
         for group in split_groups(batch):
-            (step.kept if is_informative(group) or not config.enabled else step.dropped).append(group)
-        missing = min(wanted - len(step.kept), config.max_extra_groups - step.num_extra_groups)
-        if not config.enabled or missing <= 0:
-            return step
+            if partial.is_short(group) and len(step.short) < partial.max_replacements:
+                step.short.append(group)
+                again.append(task_of[group[0].task_id])
+            elif is_informative(group) or not config.enabled:
+                step.kept.append(group)
+            else:
+                step.dropped.append(group)
+        missing = min(wanted - len(step.kept) - len(again), config.max_extra_groups - step.num_extra_groups)
         round_ += 1
-        candidates = list(replacement_tasks(round_))[:missing]
+        candidates = list(replacement_tasks(round_))[: max(missing, 0)] if config.enabled else []
+        step.num_extra_groups += len(candidates)
+        candidates = again + candidates
         if not candidates:
             return step
+        task_of.update((task.task_id, task) for task in candidates)
         batch = await roll_out(candidates, next_index)
         next_index += len(candidates)
-        step.num_extra_groups += len(candidates)

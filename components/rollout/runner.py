@@ -32,6 +32,7 @@ from components.protocols import (
     SandboxAwareHarness,
     SandboxProvider,
     SessionControl,
+    SessionOutcome,
     Task,
     TaskWithSetup,
 )
@@ -40,17 +41,18 @@ from components.proxy.sessions import validate_policy_name
 from components.rewards.compose import RewardWeights, apply_group_reward
 from components.rollout.failures import classify_exception
 from components.rollout.log_text import clip_text
-from components.trajectory import TRAINABLE_STATUSES, Trajectory, TrajectoryStatus
+from components.trajectory import (
+    INFRASTRUCTURE_STATUSES,
+    TRAINABLE_STATUSES,
+    Trajectory,
+    TrajectoryStatus,
+)
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 OPEN_PROXY_API_KEY = "rein"  # what harnesses send to a proxy without per-session tokens (any key is accepted)
-
-_INFRA_STATUSES = frozenset(
-    {TrajectoryStatus.SANDBOX_ERROR, TrajectoryStatus.ENGINE_ERROR, TrajectoryStatus.GRADING_ERROR}
-)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -101,6 +103,7 @@ class _Rollout:
         self.metrics: dict[str, float] = {}
         self.logs: list[str] = []
         self.open_session_id: str | None = None  # set while the proxy holds an unfinalized session
+        self.turn_rewards: tuple[float, ...] = ()  # per model call (harness or grader), for turn-level credit
 
     def fail(self, status: TrajectoryStatus, reason: str) -> None:
         self.status = status
@@ -346,6 +349,7 @@ class RolloutRunner(GroupRollouts):
                 status=status.value, failure_reason=reason, log=f"{type(exc).__name__}: {exc}"
             )
         rollout.metrics.update({k: float(v) for k, v in outcome.metrics.items()})
+        rollout.turn_rewards = tuple(outcome.turn_rewards)
         rollout.metrics["harness_wall_time_s"] = time.monotonic() - started
         if outcome.log:
             rollout.logs.append(f"=== harness {self.harness.name}\n{outcome.log}")
@@ -362,7 +366,7 @@ class RolloutRunner(GroupRollouts):
     async def _check_sandbox(self, sandbox: Sandbox, rollout: _Rollout) -> None:
         """A sandbox that died under the harness makes the rollout an infrastructure failure, whatever the
         harness concluded from its dying commands."""
-        if rollout.status in _INFRA_STATUSES:
+        if rollout.status in INFRASTRUCTURE_STATUSES:
             return
         try:
             probe = await asyncio.wait_for(
@@ -391,7 +395,7 @@ class RolloutRunner(GroupRollouts):
             TrajectoryStatus.ENGINE_ERROR,
         ):
             rollout.fail(TrajectoryStatus.CONTEXT_OVERFLOW, "the conversation outgrew the context window")
-        elif described.get("num_engine_errors", 0) and rollout.status not in _INFRA_STATUSES:
+        elif described.get("num_engine_errors", 0) and rollout.status not in INFRASTRUCTURE_STATUSES:
             # A black-box agent only sees an HTTP 5xx and goes on (retries, changes course) or exits in its own
             # way; the proxy saw the cause. Either way the conversation is no clean sample of the policy.
             rollout.fail(
@@ -423,6 +427,7 @@ class RolloutRunner(GroupRollouts):
             )
             return
         rollout.reward = float(result.reward)
+        rollout.turn_rewards = tuple(result.turn_rewards) or rollout.turn_rewards
 
     def _final_metrics(self, rollout: _Rollout) -> dict[str, float]:
         return {**rollout.metrics, "rollout_wall_time_s": time.monotonic() - rollout.started}
@@ -435,8 +440,7 @@ class RolloutRunner(GroupRollouts):
     ) -> Trajectory:
         rollout.open_session_id = None  # finalize closes it, or the fallback below discards it
         try:
-            return await self.sessions.finalize(
-                session_id,
+            outcome = SessionOutcome(
                 reward=rollout.reward,
                 status=rollout.status.value,
                 failure_reason=rollout.failure_reason,
@@ -446,7 +450,14 @@ class RolloutRunner(GroupRollouts):
                 harness=self.harness.name,
                 step=step,
                 log=self._final_log(rollout),
+                # only a trainable rollout's: a failed one may have lost calls its harness counted
+                turn_rewards=(
+                    tuple(rollout.turn_rewards)
+                    if rollout.turn_rewards and rollout.status in TRAINABLE_STATUSES
+                    else None
+                ),
             )
+            return await self.sessions.finalize(session_id, outcome)
         except Exception as exc:
             logger.warning("finalizing session %s failed: %s", session_id, exc)
             try:

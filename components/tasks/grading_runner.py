@@ -18,13 +18,18 @@ observer starts trusted and stays out of the reach of what it then runs:
 3. The hidden tests never touch the disk: each hidden path holds a placeholder, and the test process receives
    the sources over a pipe it reads (and closes) before it imports anything of the agent's, then compiles
    them from memory (with pytest's assertion rewriting).
-4. The test process (``python -I``, workspace appended to ``sys.path`` after the stdlib and pytest) runs
+4. The agent's code never runs in the test process: the observer starts a *code-under-test process* (``python
+   -I``, workspace appended to ``sys.path``) that holds one socket to the test process and nothing else, and
+   imports and runs the agent's modules at the test process's request; the test process sees each workspace
+   module as a ``RemoteModule``, each value as a plain builtin value rebuilt by its own JSON decoder or a
+   ``Remote`` handle (see "the code under test, in a process of its own" below). The test process is
+   non-dumpable, imports nothing from the workspace (no ``conftest.py``, no package ``__init__.py``) and runs
    pytest with a grader-written ini, ``--noconftest``, no plugin autoload, ``-p no:cacheprovider``. It sends
    one event per test phase over a ``SOCK_SEQPACKET`` socket with ``SO_PASSCRED``: the kernel stamps each
    message with its sender's pid, and only the test process's own messages count (a process it forked cannot
    speak for it); a ``done`` event closes its session, nothing after it counts, and a session without one
    earns 0. Its stdout/stderr go to the observer, never to the exec's output, and it is given nothing else.
-   Before any code of the agent runs it fingerprints pytest, pluggy, builtins and its registered plugins
+   Before the tests run it fingerprints pytest, pluggy, builtins and its registered plugins
    (every callable's identity and code, every class's attributes); after each test's teardown and at the end
    of the session a change is reported (reward 0).
 5. When the session is done, the test process is gone, or at the deadline, the observer SIGKILLs every process
@@ -37,15 +42,17 @@ Repository mode (bundle key ``pytest_args``, used by ``components/tasks/swebench
 repository's own, already restored by the host (test files, test infrastructure, ``test_patch``), so steps 2
 and 3 are skipped; the test process runs pytest with the given arguments and the repository's own
 configuration and ``conftest.py`` files, the working tree placed before site-packages (as ``python -m pytest``
-finds it) but after the stdlib. Channel, fingerprint, kill loop and verdict are the same.
+finds it) but after the stdlib. Channel, fingerprint, kill loop and verdict are the same; the comparisons the
+tests' asserts make go through ``ProbingComparisons``.
 
-Known limit: the code under test runs inside the test process, so code aimed at this grader's internals (its
-event socket, its fingerprint) can still forge that process's events, and a patch undone between a report and
-the next teardown escapes the fingerprint; the tree scan rejects the plain forms (see
-``components/tasks/grading.py``). Values whose ``__eq__`` lies are a weakness of the tests, not of the runner.
+Known limit (repository mode only): the repository's tests import its code, so the code under test runs in the
+test process there, and code aimed at this grader's internals (its event socket, found among the process's
+descriptors, or its ``send`` reached through frames) can forge that process's events; the fingerprint and the
+host's diff scan catch only the plain forms.
 """
 
 import ast
+import builtins
 import ctypes
 import hashlib
 import hmac
@@ -327,6 +334,7 @@ def run_test_process(bundle, workspace, hidden, verdict):
     event_socket, child_socket = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     event_socket.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     event_write = child_socket.fileno()
+    output_read, output_write = os.pipe()  # the test process's and the code under test's output, for the tail
     child_env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/tmp"),
@@ -335,6 +343,16 @@ def run_test_process(bundle, workspace, hidden, verdict):
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
     }
+    code_under_test, bridge_fds = None, ()
+    if pytest_args is None:  # built-in mode: the agent's code runs in a process of its own (its one socket)
+        bridge_test, bridge_code = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        bridge_fds = (bridge_test.fileno(),)
+        code_under_test = subprocess.Popen(
+            [sys.executable, "-I", "-B", os.path.abspath(__file__), "--code-under-test", str(bridge_code.fileno()), workspace],
+            cwd=workspace, env=child_env, stdin=subprocess.DEVNULL, stdout=output_write, stderr=output_write,
+            pass_fds=(bridge_code.fileno(),), start_new_session=True,
+        )  # fmt: skip
+        bridge_code.close()
     child = subprocess.Popen(
         [
             sys.executable,
@@ -350,25 +368,31 @@ def run_test_process(bundle, workspace, hidden, verdict):
                     "ini_dir": ini_dir,
                     "plugins": bundle.get("plugins", []),
                     "pytest_args": pytest_args,
+                    "bridge_fd": bridge_fds[0] if bridge_fds else None,
+                    "changed_paths": bundle.get("changed_paths", []),
                 }
             ),
         ],
         cwd=workspace,
         env=child_env,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
+        stdout=output_write,
         stderr=subprocess.STDOUT,
-        pass_fds=(source_read, event_write),
+        pass_fds=(source_read, event_write, *bridge_fds),
         start_new_session=True,
     )
     os.close(source_read)
+    os.close(output_write)
     child_socket.close()
+    if code_under_test is not None:
+        bridge_test.close()
+    output = os.fdopen(output_read, "rb", buffering=0)
     with os.fdopen(source_write, "w", encoding="utf-8") as handle:
         handle.write(json.dumps(hidden))
     collector = _EventCollector(verdict, child.pid)
     selector = selectors.DefaultSelector()
     selector.register(event_socket, selectors.EVENT_READ, collector.receive)
-    selector.register(child.stdout, selectors.EVENT_READ, collector.read_output)
+    selector.register(output, selectors.EVENT_READ, collector.read_output)
     deadline = time.monotonic() + float(bundle["timeout_s"])
     while child.poll() is None and not collector.finished:
         remaining = deadline - time.monotonic()
@@ -385,7 +409,7 @@ def run_test_process(bundle, workspace, hidden, verdict):
         for key, _ in selector.select(timeout=1.0):
             key.data(selector, key.fileobj)
     event_socket.close()
-    child.stdout.close()
+    output.close()
     verdict["finished"] = collector.finished
     verdict["foreign_events"] = collector.foreign_events
     verdict["exit_code"] = child.poll()
@@ -533,21 +557,29 @@ class HonestComparisons:
 
     def __call__(self, operators, *operands):
         values = [self.canonical(operand, 0) for operand in operands]
+        result = True
         for index, operator in enumerate(operators):
             left, right = values[index], values[index + 1]
-            if operator in ("in", "not in"):  # an own container's membership is the code under test's
-                dishonest = self.holds_own(left) and not self.holds_own(right)
-            else:
-                dishonest = operator not in ("is", "is not") and self.holds_own(left) != self.holds_own(right)
-            if dishonest:
+            reason = self.dishonesty(operator, left, right)
+            if reason:
                 raise DishonestComparison(
-                    f"a hidden test compared {type(operands[index]).__name__} with "
-                    f"{type(operands[index + 1]).__name__} using {operator!r}: one side is a value of the "
-                    "code under test's own type, the other is not, so its comparison cannot be trusted"
+                    f"a test compared {type(operands[index]).__name__} with "
+                    f"{type(operands[index + 1]).__name__} using {operator!r}: {reason}"
                 )
-            if not _COMPARISONS[operator](left, right):
-                return False
-        return True
+            result = _COMPARISONS[operator](left, right)
+            if len(operators) > 1 and not result:  # a chain stops at its first false link, as Python's does
+                return result
+        return result  # one comparison: its own result (an array stays an array)
+
+    def dishonesty(self, operator, left, right):
+        """Why this comparison cannot be trusted, or "" (see the class docstring)."""
+        if operator in ("in", "not in"):  # an own container's membership is the code under test's
+            dishonest = self.holds_own(left) and not self.holds_own(right)
+        else:
+            dishonest = operator not in ("is", "is not") and self.holds_own(left) != self.holds_own(right)
+        if dishonest:
+            return "one side is a value of the code under test's own type, the other is not"
+        return ""
 
     def canonical(self, value, depth):
         if depth > _MAX_COMPARED_DEPTH:
@@ -581,6 +613,8 @@ class HonestComparisons:
         return kind not in _EXACT and kind not in (bytearray,) and self.is_own_type(kind)
 
     def is_own_type(self, kind):
+        if issubclass(kind, Remote):  # a value of the code-under-test process
+            return True
         for klass in kind.__mro__:
             module = sys.modules.get(getattr(klass, "__module__", "") or "")
             if self._inside(getattr(module, "__file__", None)):
@@ -599,21 +633,119 @@ class HonestComparisons:
         return path.startswith(self.workspace) and path not in self.hidden_paths
 
 
+class ProbingComparisons(HonestComparisons):
+    """Honest comparisons for a repository's own tests (SWE-bench rows, repository mode), whose types compare with
+    builtin values legitimately: nothing is refused or copied. A value is the agent's when its type (or a class of
+    its MRO) was defined, or has a method compiled, in a file the agent's patch changed. When such a value is said
+    to equal a value that is not the agent's (``==``, or found ``in`` a container that is not the agent's), it is
+    asked again against two *probes* of the same shape as that value: every leaf changed (``"x"`` becomes
+    ``"x\\0rein-probe"``, ``3`` becomes ``7922``, ...) and every leaf a fresh object. An honest ``__eq__`` says no
+    to both; one that says yes to either cannot tell values apart, and the test fails. A liar that recognises the
+    probes (it reads the test's frame: it shares the test's process) is not caught; nor is ``!=``, ordering,
+    or a comparison nested in a call (``(a == b).all()``), which is not rewritten."""
+
+    def __init__(self, own_files):
+        super().__init__(os.sep)
+        self.own_files = {os.path.realpath(path) for path in own_files}
+
+    def canonical(self, value, depth):
+        return value
+
+    def _inside(self, filename):
+        return bool(filename) and os.path.realpath(filename) in self.own_files
+
+    def dishonesty(self, operator, left, right):
+        own_left, own_right = self.holds_own(left), self.holds_own(right)
+        if operator == "==" and own_left != own_right:
+            own, other = (left, right) if own_left else (right, left)
+
+            def says_equal(probe):
+                return own == probe if own_left else probe == own
+        elif operator in ("in", "not in") and own_left and not own_right:
+            own, other = left, right
+
+            def says_equal(probe):
+                return own in probe
+        else:
+            return ""
+        for fresh in (False, True):
+            try:
+                said_yes = bool(says_equal(_probe_of(other, fresh)))
+            except Exception:  # noqa: BLE001 - a probe it cannot compare with is not a lie
+                continue
+            if said_yes:
+                return (
+                    f"the value of the agent's type {type(own).__name__} also equals a probe of the other side "
+                    "(every leaf changed or replaced): its equality cannot be trusted"
+                )
+        return ""
+
+
+class _Probe:
+    """A fresh object no honest ``__eq__`` equals."""
+
+    __slots__ = ()
+
+
+def _probe_of(value, fresh, depth=0):
+    """``value``'s shape with every leaf changed (``fresh``: replaced by a ``_Probe``)."""
+    kind = type(value)
+    if depth > _MAX_COMPARED_DEPTH:
+        return _Probe()
+    if kind in (list, tuple):
+        return kind(_probe_of(item, fresh, depth + 1) for item in value)
+    if kind is dict:
+        return {key: _probe_of(item, fresh, depth + 1) for key, item in value.items()}
+    if kind in (set, frozenset):
+        return kind(_Probe() for _ in value)
+    changed = None if fresh else _PROBE_CHANGES.get(kind)
+    return _Probe() if changed is None else changed(value)
+
+
+_PROBE_CHANGES = {
+    bool: lambda value: not value,
+    int: lambda value: value + 7919,
+    float: lambda value: value + max(1.0, abs(value)) if abs(value) < 1e300 else _Probe(),
+    str: lambda value: value + "\0rein-probe",
+    bytes: lambda value: value + b"\0rein-probe",
+}
+
+
 COMPARE_NAME = "@rein_compare"  # not an identifier: no test source can name it
 
 
 class _HonestAsserts(ast.NodeTransformer):
     """Every comparison inside an ``assert`` becomes a call of ``HonestComparisons`` (operands still evaluated
-    once each, left to right; a chain's later operands are evaluated even when an earlier link is false)."""
+    once each, left to right; a chain's later operands are evaluated even when an earlier link is false). With
+    ``top_level_only``, only comparisons the assert itself tests (``assert a == b``, ``assert a == b and not
+    c in d``), never one whose result a call uses (``assert (a == b).all()``: an array, not a truth)."""
+
+    def __init__(self, top_level_only=False):
+        self.top_level_only = top_level_only
 
     def visit_Assert(self, node):
-        node.test = _CompareCalls().visit(node.test)
+        node.test = (
+            _top_level_compares(node.test) if self.top_level_only else _CompareCalls().visit(node.test)
+        )
         return node
+
+
+def _top_level_compares(test):
+    if isinstance(test, ast.Compare):
+        return _CompareCalls().compare_call(test)
+    if isinstance(test, ast.BoolOp):
+        test.values = [_top_level_compares(value) for value in test.values]
+    elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test.operand = _top_level_compares(test.operand)
+    return test
 
 
 class _CompareCalls(ast.NodeTransformer):
     def visit_Compare(self, node):
         self.generic_visit(node)
+        return self.compare_call(node)
+
+    def compare_call(self, node):
         operators = ast.Constant(tuple(_AST_OPERATORS[type(op).__name__] for op in node.ops))
         call = ast.Call(
             func=ast.Name(COMPARE_NAME, ast.Load()),
@@ -623,9 +755,355 @@ class _CompareCalls(ast.NodeTransformer):
         return ast.copy_location(call, node)
 
 
-def honest_asserts(tree):
+def honest_asserts(tree, top_level_only=False):
     """``tree`` with every comparison in its ``assert`` statements routed through ``HonestComparisons``."""
-    return ast.fix_missing_locations(_HonestAsserts().visit(tree))
+    return ast.fix_missing_locations(_HonestAsserts(top_level_only).visit(tree))
+
+
+def honest_repository_asserts(comparisons):
+    """Repository mode: every module pytest's assertion rewriting rewrites (the repository's test modules and
+    conftests, as they are on disk: the data set's tests are not edited) first routes the comparisons its
+    asserts test through ``comparisons``, found under a name no source can spell, in builtins."""
+    from _pytest.assertion import rewrite
+
+    rewrite_asserts = rewrite.rewrite_asserts
+
+    def rewrite_honestly(mod, source, module_path=None, config=None):
+        rewrite_asserts(honest_asserts(mod, top_level_only=True), source, module_path, config)
+
+    rewrite.rewrite_asserts = rewrite_honestly
+    setattr(builtins, COMPARE_NAME, comparisons)
+
+
+# -- the code under test, in a process of its own -----------------------------------------------------------
+#
+# In built-in mode no code of the agent runs in the test process. Every module of the workspace the hidden tests
+# import is a ``RemoteModule``: the *code-under-test process* (started by the observer, holding nothing but its
+# end of one socket) imports and runs the agent's code, and the test process sees only plain values copied by
+# its own JSON decoder (exact builtin types: a ``str`` subclass arrives as a ``str``) or ``Remote`` handles,
+# whose every operation is a request to that process. The test process lends it only callables the tests pass
+# in (a ``key=`` function), which it may call, test for truth, hash, compare and print, and nothing else.
+
+_MAX_BRIDGE_MESSAGE_BYTES = 64 << 20
+_MAX_BRIDGED_DEPTH = 64
+_BRIDGE_SIZE = struct.Struct("!I")
+
+
+class CodeUnderTestGone(RuntimeError):
+    """The code-under-test process ended (it exited or was killed) or broke the bridge's protocol."""
+
+
+class Remote:
+    """A value living in the other process of the bridge; every operation on it is a request there."""
+
+    __slots__ = ("_Remote__bridge", "_Remote__id")
+
+    def __init__(self, bridge, handle):
+        object.__setattr__(self, "_Remote__bridge", bridge)
+        object.__setattr__(self, "_Remote__id", handle)
+
+    def __getattr__(self, name):
+        return self.__bridge.request("getattr", self, name)
+
+    def __setattr__(self, name, value):
+        self.__bridge.request("setattr", self, name, value)
+
+    def __delattr__(self, name):
+        self.__bridge.request("delattr", self, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.__bridge.request("call", self, *args, **kwargs)
+
+    def __iter__(self):
+        return self.__bridge.request("iter", self)
+
+    def __next__(self):
+        return self.__bridge.request("next", self)
+
+    def __enter__(self):
+        return self.__bridge.request("enter", self)
+
+    def __exit__(self, *exc_info):
+        return self.__bridge.request("exit", self, None, None, None)
+
+
+def _forward(operation, reflected=False):
+    def method(self, *args):
+        arguments = (args[0], self) if reflected else (self, *args)
+        return object.__getattribute__(self, "_Remote__bridge").request(operation, *arguments)
+
+    return method
+
+
+_BRIDGE_OPERATIONS = {
+    "len": len, "contains": lambda container, item: item in container, "getitem": lambda o, k: o[k],
+    "setitem": lambda o, k, v: o.__setitem__(k, v), "delitem": lambda o, k: o.__delitem__(k), "bool": bool,
+    "repr": repr, "str": str, "hash": hash, "int": int, "float": float, "index": lambda o: o.__index__(),
+    "neg": lambda o: -o, "pos": lambda o: +o, "abs": abs, "invert": lambda o: ~o,
+    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b, "add": lambda a, b: a + b, "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b, "truediv": lambda a, b: a / b, "floordiv": lambda a, b: a // b,
+    "mod": lambda a, b: a % b, "pow": lambda a, b: a**b, "and": lambda a, b: a & b, "or": lambda a, b: a | b,
+    "xor": lambda a, b: a ^ b, "lshift": lambda a, b: a << b, "rshift": lambda a, b: a >> b,
+    "matmul": lambda a, b: a @ b,
+}  # fmt: skip
+for _name in ("len", "contains", "getitem", "setitem", "delitem", "bool", "repr", "str", "hash", "int",
+              "float", "index", "neg", "pos", "abs", "invert", "eq", "ne", "lt", "le", "gt", "ge"):  # fmt: skip
+    setattr(Remote, f"__{_name}__", _forward(_name))
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift",
+              "matmul"):  # fmt: skip
+    setattr(Remote, f"__{_name}__", _forward(_name))
+    setattr(Remote, f"__r{_name}__", _forward(_name, reflected=True))
+
+
+class Bridge:
+    """One end of the bridge: requests to the other process and the requests it serves (``serves``)."""
+
+    def __init__(self, sock, serves, lends):
+        self.sock = sock
+        self.serves = serves  # operation name -> function
+        self.lends = lends  # which non-plain values of this process the other may hold (and only call)
+        self.owned, self.remotes = {}, {}
+        self.next_seq = 0
+
+    def request(self, operation, *args, **kwargs):
+        seq = self.next_seq = self.next_seq + 1
+        encoded = [self.encode(arg) for arg in args]
+        self.send(["q", seq, operation, encoded, {str(k): self.encode(v) for k, v in kwargs.items()}])
+        while True:
+            message = self.receive()
+            if message[0] == "q":
+                self.serve(message)
+                continue
+            kind, reply_seq, payload = message
+            if reply_seq != seq:
+                raise CodeUnderTestGone("the code-under-test process answered out of turn")
+            if kind == "r":
+                return self.decode(payload)
+            raise self.exception(payload)
+
+    def serve(self, message):
+        _, seq, operation, args, kwargs = message
+        try:
+            if operation not in self.serves:
+                raise TypeError(f"the grader's bridge does not serve {operation!r} here")
+            decoded = [self.decode(arg) for arg in args]
+            result = self.serves[operation](*decoded, **{k: self.decode(v) for k, v in kwargs.items()})
+            reply = ["r", seq, self.encode(result)]
+        except BaseException as error:  # noqa: BLE001 - SystemExit too: the other process decides what it means
+            reply = ["x", seq, self.encode_exception(error)]
+        self.send(reply)
+
+    def serve_forever(self):
+        while True:
+            self.serve(self.receive())
+
+    def send(self, message):
+        data = json.dumps(message, separators=(",", ":")).encode()
+        try:
+            self.sock.sendall(_BRIDGE_SIZE.pack(len(data)) + data)
+        except OSError as error:
+            raise CodeUnderTestGone(f"the code-under-test process is gone: {error}") from None
+
+    def _read(self, size):
+        data = bytearray()
+        while len(data) < size:
+            chunk = self.sock.recv(min(size - len(data), 1 << 20))
+            if not chunk:
+                raise CodeUnderTestGone("the code-under-test process ended (it exited or was killed)")
+            data += chunk
+        return bytes(data)
+
+    def receive(self):
+        (size,) = _BRIDGE_SIZE.unpack(self._read(_BRIDGE_SIZE.size))
+        if size > _MAX_BRIDGE_MESSAGE_BYTES:
+            raise CodeUnderTestGone(f"the code-under-test process sent {size} bytes in one message")
+        message = json.loads(self._read(size))
+        if not isinstance(message, list) or len(message) not in (3, 5) or message[0] not in ("q", "r", "x"):
+            raise CodeUnderTestGone("the code-under-test process broke the bridge's protocol")
+        return message
+
+    def encode(self, value, depth=0):
+        if depth > _MAX_BRIDGED_DEPTH:
+            raise ValueError("a value crossing the grader's bridge is nested too deeply")
+        kind = type(value)
+        if value is None or kind in (bool, int, str):
+            return value
+        if kind is float:
+            return ["f", value.hex()]
+        if isinstance(value, Remote) and object.__getattribute__(value, "_Remote__bridge") is self:
+            return ["p", object.__getattribute__(value, "_Remote__id")]
+        for base, copy in _EXACT_COPY:
+            if isinstance(value, base):
+                return self._encode_exact(base, copy(value), depth)
+        if isinstance(value, range):
+            return ["r", value.start, value.stop, value.step]
+        if not self.lends(value):
+            raise TypeError(
+                f"the grader's bridge passes only plain values and callables, not {kind.__name__}"
+            )
+        handle = id(value)
+        self.owned[handle] = value
+        return ["o", handle]
+
+    def _encode_exact(self, base, exact, depth):
+        if base in (bool, int, str):
+            return exact
+        if base is float:
+            return ["f", exact.hex()]
+        if base is complex:
+            return ["j", exact.real.hex(), exact.imag.hex()]
+        if base in (bytes, bytearray):
+            return ["b" if base is bytes else "a", bytes(exact).hex()]
+        if base is dict:
+            return [
+                "d",
+                [[self.encode(k, depth + 1), self.encode(v, depth + 1)] for k, v in dict.items(exact)],
+            ]
+        items = exact if base in (list, tuple) else list(set.__iter__(set(exact)))
+        return [
+            {list: "l", tuple: "t", set: "s", frozenset: "z"}[base],
+            [self.encode(i, depth + 1) for i in items],
+        ]
+
+    def decode(self, payload, depth=0):
+        if depth > _MAX_BRIDGED_DEPTH:
+            raise ValueError("a value crossing the grader's bridge is nested too deeply")
+        if payload is None or type(payload) in (bool, int, str):
+            return payload
+        tag, *rest = payload
+        if tag == "f":
+            return float.fromhex(rest[0])
+        if tag == "j":
+            return complex(float.fromhex(rest[0]), float.fromhex(rest[1]))
+        if tag in ("b", "a"):
+            return (bytes if tag == "b" else bytearray).fromhex(rest[0])
+        if tag == "r":
+            return range(int(rest[0]), int(rest[1]), int(rest[2]))
+        if tag == "d":
+            return {self.decode(k, depth + 1): self.decode(v, depth + 1) for k, v in rest[0]}
+        if tag in ("l", "t", "s", "z"):
+            items = [self.decode(item, depth + 1) for item in rest[0]]
+            return {"l": list, "t": tuple, "s": set, "z": frozenset}[tag](items)
+        if tag == "p":
+            return self.owned[int(rest[0])]
+        if tag == "o":
+            handle = int(rest[0])
+            if handle not in self.remotes:
+                self.remotes[handle] = Remote(self, handle)
+            return self.remotes[handle]
+        raise CodeUnderTestGone(f"the code-under-test process sent an unknown value tag {tag!r}")
+
+    def encode_exception(self, error):
+        """The exception as the nearest builtin exception class, its arguments if they are plain."""
+        name = next(k.__name__ for k in type(error).__mro__ if getattr(builtins, k.__name__, None) is k)
+        if not isinstance(error, Exception):
+            name, args = "RuntimeError", (f"the code under test raised {type(error).__name__}{error.args!r}",)
+        else:
+            args = error.args
+        try:
+            encoded = [self.encode(arg) for arg in args]
+        except (TypeError, ValueError):
+            encoded = [str(error)]
+        return [name, encoded]
+
+    def exception(self, payload):
+        name, args = payload
+        kind = getattr(builtins, str(name), None)
+        if not (isinstance(kind, type) and issubclass(kind, Exception)):
+            kind = RuntimeError
+        try:
+            return kind(*[self.decode(arg) for arg in args])
+        except Exception:  # noqa: BLE001 - arguments that class refuses: keep the text
+            return kind(repr(args)[:1000])
+
+
+class RemoteModule(type(sys)):
+    """A workspace module as the test process sees it: its attributes are requests to the code-under-test
+    process (which imported it). A package path of its own lets ``import pkg.sub`` reach the finder."""
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name != "__all__":
+            raise AttributeError(name)
+        return getattr(self.__dict__["_rein_remote"], name)
+
+
+class RemoteModules:
+    """The meta-path finder and loader of ``RemoteModule``: it claims every top-level name the workspace
+    provides that the stdlib and site-packages do not."""
+
+    def __init__(self, bridge, workspace):
+        import importlib.machinery
+
+        self.bridge = bridge
+        elsewhere = [entry for entry in sys.path if os.path.realpath(entry) != os.path.realpath(workspace)]
+        self.claimed = set()
+        for name in os.listdir(workspace):
+            top = name[: -len(".py")] if name.endswith(".py") else name
+            path = os.path.join(workspace, name)
+            if not top.isidentifier() or not (name.endswith(".py") or os.path.isdir(path)):
+                continue
+            if top in sys.builtin_module_names or importlib.machinery.PathFinder.find_spec(top, elsewhere):
+                continue
+            self.claimed.add(top)
+
+    def find_spec(self, fullname, path=None, target=None):
+        import importlib.machinery
+
+        if fullname.split(".", 1)[0] not in self.claimed:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec):
+        module = RemoteModule(spec.name)
+        module.__dict__["_rein_remote"] = self.bridge.request("import", spec.name)
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def _lent_to_the_code_under_test(value):
+    return callable(value)
+
+
+def bridge_to_the_code_under_test(workspace, bridge_fd):
+    """In the test process: workspace modules come from the code-under-test process (the module comment)."""
+    lent = {
+        "call": _call,
+        **{name: _BRIDGE_OPERATIONS[name] for name in ("bool", "hash", "repr", "eq", "ne")},
+    }
+    bridge = Bridge(socket.socket(fileno=int(bridge_fd)), lent, _lent_to_the_code_under_test)
+    sys.meta_path.insert(0, RemoteModules(bridge, workspace))
+
+
+def _call(function, *args, **kwargs):
+    return function(*args, **kwargs)
+
+
+def code_under_test_process(bridge_fd, workspace):
+    """The code-under-test process: imports and runs the agent's code at the test process's request."""
+    import importlib
+
+    sys.dont_write_bytecode = True
+    sys.path.append(workspace)  # after the stdlib and site-packages, as the test process had it
+    serves = {
+        "import": importlib.import_module,
+        "getattr": getattr,
+        "setattr": setattr,
+        "delattr": delattr,
+        "call": _call,
+        "iter": iter,
+        "next": next,
+        "enter": lambda value: value.__enter__(),
+        "exit": lambda value, *exc_info: value.__exit__(*exc_info),
+        **_BRIDGE_OPERATIONS,
+    }
+    bridge = Bridge(socket.socket(fileno=int(bridge_fd)), serves, lambda value: True)
+    try:
+        bridge.serve_forever()
+    except CodeUnderTestGone:  # the test process closed its end: nothing more to run
+        os._exit(0)
 
 
 # -- the test process ---------------------------------------------------------------------------------------
@@ -686,6 +1164,8 @@ def fingerprint_changes(before, after):
 
 
 def test_process(source_fd, event_fd, options):
+    # Not dumpable: the code-under-test process can neither ptrace us nor open /proc/PID/{mem,fd}.
+    _prctl(4, 0)
     with os.fdopen(int(source_fd), encoding="utf-8") as handle:
         hidden = json.loads(handle.read())
     channel = socket.socket(fileno=int(event_fd))
@@ -803,13 +1283,15 @@ def test_process(source_fd, event_fd, options):
             if entry.endswith(("site-packages", "dist-packages"))
         ]
         sys.path.insert(site[0] if site else len(sys.path), workspace)
+        changed = [os.path.join(workspace, path) for path in options.get("changed_paths", [])]
+        honest_repository_asserts(ProbingComparisons(changed))  # before the fingerprint (sessionstart)
         arguments = ["-p", "no:cacheprovider"]
         for plugin in options.get("plugins", []):
             arguments += ["-p", plugin]
         exit_code = pytest.main([*arguments, *pytest_args], plugins=[EventSender()])
         sys.stdout.flush()
         os._exit(int(exit_code))
-    sys.path.append(workspace)  # after the stdlib and pytest: agent files cannot shadow them
+    bridge_to_the_code_under_test(workspace, options["bridge_fd"])  # no code of the agent runs here
     arguments = [
         "-c",
         ini_path,
@@ -829,7 +1311,15 @@ def test_process(source_fd, event_fd, options):
         arguments += ["-p", plugin]
     arguments += sorted(os.path.relpath(path, workspace) for path in by_path)
     sender = EventSender()
-    exit_code = pytest.main(arguments, plugins=[sender])
+
+    class DirectoriesNotPackages:
+        """No ``__init__.py`` of the workspace is imported here (pytest imports a package's to set it up)."""
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_collect_directory(self, path, parent):
+            return pytest.Dir.from_parent(parent, path=path)
+
+    exit_code = pytest.main(arguments, plugins=[sender, DirectoriesNotPackages()])
     sys.stdout.flush()
     os._exit(int(exit_code))
 
@@ -837,5 +1327,7 @@ def test_process(source_fd, event_fd, options):
 if __name__ == "__main__":
     if sys.argv[1] == "--test-process":
         test_process(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))
+    elif sys.argv[1] == "--code-under-test":
+        code_under_test_process(sys.argv[2], sys.argv[3])
     else:
         main()

@@ -20,7 +20,9 @@ Per verdict (``SweBenchGrader.score``):
    over a socket whose sender pid the kernel stamps, the observer kills every process when the session ends and
    prints its verdict authenticated with a per-verdict secret. The per-test outcomes of that verdict, written
    out as pytest's ``-rA`` summary lines, go through the repository's swebench parser, so test ids map to
-   FAIL_TO_PASS / PASS_TO_PASS exactly as swebench maps them. Nothing the tests print is read. No verdict, a
+   FAIL_TO_PASS / PASS_TO_PASS exactly as swebench maps them. Nothing the tests print is read. The comparisons
+   the tests' asserts make are probed (``grading_runner.ProbingComparisons``: a value of a type from a file the
+   agent changed that also equals a changed copy of the expected value fails the test). No verdict, a
    session the test process did not finish, a fingerprint change of pytest/pluggy/builtins, or processes that
    outlive the kill loop earn 0.
 6. Any other row (the fallback): the instance's test command runs between two random markers (a row with its
@@ -163,15 +165,17 @@ class _RepositoryTestsObserver(SweGrader):
     """The project grader's observer (``grading_runner.py``) in repository mode: the repository's own pytest
     tests, not hidden ones; its ``_run_runner`` (authenticated start and verdict lines) is reused unchanged."""
 
-    def __init__(self, pytest_args: list[str], config: SweGraderConfig) -> None:
+    def __init__(self, pytest_args: list[str], changed_paths: list[str], config: SweGraderConfig) -> None:
         super().__init__(_no_sandboxes, config)
         self.pytest_args = pytest_args
+        self.changed_paths = changed_paths  # the agent's files: their types' comparisons are probed
 
     def runner_bundle(self, task: SweTask, nonce: str) -> dict:
         return {
             "nonce": nonce,
             "workspace": ".",  # the exec's working directory: the repository, as the test command sees it
             "pytest_args": list(self.pytest_args),
+            "changed_paths": list(self.changed_paths),
             "plugins": list(self.config.pytest_plugins),
             "timeout_s": self.config.test_timeout_s,
             "test_runner_pattern": TEST_RUNNER_PATTERN,
@@ -248,6 +252,8 @@ def resolution(task: SweBenchTask, statuses: dict[str, str]) -> tuple[bool, str]
 
 class SweBenchGrader:
     """Implements ``components.protocols.Reward`` for :class:`SweBenchTask` (see the module docstring)."""
+
+    runner_source = SweGrader.runner_source  # the observer's source (a weakened variant replaces it in tests)
 
     def __init__(self, sandboxes: SandboxFactory | SandboxSource, config: SweBenchGraderConfig | None = None):
         """``sandboxes``: a factory (``sandboxes.image.create_image_sandbox``) or a provider with
@@ -362,7 +368,8 @@ class SweBenchGrader:
                 )
         invocation = self._observer_invocation(task)
         if invocation is not None:
-            return await self._run_observed(sandbox, task, grader_dir, invocation, log)
+            changed = [path for path in agent_paths if path not in infrastructure]
+            return await self._run_observed(sandbox, task, grader_dir, invocation, changed, log)
         start, end = f"REIN-TESTS-START-{secrets.token_hex(12)}", f"REIN-TESTS-END-{secrets.token_hex(12)}"
         script = f"echo {start}; {task.test_command}; echo; echo {end}"
         result = await sandbox.exec(
@@ -402,12 +409,14 @@ class SweBenchGrader:
         task: SweBenchTask,
         grader_dir: str,
         invocation: tuple[str, list[str]],
+        changed_paths: list[str],
         log: list[str],
     ) -> RewardResult:
         """The tests through the observer's authenticated channel (module docstring, step 5)."""
         interpreter, pytest_args = invocation
         observer = _RepositoryTestsObserver(
             pytest_args,
+            changed_paths,
             SweGraderConfig(
                 python_executable=interpreter,
                 tool_paths=(),
@@ -417,6 +426,7 @@ class SweBenchGrader:
                 pytest_plugins=self.config.pytest_plugins,
             ),
         )
+        observer.runner_source = self.runner_source
         run = await observer._run_runner(sandbox, task, grader_dir)  # type: ignore[arg-type]
         if not run.started:
             raise GradingError(

@@ -1,6 +1,6 @@
 """Training: trajectories → Ray Data micro-batches → Ray Train FSDP2 policy-gradient steps → weight sync."""
 
-from components.training.algorithms import GRPO, GSPO, RLOO, DrGRPO, GRPOConfig, make_algorithm
+from components.training.algorithms import GRPO, GSPO, RLOO, DrGRPO, GRPOConfig
 from components.training.checkpoint import TrainerState, latest_checkpoint
 from components.training.data import (
     SampleBatchConfig,
@@ -30,5 +30,4 @@ __all__ = [
     "build_micro_batches_locally",
     "build_micro_batches_with_ray",
     "latest_checkpoint",
-    "make_algorithm",
 ]

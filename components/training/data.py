@@ -5,7 +5,8 @@ pyarrow path (tests, benchmarks, single-process training) built from the same th
    reward); trajectories that are not trainable (infrastructure failures, no reward) become one empty row so
    they are counted, and never reach a batch.
 2. ``plan_step`` (on the driver, over a small summary: ids, rewards, token counts, versions): group
-   advantages from the ``Algorithm``, the staleness bound, and per-segment weights from the ``Algorithm``
+   advantages from the ``Algorithm``, the staleness measured (the loop bounds it: ``components/loop.py``), and
+   per-segment weights from the ``Algorithm``
    (GRPO's default gives a segment its share of its trajectory's sampled tokens, so a trajectory split into
    many segments weighs the same as one that was not). Groups whose rewards are all equal get advantage 0
    and contribute no policy gradient (counted).
@@ -35,10 +36,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from components.config import require_non_negative, require_positive
+from components.config import option, require_positive
 from components.protocols import Algorithm
 from components.training.distillation import DistillationConfig, token_advantages
 from components.training.overlong import OverlongConfig, length_penalty, overlong_trajectories
+from components.training.turn_credit import TurnCreditConfig, spread_over_turns, turn_advantages
 from components.trajectory import (
     TRAINABLE_STATUSES,
     TRAJECTORY_SCHEMA,
@@ -57,7 +59,7 @@ TRAJECTORY_COLUMNS = ["trajectory_id", "group_id", "status", "reward", "segments
 NO_SAMPLED_VERSION = np.iinfo(np.int32).max
 TOKEN_LIST_COLUMNS = ("token_ids", "loss_mask", "logprobs", "weight_versions")
 # per-segment columns carried from the trajectory schema as they are, with the value an empty row gets
-SEGMENT_LIST_COLUMNS = ("routed_experts", "routed_experts_shape", "teacher_logprobs")
+SEGMENT_LIST_COLUMNS = ("routed_experts", "routed_experts_shape", "teacher_logprobs", "turn_rewards")
 SAMPLING_COLUMNS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
 SEGMENT_SCHEMA = pa.schema(
@@ -78,6 +80,8 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("routed_experts", pa.list_(pa.int16())),
         pa.field("routed_experts_shape", pa.list_(pa.int32())),
         pa.field("teacher_logprobs", pa.list_(pa.float32())),  # empty unless a teacher scored the segment
+        pa.field("turn_rewards", pa.list_(pa.float32())),  # null unless per-turn rewards were given
+        pa.field("num_turns", pa.int32()),  # runs of sampled tokens (model calls)
         pa.field("num_tokens", pa.int32()),
         pa.field("num_sampled_tokens", pa.int32()),
         pa.field("min_sampled_version", pa.int32()),
@@ -97,6 +101,8 @@ SUMMARY_COLUMNS = [
     "min_sampled_version",
     "branch_kind",
     "unreadable_shard",
+    "num_turns",
+    "turn_rewards",
 ]
 
 MICRO_BATCH_SCHEMA = pa.schema(
@@ -124,24 +130,31 @@ MICRO_BATCH_SCHEMA = pa.schema(
 class SampleBatchConfig:
     """How trajectories become micro-batches."""
 
-    max_tokens_per_micro_batch: int = (
-        4096  # token budget of one packed row (a longer segment gets its own row)
+    max_tokens_per_micro_batch: int = option(
+        1024,
+        "token budget of one packed training row (bounds trainer memory; a longer segment gets its own row)",
+        flag="max-tokens-per-micro-batch",
     )
-    max_staleness: int | None = (
-        None  # drop trajectories with a token sampled more than this many versions ago
+    drop_zero_advantage_groups: bool = option(
+        False, "skip groups with equal rewards (no policy gradient) entirely"
     )
-    drop_zero_advantage_groups: bool = False  # skip groups with equal rewards (no policy gradient) entirely
     # Per lineage kind (``BranchKind`` values: subagent, compaction, side_call, retry, …) a factor on the
     # segments' sample weights; 0 leaves that kind out of training. Kinds not named keep factor 1.
     branch_weights: Mapping[str, float] = field(default_factory=dict)
-    overlong: OverlongConfig = field(default_factory=OverlongConfig)  # truncated trajectories (overlong.py)
+    overlong: OverlongConfig = option(OverlongConfig(), "overlong (truncated) trajectories (overlong.py)")
     # the weights of a teacher's per-token signal and the task advantage, for segments a teacher scored
-    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    distillation: DistillationConfig = option(
+        DistillationConfig(),
+        "distillation's advantage weights",
+        set_by="the run's distillation brick (TrainerBrickConfig.for_run)",
+    )
+    turn_credit: TurnCreditConfig = option(
+        TurnCreditConfig(),
+        "per-turn advantages from process rewards (turn_credit.py); off: one per trajectory",
+    )
 
     def __post_init__(self) -> None:
         require_positive(self.max_tokens_per_micro_batch, "max_tokens_per_micro_batch")
-        if self.max_staleness is not None:
-            require_non_negative(self.max_staleness, "max_staleness")
         kinds = [k.value for k in BranchKind]
         for kind, factor in dict(self.branch_weights).items():
             if kind not in kinds:
@@ -222,6 +235,10 @@ def explode_segments(table: pa.Table) -> pa.Table:
     mask_values = _list_values(columns["loss_mask"]).astype(np.int64)
     versions = _list_values(columns["weight_versions"]).astype(np.int64)
     sampled_versions = np.where(mask_values == 1, versions, NO_SAMPLED_VERSION)
+    previous = np.concatenate([[0], mask_values[:-1]])
+    segment_starts = mask_offsets[:-1][mask_offsets[:-1] < len(mask_values)]
+    previous[segment_starts] = 0  # a segment's first sampled token starts a turn
+    turn_starts = ((mask_values == 1) & (previous != 1)).astype(np.int64)
     out = {
         "trajectory_id": table["trajectory_id"].take(rows),
         "group_id": table["group_id"].take(rows),
@@ -230,6 +247,7 @@ def explode_segments(table: pa.Table) -> pa.Table:
         "trainable": pa.array(trainable[rows]),
         "segment_index": pa.array(np.concatenate([segment_index, np.full(len(empty_rows), -1)]), pa.int32()),
         **columns,
+        "num_turns": pa.array(_segment_sums(turn_starts, mask_offsets), pa.int32()),
         "num_tokens": pa.array(np.diff(mask_offsets), pa.int32()),
         "num_sampled_tokens": pa.array(_segment_sums(mask_values, mask_offsets), pa.int32()),
         "min_sampled_version": pa.array(
@@ -270,6 +288,8 @@ class StepPlan:
 
     segment_advantage: dict[str, float] = field(default_factory=dict)
     segment_weight: dict[str, float] = field(default_factory=dict)
+    # with turn-level credit: per kept segment one advantage per turn (replacing ``segment_advantage``)
+    segment_turn_advantages: dict[str, np.ndarray] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -284,7 +304,7 @@ def _segment_keys(trajectory_ids: Sequence[str], segment_index: Sequence[int]) -
 def plan_step(
     summary: pa.Table, algorithm: Algorithm, config: SampleBatchConfig, *, current_version: int
 ) -> StepPlan:
-    """Advantages, staleness drops and sample weights for one step, from the segment summary columns."""
+    """Advantages, staleness and sample weights for one step, from the segment summary columns."""
     unreadable = summary["unreadable_shard"].is_valid().to_numpy(zero_copy_only=False)
     plan = StepPlan()
     metrics = plan.metrics
@@ -335,13 +355,9 @@ def plan_step(
     np.minimum.at(trajectory_min_version, trajectory_index, min_version)
     has_sampled = trajectory_min_version != NO_SAMPLED_VERSION
     staleness = np.where(has_sampled, current_version - trajectory_min_version, 0)
-    stale = np.zeros(len(unique_ids), dtype=bool)
-    if config.max_staleness is not None:
-        stale = has_sampled & (staleness > config.max_staleness)
-    metrics["num_stale_trajectories"] = float(stale.sum())
     metrics["num_trajectories_without_sampled_tokens"] = float((~has_sampled).sum())
     metrics["staleness_max"] = float(staleness[has_sampled].max()) if has_sampled.any() else 0.0
-    keep_trajectory = has_sampled & ~stale
+    keep_trajectory = has_sampled.copy()
     if config.drop_zero_advantage_groups:
         keep_trajectory &= ~zero_advantage_group[group_index]
     if config.overlong.mode == "mask":
@@ -359,6 +375,18 @@ def plan_step(
     keys = _segment_keys(ids[keep_row], segment_index[keep_row])
     plan.segment_advantage = dict(zip(keys, advantages[trajectory_index[keep_row]].tolist(), strict=True))
     plan.segment_weight = dict(zip(keys, weights.tolist(), strict=True))
+    if config.turn_credit.enabled:
+        turns = _TurnRows(summary, rows, trajectory_index, segment_index, len(unique_ids))
+        per_trajectory = turn_advantages(
+            config.turn_credit, algorithm, turns.rewards, trajectory_rewards, list(trajectory_groups)
+        )
+        plan.segment_turn_advantages = {
+            key: per_trajectory[trajectory_index[row]][turns.start[row] : turns.start[row] + turns.count[row]]
+            for key, row in zip(keys, np.flatnonzero(keep_row), strict=True)
+        }
+        metrics["num_turns"] = float(sum(len(r) for r in turns.rewards))
+        metrics["num_turns_with_rewards"] = float(turns.num_given)
+        metrics["turn_reward_mean"] = turns.given_mean
     metrics["num_trained_trajectories"] = float(keep_trajectory.sum())
     metrics["num_trained_segments"] = float(keep_row.sum())
     metrics["num_segments_without_sampled_tokens"] = float((num_sampled == 0).sum())
@@ -367,6 +395,34 @@ def plan_step(
         float(np.abs(advantages[keep_trajectory]).mean()) if keep_trajectory.any() else 0.0
     )
     return plan
+
+
+class _TurnRows:
+    """Each trainable trajectory's turn rewards in segment order (0 for turns without one), and where each
+    segment row's turns start in its trajectory's list."""
+
+    def __init__(
+        self,
+        summary: pa.Table,
+        rows: np.ndarray,
+        trajectory_index: np.ndarray,
+        segment_index: np.ndarray,
+        num_trajectories: int,
+    ) -> None:
+        self.count = summary["num_turns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)[rows]
+        given = summary["turn_rewards"].take(pa.array(rows)).to_pylist()
+        self.start = np.zeros(len(rows), np.int64)
+        lists: list[list[float]] = [[] for _ in range(num_trajectories)]
+        given_values: list[float] = []
+        for row in np.lexsort((segment_index, trajectory_index)):
+            turns = lists[trajectory_index[row]]
+            self.start[row] = len(turns)
+            values = given[row]
+            turns.extend(values if values is not None else [0.0] * int(self.count[row]))
+            given_values.extend(values or ())
+        self.rewards = [np.asarray(turns, np.float64) for turns in lists]
+        self.num_given = len(given_values)
+        self.given_mean = float(np.mean(given_values)) if given_values else 0.0
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -443,6 +499,7 @@ def pack_micro_batches(
                 [
                     _segment_advantages(
                         plan.segment_advantage[keys[i]],
+                        turn_advantages=plan.segment_turn_advantages.get(keys[i]),
                         loss_mask=loss_mask[p],
                         logprobs=logprobs[p],
                         teacher=teacher_values[teacher_offsets[i] : teacher_offsets[i + 1]],
@@ -473,16 +530,23 @@ def pack_micro_batches(
 def _segment_advantages(
     advantage: float,
     *,
+    turn_advantages: np.ndarray | None,
     loss_mask: np.ndarray,
     logprobs: np.ndarray,
     teacher: np.ndarray,
     distillation: DistillationConfig,
 ) -> np.ndarray:
-    """The segment's advantage on each token; with a teacher's logprobs, mixed with its per-token signal."""
+    """The segment's advantage on each token (each turn's own with turn-level credit); with a teacher's
+    logprobs, mixed with its per-token signal."""
+    task = (
+        np.full(len(loss_mask), advantage, np.float32)
+        if turn_advantages is None
+        else spread_over_turns(turn_advantages, loss_mask)
+    )
     if len(teacher) == 0:
-        return np.full(len(loss_mask), advantage, np.float32)
+        return task
     return token_advantages(
-        distillation, advantage, loss_mask=loss_mask, student_logprobs=logprobs, teacher_logprobs=teacher
+        distillation, task, loss_mask=loss_mask, student_logprobs=logprobs, teacher_logprobs=teacher
     )
 
 

@@ -10,7 +10,8 @@ Machines' on-policy distillation). Several teachers may be given, chosen per tas
 ("glob=index" over task ids, first match; else teacher 0: multi-teacher distillation as in MOPD).
 
 A teacher is anything with ``logprobs_of(input_ids, start)`` (``TeacherScorer``): the embedded engine over another
-model folder does it in process. Scores are recorded in the trajectory (``Segment.teacher_logprobs``) before its
+model folder does it in process, and the vLLM and SGLang clients ask their server (``server_teachers.py``:
+``vllm:URL`` / ``sglang:URL`` entries). Scores are recorded in the trajectory (``Segment.teacher_logprobs``) before its
 shard is written, so a resumed run trains from the stored scores and never asks the teacher again. The teacher
 must tokenize exactly as the student does (``require_same_tokenizer``): it scores the student's token ids.
 """
@@ -36,7 +37,9 @@ class DistillationConfig:
     """Teachers, which task each one teaches, and how their signal mixes with the task reward."""
 
     teachers: tuple[str, ...] = option(
-        (), "teacher HF model folders (same tokenizer as the policy); () = off"
+        (),
+        "teachers (same tokenizer as the policy): HF model folders (embedded engines) or vllm:URL / sglang:URL "
+        "servers; () = off",
     )
     teacher_rules: tuple[str, ...] = option(
         (), "which teacher scores a task: 'glob=index' over task ids, first match wins; else teacher 0"
@@ -122,7 +125,7 @@ async def score_with_teachers(
 
 def token_advantages(
     config: DistillationConfig,
-    task_advantage: float,
+    task_advantage: float | np.ndarray,
     *,
     loss_mask: np.ndarray,
     student_logprobs: np.ndarray,

@@ -13,8 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-from components.config import require, require_non_negative, require_one_of
-from components.recipe_config import option
+from components.config import option, require, require_non_negative, require_one_of
 from components.trajectory import TrajectoryStatus
 
 OverlongMode = Literal["keep", "mask", "penalty"]
@@ -25,13 +24,23 @@ class OverlongConfig:
     """What the step does with overlong (truncated) trajectories."""
 
     mode: OverlongMode = option(
-        "keep", "overlong trajectories: keep (train as is), mask (no loss), penalty (soft length penalty)"
+        "keep",
+        "overlong trajectories: keep (train as is), mask (no loss), penalty (soft length penalty)",
+        flag="trainer-overlong-mode",
     )
     max_sampled_tokens: int = option(
-        0, "a trajectory with more sampled tokens is overlong (0: only a context overflow is)"
+        0,
+        "a trajectory with more sampled tokens is overlong (0: only a context overflow is)",
+        flag="trainer-overlong-max-sampled-tokens",
     )
-    buffer_tokens: int = option(0, "penalty: the penalty ramps up over this many tokens below the maximum")
-    penalty: float = option(1.0, "penalty: the reward subtracted from an overlong trajectory")
+    buffer_tokens: int = option(
+        0,
+        "penalty: the penalty ramps up over this many tokens below the maximum",
+        flag="trainer-overlong-buffer-tokens",
+    )
+    penalty: float = option(
+        1.0, "penalty: the reward subtracted from an overlong trajectory", flag="trainer-overlong-penalty"
+    )
 
     def __post_init__(self) -> None:
         require_one_of(self.mode, "mode", ("keep", "mask", "penalty"))

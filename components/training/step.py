@@ -16,9 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from components.config import require, require_non_negative, require_positive
+from components.config import option, require, require_non_negative, require_positive
 from components.protocols import Algorithm
-from components.recipe_config import option
 from components.training.data import MicroBatch
 from components.training.forward import forward_sampled_tokens
 from components.training.losses import entropy_bonus
@@ -28,12 +27,14 @@ from components.training.losses import entropy_bonus
 class OptimizerConfig:
     """AdamW with gradient clipping."""
 
-    learning_rate: float = option(1e-6, "AdamW learning rate")
-    weight_decay: float = option(0.0, "AdamW decoupled weight decay")
+    learning_rate: float = option(1e-5, "AdamW learning rate", flag="learning-rate")
+    weight_decay: float = option(0.0, "AdamW decoupled weight decay", flag="trainer-weight-decay")
     beta1: float = option(0.9, "AdamW first-moment decay")
     beta2: float = option(0.999, "AdamW second-moment decay")
     epsilon: float = option(1e-8, "AdamW denominator epsilon")
-    max_grad_norm: float = option(1.0, "clip the global gradient norm to this (0: no clipping)")
+    max_grad_norm: float = option(
+        1.0, "clip the global gradient norm to this (0: no clipping)", flag="trainer-max-grad-norm"
+    )
 
     def __post_init__(self) -> None:
         require_positive(self.learning_rate, "learning_rate")

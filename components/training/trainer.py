@@ -23,16 +23,16 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from components.config import require, require_non_negative, require_positive
 from components.errors import ReinError
 from components.lora import AdapterGatherer, LoraAdapter, LoraSettings
 from components.protocols import Algorithm
+from components.remote_waits import PENDING_WAITS
 from components.training.checkpoint import (
     Checkpoint,
     TrainerState,
@@ -41,65 +41,17 @@ from components.training.checkpoint import (
     restore_rng_state,
     write_checkpoint,
 )
-from components.training.data import SampleBatchConfig, TrajectorySource, build_micro_batches_with_ray
-from components.training.step import OptimizerConfig
+from components.training.data import TrajectorySource, build_micro_batches_with_ray
+from components.training.trainer_config import TrainerConfig
 from components.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
+COORDINATOR_DEADLINE_S = 120.0  # handing a command to the workers' coordinator actor (no work in it)
+
 
 class TrainerError(ReinError):
     """The trainer's worker group failed or did not answer in time."""
-
-
-@dataclass(kw_only=True, frozen=True)
-class TrainerConfig:
-    """The FSDP2 policy trainer."""
-
-    model_path: Path  # HF folder of the initial policy (also the reference policy for a KL penalty)
-    run_dir: Path  # checkpoints go to run_dir/checkpoints, Ray Train's own files to run_dir/ray_train
-    num_workers: int = 2
-    use_gpu: bool = False  # GPU: NCCL, bf16 parameters with fp32 gradient reduction; CPU: gloo, fp32
-    cpus_per_worker: float = 1.0
-    torch_threads_per_worker: int = 1
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    batching: SampleBatchConfig = field(default_factory=SampleBatchConfig)
-    # LoRA (peft): rank 0 trains every weight; rank > 0 trains only the adapter, checkpoints are PEFT adapter
-    # folders and a weight sync sends only the adapter (``LoraAdapter``)
-    lora: LoraSettings = field(default_factory=LoraSettings)
-    gradient_checkpointing: bool = (
-        False  # recompute activations in backward (less memory, ≈ 1/3 more compute)
-    )
-    # the temperature ``score`` computes logprobs at; training recomputes each segment's logprobs under the
-    # sampling distribution recorded with it (Segment.sampling)
-    temperature: float = 1.0
-    num_updates_per_step: int = 1  # optimizer updates per step (PPO mini-batches; > 1 makes clipping bite)
-    entropy_coef: float = 0.0  # entropy bonus added to every algorithm's loss (``losses.entropy_bonus``)
-    seed: int = 0
-    keep_checkpoints: int = 2  # newest complete checkpoints kept (0: all)
-    resume: bool = True  # start from the newest complete checkpoint in run_dir/checkpoints when there is one
-    start_timeout_s: float = 600.0
-    step_timeout_s: float = 3600.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "model_path", Path(self.model_path))
-        object.__setattr__(self, "run_dir", Path(self.run_dir))
-        require(
-            (self.model_path / "config.json").exists(), "model_path", f"{self.model_path} has no config.json"
-        )
-        require_positive(self.num_workers, "num_workers")
-        require_positive(self.cpus_per_worker, "cpus_per_worker")
-        require_positive(self.torch_threads_per_worker, "torch_threads_per_worker")
-        require_positive(self.temperature, "temperature")
-        require_positive(self.num_updates_per_step, "num_updates_per_step")
-        require_non_negative(self.entropy_coef, "entropy_coef")
-        require(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
-        require_positive(self.start_timeout_s, "start_timeout_s")
-        require_positive(self.step_timeout_s, "step_timeout_s")
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -487,23 +439,29 @@ class Trainer:
 
         reply = self._coordinator.wait.remote(command_id)
         deadline = time.monotonic() + timeout_s
-        while True:
-            done, _ = ray.wait([reply], timeout=0.5)
-            if done:
-                return ray.get(reply)
-            if not self._fit_thread.is_alive():
-                raise TrainerError(f"the trainer's worker group stopped: {self._fit_error!r}")
-            if time.monotonic() > deadline:
-                raise TrainerError(f"trainer command {command_id} did not finish within {timeout_s:.0f}s")
+        with PENDING_WAITS.waiting("trainer workers", command_id, timeout_s):  # reported when it stalls
+            while True:
+                done, _ = ray.wait([reply], timeout=0.5)
+                if done:
+                    return ray.get(reply)
+                if not self._fit_thread.is_alive():
+                    raise TrainerError(f"the trainer's worker group stopped: {self._fit_error!r}")
+                if time.monotonic() > deadline:
+                    raise TrainerError(
+                        f"trainer command {command_id} did not finish within {timeout_s:.0f}s"
+                    )
 
     def _call(self, command: WorkerCommand, *, timeout_s: float | None = None) -> list[Any]:
         """Run ``command`` on every worker; one reply per rank."""
-        import ray
-
         if self._closed:
             raise TrainerError("the trainer was shut down")
         command_id = f"{type(command).__name__}-{next(self._ids)}"
-        ray.get(self._coordinator.submit.remote(command_id, command))
+        PENDING_WAITS.get_within(
+            self._coordinator.submit.remote(command_id, command),
+            deadline_s=COORDINATOR_DEADLINE_S,
+            component="trainer coordinator",
+            request=f"submit {command_id}",
+        )
         return self._wait(command_id, timeout_s=timeout_s or self.config.step_timeout_s)
 
     def step(self, trajectories: TrajectorySource, current_version: int) -> dict[str, float]:

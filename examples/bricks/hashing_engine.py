@@ -30,7 +30,9 @@ class HashingEngine:
         logits = np.random.default_rng(seed).normal(size=self.vocab_size) / max(temperature, 1e-6)
         return logits - np.logaddexp.reduce(logits)
 
-    async def generate(self, input_ids, params) -> GenerationResult:
+    async def generate(self, input_ids, params, *, adapter=None) -> GenerationResult:
+        if adapter is not None:
+            raise ValueError(f"adapter: this engine serves no LoRA adapters, got {adapter!r}")
         prompt = [int(token) for token in input_ids]
         if not prompt or not all(0 <= token < self.vocab_size for token in prompt):
             raise ValueError(f"input_ids: must be non-empty ids in [0, {self.vocab_size})")

@@ -14,18 +14,19 @@ import json
 from collections.abc import Sequence
 from typing import ClassVar
 
-from components.tito.formats.base import ParsedCalls, arguments_object, arguments_text
+from components.tito.formats.base import ParsedCalls, ToolFormatDefaults, arguments_object, arguments_text
 from components.tito.messages import ToolCall, ToolSpec
 
 
-class PythonicFormat:
-    """A Python list of calls with keyword arguments, as the whole reply."""
+class PythonicFormat(ToolFormatDefaults):
+    """A Python list of calls with keyword arguments, as the whole reply (``ToolFormatDefaults``: no call ids in
+    the text, no JSON arguments to stream: each call's arguments come whole once it is complete)."""
 
     name: ClassVar[str] = "pythonic"
     call_markers: ClassVar[tuple[str, ...]] = ()
+    end_markers: ClassVar[tuple[str, ...]] = ("]",)  # the list closes: the stream parses the reply again
     stop_texts: ClassVar[tuple[str, ...]] = ("<|eom_id|>",)
     keeps_content_with_calls: ClassVar[bool] = False
-    writes_call_ids: ClassVar[bool] = False
 
     def matches_template(self, template: str) -> bool:
         return "[func_name1(params_name1=params_value1" in template

@@ -78,13 +78,13 @@ def test_learning_curve_variants_share_the_budget_and_keep_their_own_flags(tmp_p
     }
     assert tuple(configs) == learning_curve.VARIANT_NAMES
     sync, asynchronous, lora = configs["sync"], configs["async"], configs["lora"]
-    assert (sync.rollout.mode, sync.trainer.lora_rank) == ("sync", 0)
+    assert (sync.rollout.mode, sync.trainer.lora.rank) == ("sync", 0)
     assert (asynchronous.rollout.mode, asynchronous.rollout.max_staleness) == ("async", 2)
-    assert (lora.rollout.mode, lora.trainer.lora_rank, lora.trainer.lora_target) == ("sync", 16, "all-linear")
-    assert lora.trainer.learning_rate == pytest.approx(10 * sync.trainer.learning_rate)
+    assert (lora.rollout.mode, lora.trainer.lora.rank, lora.trainer.lora.target_modules) == ("sync", 16, "all-linear")
+    assert lora.trainer.optimizer.learning_rate == pytest.approx(10 * sync.trainer.optimizer.learning_rate)
     # Beyond its own fields each variant is the sync run: same model, steps, games, group, tokens, seed, lr.
     assert replace(asynchronous, rollout=sync.rollout) == sync
-    lora_trainer = replace(lora.trainer, lora_rank=0, learning_rate=sync.trainer.learning_rate)
+    lora_trainer = replace(lora.trainer, lora=sync.trainer.lora, optimizer=sync.trainer.optimizer)
     assert replace(lora, trainer=lora_trainer) == sync
     assert (sync.num_steps, sync.seed, sync.model) == (7, 3, "tiny")
     if not quick:

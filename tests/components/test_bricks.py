@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from components.engine.providers import EmbeddedEngineProvider, SGLangBrickConfig, SGLangEngineProvider
+from components.engine.providers import (
+    EmbeddedEngineProvider,
+    EngineProvider,
+    SGLangBrickConfig,
+    SGLangEngineProvider,
+)
 from components.launch import Bricks, RunConfig
-from components.protocols import Algorithm, EngineProvider, ProxyProvider, SandboxProvider
-from components.proxy.providers import LocalProxyProvider, ServeProxyProvider
+from components.protocols import Algorithm, SandboxProvider
+from components.proxy.providers import LocalProxyProvider, ProxyProvider, ServeProxyProvider
 from components.recipe_config import parse_config
 from components.training.algorithms import RLOO
 from sandboxes import SandboxPool
@@ -33,7 +38,10 @@ def test_config_names_pick_the_bricks():
     assert isinstance(bricks.engine, SGLangEngineProvider)
     assert isinstance(bricks.proxy, LocalProxyProvider)
     assert isinstance(bricks.algorithm, RLOO)
-    assert isinstance(bricks.sandboxes.inner, E2BSandboxProvider) and bricks.sandboxes.inner.config.template == "py"
+    assert (
+        isinstance(bricks.sandboxes.inner, E2BSandboxProvider)
+        and bricks.sandboxes.inner.config.template == "py"
+    )
 
 
 async def test_providers_close_safely_when_never_started():
@@ -49,9 +57,9 @@ async def test_providers_close_safely_when_never_started():
 
 
 def test_brick_config_errors_name_the_field():
-    from components.launch import TrainerBrickConfig
+    from components.training.trainer_config import TrainerBrickConfig
 
-    with pytest.raises(ValueError, match="workers: must be > 0"):
-        TrainerBrickConfig(workers=0)
+    with pytest.raises(ValueError, match="num_workers: must be > 0"):
+        TrainerBrickConfig(num_workers=0)
     with pytest.raises(SystemExit):  # the registered kinds are the flag's choices
         parse_config(RunConfig, ["--model", "tiny", "--sandbox-backend", "docker"])

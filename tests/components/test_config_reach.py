@@ -22,7 +22,8 @@ from components.engine.sglang_fleet import sglang_fleet_config
 from components.engine.vllm_fleet import vllm_fleet_config
 from components.launch import Bricks, RunDirectory, RunStack
 from components.recipe_config import _leaves, parse_config
-from recipes.swe_grpo import SweGrpoConfig, build_harness
+from components.registry import HARNESSES
+from recipes.swe_grpo import SweGrpoConfig, build_harness, harness_kinds
 
 # Read by the run wing (components/launch.py, components/loop.py) or the recipe's own task loading, not by a
 # brick's build: each is checked by the tests of its reader (tests/components/test_loop_scheduling.py,
@@ -36,24 +37,25 @@ RUN_WING_FIELDS = {
     "ray_address": "connect_ray",
     "ray_num_cpus": "connect_ray",
     "num_tasks": "tasks_for_step in the recipe",
-    "task_ids": "load_tasks in the recipe",
-    "tasks": "load_tasks in the recipe",
-    "images": "load_tasks in the recipe",
-    "snapshots": "load_tasks in the recipe",
     "harness": "the recipe's harness mix (recipes/swe_grpo.py: harness_weights)",
     "harness_mix_within_groups": "the recipe's harness mix",
-    "claude_code_bare": "the recipe's claude_code agent",
 }
-RUN_WING_BRICKS = {"rollout": "the loop (components/loop.py) and RolloutConfig in the recipe"}
+RUN_WING_BRICKS = {
+    "rollout": "the loop (components/loop.py) and RolloutConfig in the recipe",
+    "tasks": "the task source's build and environment (tests/components/tasks/test_task_sources.py)",
+}
 
 SGLANG_URL = "http://127.0.0.1:9"
 # Fields valid only beside another field's value: that flag is given to both sides of the comparison.
 COMPANION_FLAGS = {
-    "trainer.overlong.buffer_tokens": lambda model_dir: ["--trainer-overlong-max-sampled-tokens", "64"],
+    "trainer.batching.overlong.buffer_tokens": lambda model_dir: [
+        "--trainer-overlong-max-sampled-tokens",
+        "64",
+    ],
     "distillation.teacher_rules": lambda model_dir: ["--distillation-teachers", str(model_dir)],
 }
-# Fields with a single valid value in their kind.
-FIXED_FIELDS = {"algorithms.gspo.loss.ratio_level": "GSPO's clipped ratio is per sequence by definition"}
+# (kind, field) with a single valid value in that kind.
+FIXED_FIELDS = {("gspo", "algorithm.loss.ratio_level"): "GSPO's clipped ratio is per sequence by definition"}
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +73,8 @@ def kind_flags(kinds: dict[str, str], rubric: str) -> list[str]:
         flags += ["--sandbox-backend" if slot == "sandbox" else f"--{slot}", kind]
     if kinds.get("engine") == "sglang":
         flags += ["--sglang-url", SGLANG_URL]
+    if kinds.get("tasks") in ("swebench", "r2e"):
+        flags += ["--tasks-path", "rows.parquet"]
     if kinds.get("engine") == "vllm":
         flags += ["--vllm-url", SGLANG_URL]
     if kinds.get("reward") in ("judge", "tests+judge"):
@@ -153,7 +157,8 @@ def built(config: SweGrpoConfig, model_dir: Path, run_dir: Path) -> Any:
         )
     stack = RunStack(config, RunDirectory(path=run_dir, recipe="swe_grpo", model_path=model_dir), bricks)
     trainer = stack.trainer_config()
-    harness, sandbox_paths = build_harness(config, "swe_agent")
+    every_kind = dataclasses.replace(config, harness=",".join(HARNESSES.kinds()))
+    harnesses = [build_harness(config, kind) for kind in harness_kinds(every_kind).values()]
     rewards = config.reward.build(tests=None)
     proxy = stack.proxy_config(admin_key="a-fixed-admin-key-of-the-test")
     return state(
@@ -165,8 +170,7 @@ def built(config: SweGrpoConfig, model_dir: Path, run_dir: Path) -> Any:
             bricks.loggers,
             engine_state,
             trainer,
-            harness,
-            sandbox_paths,
+            harnesses,
             rewards,
             proxy,
         )
@@ -198,12 +202,10 @@ def test_every_field_reaches_the_object_it_configures(slot, kind, rubric, tiny_m
     for leaf in leaves:
         if leaf.path[0] in RUN_WING_BRICKS or (len(leaf.path) == 1 and leaf.path[0] in RUN_WING_FIELDS):
             continue
-        if leaf.dotted in FIXED_FIELDS:
+        if (kind, leaf.dotted) in FIXED_FIELDS:
             continue
         flags, expected = base_flags, reference
         companions = COMPANION_FLAGS.get(leaf.dotted, lambda model_dir: [])(tiny_model_dir)
-        if leaf.path[0] == "algorithms":  # each algorithm's config is used when --algorithm names it
-            companions = ["--algorithm", leaf.path[1]]
         if companions:
             flags = [*base_flags, *companions]
             expected = built(parse_config(SweGrpoConfig, flags), tiny_model_dir, tmp_path)

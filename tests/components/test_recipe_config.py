@@ -131,11 +131,11 @@ def test_run_config_bricks_keep_their_flags_and_nest_in_files(tmp_path, capsys):
     assert type(parse_config(RunConfig, ["--model", "tiny", "--proxy", "local"]).proxy) is LocalProxyConfig
     assert (from_flags.rollout.max_concurrency, from_flags.rollout.max_staleness) == (6, 2)
     assert (from_flags.sampling.temperature, from_flags.sampling.max_tokens) == (0.7, 32)
-    assert from_flags.monitoring.wandb_mode == "disabled" and from_flags.trainer.workers == 1
+    assert from_flags.monitoring.wandb_mode == "disabled" and from_flags.trainer.num_workers == 1
     (tmp_path / "run.yaml").write_text(
         "model: tiny\nengine: {kind: sglang, url: 'http://127.0.0.1:9', colocated: true}\n"
         "proxy: {kind: serve, replicas: 1}\nrollout: {max_concurrency: 6, max_staleness: 2}\n"
-        "sampling: {temperature: 0.7, max_tokens: 32}\nmonitoring: {wandb_mode: disabled}\ntrainer: {workers: 1}\n"
+        "sampling: {temperature: 0.7, max_tokens: 32}\nmonitoring: {wandb_mode: disabled}\ntrainer: {num_workers: 1}\n"
     )
     assert parse_config(RunConfig, ["--config", str(tmp_path / "run.yaml")]) == from_flags
     for argv, message in [

@@ -63,3 +63,21 @@ def test_an_entry_point_brick_is_picked_by_name(installed_one_shot):
     assert "one_shot" in HARNESSES.kinds() and HARNESSES.get("one_shot") is OneShotHarnessConfig
     harness = HARNESSES.get("one_shot")().build(max_turns=1, wall_time_s=1.0, max_tokens=8, temperature=1.0)
     assert isinstance(harness, OneShotHarness)
+
+
+def test_a_harness_mix_names_registered_kinds_and_a_kind_keeps_its_recipe_settings(capsys):
+    from components.recipe_config import parse_config
+    from harnesses.claude_code import ClaudeCodeBrickConfig
+    from harnesses.codex import CodexBrickConfig
+    from recipes.swe_grpo import SweGrpoConfig, harness_kinds, harness_weights
+
+    config = parse_config(SweGrpoConfig, ["--harness", "claude_code:2,codex", "--claude-code-bare", "false"])
+    kinds = harness_kinds(config)
+    assert harness_weights(config.harness) == {"claude_code": 2.0, "codex": 1.0}
+    assert (
+        kinds["claude_code"] == ClaudeCodeBrickConfig(bare=False) and type(kinds["codex"]) is CodexBrickConfig
+    )
+    assert "--bare" not in kinds["claude_code"].agent().argv  # the recipe's setting reached the agent
+    with pytest.raises(SystemExit):
+        parse_config(SweGrpoConfig, ["--harness", "claude_code,aider"])
+    assert f"'aider' is not one of {list(HARNESSES.kinds())}" in capsys.readouterr().err

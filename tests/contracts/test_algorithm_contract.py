@@ -9,18 +9,25 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 
 from components.protocols import Algorithm
-from components.training.algorithms import ALGORITHMS
+from components.registry import ALGORITHMS
 from tests.contracts.conftest import brick_params
 
 
 def pytest_generate_tests(metafunc):
     if "make_algorithm" in metafunc.fixturenames:
-        metafunc.parametrize("make_algorithm", brick_params(metafunc.config, dict(ALGORITHMS)))
+        metafunc.parametrize(
+            "make_algorithm",
+            brick_params(
+                metafunc.config, {name: functools.partial(ALGORITHMS.build, name) for name in ALGORITHMS}
+            ),
+        )
 
 
 @pytest.fixture

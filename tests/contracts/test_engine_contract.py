@@ -146,6 +146,13 @@ async def test_same_prompt_and_seed_give_the_same_completion(engine):
     assert again.logprobs == pytest.approx(first.logprobs, abs=1e-4)
 
 
+async def test_adapter_none_is_the_engines_own_policy(engine):
+    """``generate(..., adapter=None)``: the keyword every engine takes, naming no LoRA policy."""
+    first = await engine.generate(PROMPTS[1], SamplingParams(max_tokens=10, seed=7))
+    own = await engine.generate(PROMPTS[1], SamplingParams(max_tokens=10, seed=7), adapter=None)
+    assert own.output_ids == first.output_ids
+
+
 @pytest.mark.parametrize(
     "bad_prompt", [[], [10**9], [-1]], ids=["empty", "id-past-any-vocabulary", "negative-id"]
 )

@@ -130,6 +130,7 @@ def test_a_stream_in_random_pieces_gives_the_same_reply(tool_format, content, dr
     deltas += stream.finish()
     streamed_calls = [d.tool_call for d in deltas if d.kind == "tool_call"]
     assert streamed_calls == list(whole.tool_calls)  # same calls, same ids, each sent once
+    _arguments_streamed_as_written(tool_format, deltas)
     assert "".join(d.text for d in deltas if d.kind == "content") == whole.content
     for marker in tool_format.call_markers:  # no call markup ever leaks into content deltas
         assert all(marker not in d.text for d in deltas if d.kind == "content")
@@ -163,6 +164,45 @@ def test_reasoning_then_calls_stream_as_parsed(tool_format, reasoning, content, 
     assert "".join(d.text for d in deltas if d.kind == "reasoning") == reasoning
     assert "".join(d.text for d in deltas if d.kind == "content") == content
     assert [d.tool_call for d in deltas if d.kind == "tool_call"] == list(whole.tool_calls)
+    _arguments_streamed_as_written(tool_format, deltas)
+
+
+def _arguments_streamed_as_written(tool_format, deltas, *, whole_calls_streamed: bool = False) -> None:
+    """What came of each call's JSON arguments as ``tool_call_arguments`` deltas, while they were written, is
+    where its ``argument_pieces`` begin, and those join to exactly its arguments. ``whole_calls_streamed`` (a
+    stream fed one character at a time): all of a call's arguments came that way."""
+    live: dict[int, list[str]] = {}
+    for delta in deltas:
+        if delta.kind == "tool_call_arguments":
+            assert (delta.index not in live) == (
+                delta.tool_call is not None
+            )  # the first piece names the call
+            live.setdefault(delta.index, []).append(delta.text)
+    for delta in deltas:
+        if delta.kind == "tool_call":
+            arguments = delta.tool_call.arguments
+            pieces = tuple(live.get(delta.index, ()))
+            assert "".join(delta.argument_pieces) == arguments
+            assert delta.argument_pieces[: len(pieces)] == pieces
+            if whole_calls_streamed:
+                assert "".join(pieces) == arguments
+
+
+@pytest.mark.built_in_only  # every built-in family streams its arguments; a brick may send them whole
+@SETTINGS
+@given(content=st.one_of(st.just(""), TEXT), drawn=CALLS.filter(bool))
+def test_call_arguments_stream_character_by_character(tool_format, content, drawn):
+    calls = _calls(drawn)
+    if not tool_format.keeps_content_with_calls:
+        content = ""
+    text = tool_format.render_calls(content, calls)
+    parser = ReplyParser(tool_format, NoReasoning())
+    stream = parser.stream(TOOLS, id_seed="s")
+    deltas = [delta for char in text for delta in stream.feed(char)] + stream.finish()
+    assert [d.tool_call for d in deltas if d.kind == "tool_call"] == list(
+        parser.parse(text, TOOLS, id_seed="s").tool_calls
+    )
+    _arguments_streamed_as_written(tool_format, deltas, whole_calls_streamed=True)
 
 
 @SETTINGS

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from components.engine.scripted import ScriptedEngine
 from components.engine.scripted_policies import step_policy, tool_call
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
@@ -21,24 +20,13 @@ from harnesses.openclaw import OPENCLAW
 from harnesses.opencode import OPENCODE
 from harnesses.qwen_code import QWEN_CODE
 from tests.harnesses.harness_fixtures import running_proxy
+from tests.harnesses.recording_engine import RecordingEngine
 from tests.required_tools import require_tool
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 MAX_TURNS = 2
 MAX_OUTPUT_TOKENS = 1024
-
-
-class RecordingEngine(ScriptedEngine):
-    """The scripted policy, keeping the ``max_tokens`` of every call."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.max_tokens_seen: list[int] = []
-
-    async def generate(self, input_ids, params):
-        self.max_tokens_seen.append(params.max_tokens)
-        return await super().generate(input_ids, params)
 
 
 def apply_patch_command(patch: str) -> str:
@@ -52,10 +40,17 @@ class Case:
     shell_argument: str
     expected_status: TrajectoryStatus
     last_reply: str = ""  # after the fix; "": keep calling the shell tool (the turn bound ends the run)
+    reason: str = ""  # what the failure reason must say
 
 
 CASES = {
-    "opencode": Case(OPENCODE, "bash", "command", TrajectoryStatus.TURN_LIMIT),
+    "opencode": Case(  # its wrap-up after the last step (an assistant prefill) is refused by the proxy
+        OPENCODE,
+        "bash",
+        "command",
+        TrajectoryStatus.TURN_LIMIT,
+        reason="wrap-up (an assistant prefill) refused",
+    ),
     "qwen-code": Case(QWEN_CODE, "run_shell_command", "command", TrajectoryStatus.TURN_LIMIT),
     "openclaw": Case(OPENCLAW, "exec", "command", TrajectoryStatus.OK, last_reply="Done: the fix is in."),
 }
@@ -88,6 +83,7 @@ async def test_node_agent_fixes_a_builtin_task(name, slugify_task, sandbox_pool,
     detail = f"{trajectory.failure_reason}\n{trajectory.log[-4000:]}"
     assert trajectory.reward == 1.0, detail
     assert trajectory.status == case.expected_status, detail
+    assert case.reason in trajectory.failure_reason, detail
     assert trajectory.harness == case.agent.name and trajectory.trainable
     # The agent ran the policy's command with its own tool.
     assert "patched" in trajectory.log + str(trajectory.messages), detail

@@ -70,6 +70,9 @@ async def test_scripted_policy_plays_tictactoe_to_the_end(scripted_proxy, sandbo
             and trajectory.metrics["num_turns"] == trajectory.metrics["num_moves"]
         )
         assert trajectory.segments and trajectory.segments[0].num_sampled_tokens > 0
+        # a process reward per model call, on the turn it was earned: 1 for each legal move
+        turn_rewards = [r for s in trajectory.segments for r in s.turn_rewards.tolist()]
+        assert turn_rewards == [1.0] * int(trajectory.metrics["num_turns"])
         final = trajectory.messages[-1]  # the winning / drawing / losing move, as the proxy parsed it
         assert final["role"] == "assistant" and final["tool_calls"][0]["name"] == "make_move"
 
@@ -88,9 +91,20 @@ async def test_illegal_move_ends_the_game_and_turn_limit_is_kept(scripted_proxy,
         first, second = await _runner(proxy, harness, sandbox_pool).run([illegal, game_2048], step=0)
     assert first.status == TrajectoryStatus.OK and first.reward == 0.0  # an illegal move loses: game over
     assert "Illegal move" in first.log
+    assert first.segments[0].turn_rewards.tolist() == [0.0]  # the illegal move earns nothing
     assert second.status == TrajectoryStatus.TURN_LIMIT and second.trainable
     assert second.reward == second.metrics["game_reward"]
     assert second.metrics["num_text_only_replies"] >= 1
+    # 2048: thinking aloud earns 0; each move earns what it raised the game's reward (they sum to it)
+    rewards_2048 = [r for s in second.segments for r in s.turn_rewards.tolist()]
+    assert len(rewards_2048) == 3 and rewards_2048[0] == 0.0
+    assert sum(rewards_2048) == pytest.approx(second.reward - _start_reward_2048())
+
+
+def _start_reward_2048() -> float:
+    env = Game2048Env()
+    env.reset(0)
+    return env.reward()
 
 
 def first_free_cell_as_text(prompt: str) -> str:

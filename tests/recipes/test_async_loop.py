@@ -150,8 +150,10 @@ def test_partial_run_continues_rollouts_across_weight_pushes(tmp_path, tiny_mode
     """``partial`` in process (the recipe's own ``train`` with a wrapped agent): every committed group trained
     exactly once in the order it was started, and rollouts that were going when new weights arrived continued
     on them (never thrown away), with per-token behaviour logprobs and versions in the trainer's batches."""
-    from components.launch import RolloutBrickConfig, SamplingBrickConfig, TrainerBrickConfig
+    from components.launch import RolloutBrickConfig, SamplingBrickConfig
     from components.proxy.providers import LocalProxyConfig
+    from components.training.step import OptimizerConfig
+    from components.training.trainer_config import TrainerBrickConfig
     from monitoring.logger import WandbLoggersConfig
     from recipes.tictactoe_grpo import TicTacToeGrpoConfig, games_for_step, toy_harness, train
 
@@ -164,7 +166,7 @@ def test_partial_run_continues_rollouts_across_weight_pushes(tmp_path, tiny_mode
         games_per_step=GAMES_PER_STEP,
         rollout=RolloutBrickConfig(mode="partial", max_staleness=2, max_concurrency=4),
         sampling=SamplingBrickConfig(max_tokens=48),
-        trainer=TrainerBrickConfig(workers=1, learning_rate=2e-5),
+        trainer=TrainerBrickConfig(num_workers=1, optimizer=OptimizerConfig(learning_rate=2e-5)),
         proxy=LocalProxyConfig(),
         monitoring=WandbLoggersConfig(wandb_mode="disabled"),
     )

@@ -11,6 +11,7 @@ OpenAI SDK:
         observation, done = env.step(ToolCall(id=..., name=..., arguments=json_text))
         if done: break                              # else send `observation` back as the tool result
     reward = env.reward()                           # in [0, 1]
+    env.turn_reward()                               # after a step: that move's process reward (turn credit)
 
 A call that is not a legal move (unknown tool, unparsable arguments, occupied cell, unknown direction) ends
 the episode; its observation says why. ``step`` after the end raises ``ValueError``.
@@ -25,7 +26,8 @@ from components.tito.messages import ToolCall, ToolSpec
 
 @runtime_checkable
 class ToyEnvironment(Protocol):
-    """A seeded game played through tool calls; ``reward()`` is in [0, 1] and final once ``done``."""
+    """A seeded game played through tool calls; ``reward()`` is in [0, 1] and final once ``done``;
+    ``turn_reward()`` is the process reward of the last ``step`` (0 before any)."""
 
     name: str
 
@@ -36,6 +38,8 @@ class ToyEnvironment(Protocol):
     def step(self, tool_call: ToolCall) -> tuple[str, bool]: ...
 
     def reward(self) -> float: ...
+
+    def turn_reward(self) -> float: ...
 
 
 from components.tasks.toys.game_2048 import Game2048Config, Game2048Env  # noqa: E402

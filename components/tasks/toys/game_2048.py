@@ -100,6 +100,7 @@ class Game2048Env:
         self.done = True
         self.end_reason = ""
         self._rng = random.Random(0)
+        self._reward_before_move = 0.0
 
     def tools(self) -> list[ToolSpec]:
         """The one tool: ``move(direction)``."""
@@ -115,6 +116,7 @@ class Game2048Env:
         self.end_reason = ""
         self._spawn_tile()
         self._spawn_tile()
+        self._reward_before_move = self.reward()
         return (
             f"Let's play 2048. Use the move tool with direction up, down, left or right to slide the tiles; "
             f"equal tiles merge. Reach the {self.config.target_tile} tile to win. An invalid move ends the "
@@ -125,6 +127,7 @@ class Game2048Env:
         """Apply one move (and spawn a tile if the board changed); returns (observation, done)."""
         if self.done:
             raise ValueError("the game is over; call reset() to start a new one")
+        self._reward_before_move = self.reward()
         direction = self._requested_direction(tool_call)
         if direction not in DIRECTIONS:
             self._finish("invalid")
@@ -147,6 +150,11 @@ class Game2048Env:
             self._finish("max_moves")
             return f"{note}Move limit reached. Game over.\n{self.render()}", True
         return f"{note}{self.render()}", False
+
+    def turn_reward(self) -> float:
+        """The last move's process reward: how much it raised ``reward()`` (0 for a move that merged nothing
+        new, or an invalid one)."""
+        return self.reward() - self._reward_before_move
 
     def reward(self) -> float:
         """``log2(max tile) / log2(target_tile)``, at most 1.0."""

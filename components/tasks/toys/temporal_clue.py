@@ -225,6 +225,10 @@ class TemporalClueEnv:
     def reward(self) -> float:
         return self._reward or 0.0
 
+    def turn_reward(self) -> float:
+        """The accusation's process reward: the fraction of its fields that are right (its only move)."""
+        return self.reward()
+
     def text_move(self, text: str) -> ToolCall | None:
         """An accusation written as text: the first suspect, weapon, room and time the reply names (None when
         it names none of them)."""

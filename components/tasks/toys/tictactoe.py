@@ -150,6 +150,10 @@ class TicTacToeEnv:
             False,
         )
 
+    def turn_reward(self) -> float:
+        """The last move's process reward: 1.0 for a legal move, 0.0 for an illegal one."""
+        return 0.0 if self.outcome == "illegal" or not self.num_moves else 1.0
+
     def reward(self) -> float:
         """1.0 win, 0.5 draw, 0.0 loss or illegal move (0.0 while the game is still going)."""
         return {"win": 1.0, "draw": 0.5}.get(self.outcome, 0.0)

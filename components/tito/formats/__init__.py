@@ -9,9 +9,10 @@ template writes; a template that renders no tools gets ``hermes``, taught throug
 given by the user (``--tool-format`` / ``--reasoning-format``, ``TitoConfig``) wins. ``ReplyParser`` splits
 sampled text into reasoning, content and tool calls, whole or as a stream of deltas.
 
-Adding a family: one file here with a class satisfying ``ToolFormat`` (or ``ReasoningFormat``), one line in
-``TOOL_FORMATS`` (before any format whose markers its templates also contain), and it passes
-``tests/contracts/test_tool_format_contract.py``.
+Adding a family: one file here with a class satisfying ``ToolFormat`` (``ToolFormatDefaults`` holds the common
+defaults; ``base.py``'s ``tagged_calls`` / ``section_calls`` / ``xml_calls`` parse the usual layouts) or
+``ReasoningFormat``, one line in ``TOOL_FORMATS`` (before any format whose markers its templates also contain),
+and it passes ``tests/contracts/test_tool_format_contract.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ from components.tito.formats.llama3_json import Llama3JsonFormat
 from components.tito.formats.mistral import MistralFormat
 from components.tito.formats.qwen3_coder import Qwen3CoderFormat
 from components.tito.formats.reasoning import HarmonyReasoning, NoReasoning, ThinkReasoning
-from components.tito.formats.reply import ParsedReply, ReplyDelta, ReplyParser, ReplyStream
+from components.tito.formats.reply import (
+    ParsedReply,
+    ReplyDelta,
+    ReplyParser,
+    ReplyStream,
+    call_argument_pieces,
+)
 
 # Detection order: more specific markers first (Qwen3-Coder and GLM templates also write ``<tool_call>``).
 TOOL_FORMATS: Mapping[str, type[ToolFormat]] = {
@@ -105,6 +112,7 @@ __all__ = [
     "ReplyStream",
     "ToolFormat",
     "UnknownTemplateFormatError",
+    "call_argument_pieces",
     "detect_reasoning_format",
     "detect_tool_format",
     "reasoning_format_named",

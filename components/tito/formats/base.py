@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from components.tito.formats.json_stream import JsonStream
 from components.tito.messages import ToolCall, ToolSpec
 
 
@@ -31,6 +33,32 @@ class ParsedCalls:
     pending_from: int | None = None
 
 
+@dataclass(frozen=True)
+class CallOpening:
+    """A call whose JSON arguments have begun in the text of an unfinished call block (streaming)."""
+
+    ordinal: int  # which call of the block (0 for formats with one call per block)
+    name: str
+    arguments_at: int  # where its arguments' JSON text starts in the block
+
+
+def last_opening(pattern: re.Pattern[str], block: str, name_group: int = 1) -> CallOpening | None:
+    """The last match of ``pattern`` (ending where a call's JSON arguments start) in ``block``, as an opening."""
+    found = None
+    for ordinal, match in enumerate(pattern.finditer(block)):
+        found = CallOpening(ordinal=ordinal, name=match.group(name_group), arguments_at=match.end())
+    return found
+
+
+class ArgumentsStream(Protocol):
+    """A call's arguments text in, the canonical JSON text it settles out (``JsonStream``, ``XmlArgumentsStream``)."""
+
+    done: bool
+    failed: bool
+
+    def feed(self, text: str) -> str: ...
+
+
 @runtime_checkable
 class ToolFormat(Protocol):
     """How one model family writes tool calls.
@@ -45,6 +73,8 @@ class ToolFormat(Protocol):
     name: ClassVar[str]
     # Texts that open a tool call: a stream holds text back from where one of them (or its prefix) starts.
     call_markers: ClassVar[tuple[str, ...]]
+    # Texts that end a call (or a section of calls): a stream parses the text again only when a marker arrives.
+    end_markers: ClassVar[tuple[str, ...]]
     # Texts that end the model's turn besides EOS (e.g. Llama's ``<|eom_id|>``); stop ids when single tokens.
     stop_texts: ClassVar[tuple[str, ...]]
     # False where the family's template drops an assistant turn's content once it has tool calls.
@@ -67,6 +97,32 @@ class ToolFormat(Protocol):
     def parse(self, text: str, tools: Sequence[ToolSpec]) -> ParsedCalls:
         """Content and tool calls of sampled text (reasoning already split off); call ids may be empty."""
         ...
+
+    def arguments_stream(self, tool_name: str, tools: Sequence[ToolSpec]) -> ArgumentsStream:
+        """What turns the text of an opened call's arguments into their canonical JSON text as it arrives."""
+        ...
+
+    def open_call(self, block: str) -> CallOpening | None:
+        """In an unfinished call block (``block`` starts at ``ParsedCalls.pending_from``), the last call whose
+        JSON arguments have begun (None: none yet, or a format whose arguments are not JSON text)."""
+        ...
+
+
+class ToolFormatDefaults:
+    """What most families share (a family class states only where it differs): no stop texts of its own,
+    content kept beside calls, no call ids in the text, JSON arguments (streamed once ``open_call`` finds
+    where they start)."""
+
+    end_markers: ClassVar[tuple[str, ...]] = ()
+    stop_texts: ClassVar[tuple[str, ...]] = ()
+    keeps_content_with_calls: ClassVar[bool] = True
+    writes_call_ids: ClassVar[bool] = False
+
+    def arguments_stream(self, tool_name: str, tools: Sequence[ToolSpec]) -> ArgumentsStream:
+        return JsonStream()
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return None
 
 
 @runtime_checkable
@@ -176,3 +232,90 @@ def partial_marker_cut(text: str, markers: Sequence[str]) -> int:
                 cut = min(cut, len(text) - size)
                 break
     return cut
+
+
+def xml_text(value: Any) -> str:
+    """A parameter value as XML formats write it: strings as they are, anything else as JSON."""
+    return value if isinstance(value, str) else template_json(value)
+
+
+def xml_calls(
+    text: str, patterns: tuple[re.Pattern[str], re.Pattern[str]], tools: Sequence[ToolSpec]
+) -> ParsedCalls:
+    """``<tool_call>`` blocks (``patterns[0]``: the tool's name, then its body) whose bodies are only
+    ``(key, value)`` parameters (``patterns[1]``), values read back by the tool's parameter schema (GLM-4.5,
+    Qwen3-Coder)."""
+    block, parameter = patterns
+
+    def to_call(match: re.Match[str]) -> ToolCall | None:
+        name, body = match.group(1).strip(), match.group(2)
+        if not name or parameter.sub("", body).strip():
+            return None
+        arguments = {}
+        for found in parameter.finditer(body):
+            key = found.group(1).strip()
+            arguments[key] = xml_value(found.group(2), parameter_schema(tools, name, key))
+        return ToolCall(id="", name=name, arguments=arguments_text(arguments))
+
+    return tagged_calls(text, block, ("<tool_call>", "</tool_call>"), to_call)
+
+
+def tagged_calls(
+    text: str,
+    pattern: re.Pattern[str],
+    markers: tuple[str, str],
+    to_call: Callable[[re.Match[str]], ToolCall | None],
+) -> ParsedCalls:
+    """Calls written as ``OPEN…CLOSE`` blocks (``markers``) among the content (Hermes, Qwen3-Coder, GLM-4.5):
+    each ``pattern`` match that ``to_call`` reads is a call, the rest of the text is content; a block that is
+    broken or never closed stays content and is counted."""
+    open_marker, close_marker = markers
+    calls: list[ToolCall] = []
+    kept: list[str] = []
+    position = 0
+    for match in pattern.finditer(text):
+        call = to_call(match)
+        if call is None:
+            continue
+        kept.append(text[position : match.start()])
+        position = match.end()
+        calls.append(call)
+    last_close = text.rfind(close_marker)
+    opened = text.find(open_marker, last_close + len(close_marker) if last_close >= 0 else 0)
+    kept.append(text[position:])
+    return ParsedCalls(
+        content="".join(kept).strip(),
+        tool_calls=tuple(calls),
+        num_malformed=text.count(open_marker) - len(calls),
+        pending_from=opened if opened >= position else None,
+    )
+
+
+def section_calls(
+    text: str,
+    markers: tuple[str, str],
+    pattern: re.Pattern[str],
+    to_call: Callable[[re.Match[str]], ToolCall | None],
+) -> ParsedCalls:
+    """Calls written in one ``BEGIN…END`` section (``markers``) after the content (DeepSeek V3, Kimi K2): every
+    ``pattern`` match in it must be a call ``to_call`` reads and nothing else may stand there; otherwise the
+    whole reply stays content and is counted (pending while the section is still open)."""
+    begin_marker, end_marker = markers
+    begin = text.find(begin_marker)
+    if begin < 0:
+        return ParsedCalls(content=text.strip(), tool_calls=())
+    end = text.find(end_marker, begin)
+    section = text[begin + len(begin_marker) : end if end >= 0 else len(text)]
+    calls = []
+    for match in pattern.finditer(section):
+        call = to_call(match)
+        if call is None:
+            return ParsedCalls(content=text.strip(), tool_calls=(), num_malformed=1)
+        calls.append(call)
+    if end < 0 or not calls or pattern.sub("", section).strip():
+        return ParsedCalls(
+            content=text.strip(), tool_calls=(), num_malformed=1, pending_from=begin if end < 0 else None
+        )
+    return ParsedCalls(
+        content=(text[:begin] + text[end + len(end_marker) :]).strip(), tool_calls=tuple(calls)
+    )

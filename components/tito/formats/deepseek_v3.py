@@ -8,10 +8,14 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
+    ToolFormatDefaults,
     arguments_object,
     arguments_text,
     json_object,
+    last_opening,
+    section_calls,
     template_json,
     tools_json_lines,
 )
@@ -30,16 +34,26 @@ _CALL = re.compile(
     + re.escape(CALL_END),
     re.DOTALL,
 )
+_OPENING = re.compile(
+    re.escape(CALL_BEGIN) + r"\s*(\w+)\s*" + re.escape(SEPARATOR) + r"\s*([^\n]+?)\s*\n```(?:json)?\s*(?=\{)"
+)
 
 
-class DeepSeekV3Format:
+def _call(match: re.Match[str]) -> ToolCall | None:
+    arguments = json_object(match.group(3))
+    return (
+        None
+        if arguments is None
+        else ToolCall(id="", name=match.group(2), arguments=arguments_text(arguments))
+    )
+
+
+class DeepSeekV3Format(ToolFormatDefaults):
     """DeepSeek V3's special-token tool calls with fenced JSON arguments."""
 
     name: ClassVar[str] = "deepseek_v3"
     call_markers: ClassVar[tuple[str, ...]] = (CALLS_BEGIN,)
-    stop_texts: ClassVar[tuple[str, ...]] = ()
-    keeps_content_with_calls: ClassVar[bool] = True
-    writes_call_ids: ClassVar[bool] = False
+    end_markers: ClassVar[tuple[str, ...]] = (CALL_END, CALLS_END)
 
     def matches_template(self, template: str) -> bool:
         return CALLS_BEGIN in template
@@ -64,22 +78,7 @@ class DeepSeekV3Format:
         return f"{content}{CALLS_BEGIN}{chr(10).join(blocks)}{CALLS_END}"
 
     def parse(self, text: str, tools: Sequence[ToolSpec]) -> ParsedCalls:
-        begin = text.find(CALLS_BEGIN)
-        if begin < 0:
-            return ParsedCalls(content=text.strip(), tool_calls=())
-        end = text.find(CALLS_END, begin)
-        section = text[begin + len(CALLS_BEGIN) : end if end >= 0 else len(text)]
-        calls = []
-        for match in _CALL.finditer(section):
-            arguments = json_object(match.group(3))
-            if arguments is None:
-                return ParsedCalls(content=text.strip(), tool_calls=(), num_malformed=1)
-            calls.append(ToolCall(id="", name=match.group(2), arguments=arguments_text(arguments)))
-        leftover = _CALL.sub("", section).strip()
-        if end < 0 or not calls or leftover:
-            return ParsedCalls(
-                content=text.strip(), tool_calls=(), num_malformed=1, pending_from=begin if end < 0 else None
-            )
-        return ParsedCalls(
-            content=(text[:begin] + text[end + len(CALLS_END) :]).strip(), tool_calls=tuple(calls)
-        )
+        return section_calls(text, (CALLS_BEGIN, CALLS_END), _CALL, _call)
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return last_opening(_OPENING, block, name_group=2)

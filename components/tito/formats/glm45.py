@@ -6,37 +6,36 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
+    ToolFormatDefaults,
     arguments_object,
-    arguments_text,
-    parameter_schema,
-    template_json,
+    last_opening,
     tools_json_lines,
-    xml_value,
+    xml_calls,
+    xml_text,
 )
+from components.tito.formats.hermes import CLOSE, OPEN  # the same <tool_call> block markers
+from components.tito.formats.xml_stream import XmlArgumentsStream, XmlParameters
 from components.tito.messages import ToolCall, ToolSpec
 
-OPEN = "<tool_call>"
-CLOSE = "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>([^\n<]*)\n?(.*?)</tool_call>", re.DOTALL)
-_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.DOTALL)
+_ARGUMENTS = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.DOTALL)
+
+_OPENING = re.compile(r"^<tool_call>([^\n<]+)\n")
+_SYNTAX = XmlParameters("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", trims_newlines=False)
 
 
-def _value_text(value: Any) -> str:
-    return value if isinstance(value, str) else template_json(value)
-
-
-class Glm45Format:
+class Glm45Format(ToolFormatDefaults):
     """``<arg_key>``/``<arg_value>`` calls (GLM-4.5, GLM-4.6)."""
 
     name: ClassVar[str] = "glm45"
     call_markers: ClassVar[tuple[str, ...]] = (OPEN,)
+    end_markers: ClassVar[tuple[str, ...]] = (CLOSE,)
     stop_texts: ClassVar[tuple[str, ...]] = ("<|observation|>",)
-    keeps_content_with_calls: ClassVar[bool] = True
-    writes_call_ids: ClassVar[bool] = False
 
     def matches_template(self, template: str) -> bool:
         return "<arg_key>" in template
@@ -54,34 +53,17 @@ class Glm45Format:
         blocks = []
         for call in calls:
             arguments = "".join(
-                f"<arg_key>{key}</arg_key>\n<arg_value>{_value_text(value)}</arg_value>\n"
+                f"<arg_key>{key}</arg_key>\n<arg_value>{xml_text(value)}</arg_value>\n"
                 for key, value in arguments_object(call).items()
             )
             blocks.append(f"\n{OPEN}{call.name}\n{arguments}{CLOSE}")
         return content.strip() + "".join(blocks)
 
     def parse(self, text: str, tools: Sequence[ToolSpec]) -> ParsedCalls:
-        calls: list[ToolCall] = []
-        kept: list[str] = []
-        position = 0
-        for match in _BLOCK.finditer(text):
-            name = match.group(1).strip()
-            body = match.group(2)
-            arguments = {
-                key.strip(): xml_value(value, parameter_schema(tools, name, key.strip()))
-                for key, value in _ARGUMENT.findall(body)
-            }
-            if not name or _ARGUMENT.sub("", body).strip():
-                continue
-            kept.append(text[position : match.start()])
-            position = match.end()
-            calls.append(ToolCall(id="", name=name, arguments=arguments_text(arguments)))
-        last_close = text.rfind(CLOSE)
-        opened = text.find(OPEN, last_close + len(CLOSE) if last_close >= 0 else 0)
-        kept.append(text[position:])
-        return ParsedCalls(
-            content="".join(kept).strip(),
-            tool_calls=tuple(calls),
-            num_malformed=text.count(OPEN) - len(calls),
-            pending_from=opened if opened >= position else None,
-        )
+        return xml_calls(text, (_BLOCK, _ARGUMENTS), tools)
+
+    def arguments_stream(self, tool_name: str, tools: Sequence[ToolSpec]) -> XmlArgumentsStream:
+        return XmlArgumentsStream(_SYNTAX, tools, tool_name)
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return last_opening(_OPENING, block)

@@ -12,10 +12,13 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
+    ToolFormatDefaults,
     arguments_object,
     arguments_text,
     json_object,
+    last_opening,
     template_json,
 )
 from components.tito.messages import ToolCall, ToolSpec
@@ -29,6 +32,7 @@ RETURN = "<|return|>"
 _ENDINGS = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
+_OPENING = re.compile(r"to=functions\.([^\s<]+)[^\n]*?<\|message\|>\s*(?=\{)")
 
 
 def harmony_messages(text: str) -> list[tuple[str, str | None, str, int, bool, int]]:
@@ -71,14 +75,12 @@ def _typescript(schema: Any) -> str:
     return {"integer": "number", "array": "any[]", "object": "object"}.get(kind, kind or "any")
 
 
-class HarmonyFormat:
+class HarmonyFormat(ToolFormatDefaults):
     """gpt-oss (harmony response format) tool calls."""
 
     name: ClassVar[str] = "harmony"
     call_markers: ClassVar[tuple[str, ...]] = ("to=functions.", CHANNEL, MESSAGE, END, CALL, RETURN, START)
     stop_texts: ClassVar[tuple[str, ...]] = (CALL, RETURN)
-    keeps_content_with_calls: ClassVar[bool] = True
-    writes_call_ids: ClassVar[bool] = False
 
     def matches_template(self, template: str) -> bool:
         return CHANNEL in template
@@ -151,3 +153,6 @@ class HarmonyFormat:
             num_malformed=malformed,
             pending_from=pending,
         )
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return last_opening(_OPENING, block)

@@ -9,10 +9,14 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
+    ToolFormatDefaults,
     arguments_object,
     arguments_text,
     json_object,
+    last_opening,
+    tagged_calls,
     template_json,
     tools_json_lines,
 )
@@ -21,6 +25,9 @@ from components.tito.messages import ToolCall, ToolSpec
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_OPENING = re.compile(
+    r'^<tool_call>\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
+)
 
 
 def call_from_json(body: str) -> ToolCall | None:
@@ -41,14 +48,12 @@ def tool_responses_text(contents: Sequence[str]) -> str:
     return "\n".join(f"<tool_response>\n{content}\n</tool_response>" for content in contents)
 
 
-class HermesFormat:
+class HermesFormat(ToolFormatDefaults):
     """``<tool_call>`` JSON blocks (Hermes 2 Pro, Qwen2.5, Qwen3)."""
 
     name: ClassVar[str] = "hermes"
     call_markers: ClassVar[tuple[str, ...]] = (OPEN,)
-    stop_texts: ClassVar[tuple[str, ...]] = ()
-    keeps_content_with_calls: ClassVar[bool] = True
-    writes_call_ids: ClassVar[bool] = False
+    end_markers: ClassVar[tuple[str, ...]] = (CLOSE,)
 
     def matches_template(self, template: str) -> bool:
         return OPEN in template
@@ -73,27 +78,7 @@ class HermesFormat:
         return "\n".join(([content] if content else []) + [self.render_call(call) for call in calls])
 
     def parse(self, text: str, tools: Sequence[ToolSpec]) -> ParsedCalls:
-        calls: list[ToolCall] = []
-        kept: list[str] = []
-        position = 0
-        for match in _BLOCK.finditer(text):
-            call = call_from_json(match.group(1))
-            if call is None:
-                continue
-            kept.append(text[position : match.start()])
-            position = match.end()
-            calls.append(call)
-        tail = text[position:]
-        pending = None
-        last_close = text.rfind(CLOSE)
-        opened = text.find(OPEN, last_close + len(CLOSE) if last_close >= 0 else 0)
-        if opened >= position:
-            pending = opened
-        malformed = text.count(OPEN) - len(calls)  # blocks that stay content: broken, or never closed
-        kept.append(tail)
-        return ParsedCalls(
-            content="".join(kept).strip(),
-            tool_calls=tuple(calls),
-            num_malformed=malformed,
-            pending_from=pending,
-        )
+        return tagged_calls(text, _BLOCK, (OPEN, CLOSE), lambda match: call_from_json(match.group(1)))
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return last_opening(_OPENING, block)

@@ -4,15 +4,20 @@ parser). The ``functions.NAME:INDEX`` id is part of what the model writes: it is
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
+    ToolFormatDefaults,
     arguments_object,
     arguments_text,
     json_object,
+    last_opening,
+    section_calls,
     template_json,
     tools_json_lines,
 )
@@ -32,6 +37,7 @@ _CALL = re.compile(
     re.DOTALL,
 )
 _ID = re.compile(r"^(?:functions\.)?(.+?)(?::\d+)?$")
+_OPENING = re.compile(re.escape(CALL_BEGIN) + r"\s*([^<\s]+?)\s*" + re.escape(ARGUMENT_BEGIN) + r"\s*(?=\{)")
 
 
 def kimi_call_id(call: ToolCall, index: int) -> str:
@@ -39,13 +45,21 @@ def kimi_call_id(call: ToolCall, index: int) -> str:
     return call.id if re.fullmatch(r"functions\.[^:]+:\d+", call.id) else f"functions.{call.name}:{index}"
 
 
-class KimiK2Format:
+def _call(match: re.Match[str]) -> ToolCall | None:
+    arguments = json_object(match.group(2))
+    name = _ID.match(match.group(1))
+    if arguments is None or name is None:
+        return None
+    call_id = match.group(1) if match.group(1).startswith("functions.") else ""
+    return ToolCall(id=call_id, name=name.group(1), arguments=arguments_text(arguments))
+
+
+class KimiK2Format(ToolFormatDefaults):
     """Kimi K2's tool-call section."""
 
     name: ClassVar[str] = "kimi_k2"
     call_markers: ClassVar[tuple[str, ...]] = (SECTION_BEGIN,)
-    stop_texts: ClassVar[tuple[str, ...]] = ()
-    keeps_content_with_calls: ClassVar[bool] = True
+    end_markers: ClassVar[tuple[str, ...]] = (CALL_END, SECTION_END)
     writes_call_ids: ClassVar[bool] = True
 
     def matches_template(self, template: str) -> bool:
@@ -67,23 +81,9 @@ class KimiK2Format:
         return f"{content}{SECTION_BEGIN}{body}{SECTION_END}"
 
     def parse(self, text: str, tools: Sequence[ToolSpec]) -> ParsedCalls:
-        begin = text.find(SECTION_BEGIN)
-        if begin < 0:
-            return ParsedCalls(content=text.strip(), tool_calls=())
-        end = text.find(SECTION_END, begin)
-        section = text[begin + len(SECTION_BEGIN) : end if end >= 0 else len(text)]
-        calls = []
-        for match in _CALL.finditer(section):
-            arguments = json_object(match.group(2))
-            name_match = _ID.match(match.group(1))
-            if arguments is None or name_match is None:
-                return ParsedCalls(content=text.strip(), tool_calls=(), num_malformed=1)
-            call_id = match.group(1) if match.group(1).startswith("functions.") else ""
-            calls.append(ToolCall(id=call_id, name=name_match.group(1), arguments=arguments_text(arguments)))
-        if end < 0 or not calls or _CALL.sub("", section).strip():
-            return ParsedCalls(
-                content=text.strip(), tool_calls=(), num_malformed=1, pending_from=begin if end < 0 else None
-            )
-        return ParsedCalls(
-            content=(text[:begin] + text[end + len(SECTION_END) :]).strip(), tool_calls=tuple(calls)
-        )
+        return section_calls(text, (SECTION_BEGIN, SECTION_END), _CALL, _call)
+
+    def open_call(self, block: str) -> CallOpening | None:
+        opening = last_opening(_OPENING, block)
+        name = None if opening is None else _ID.match(opening.name)
+        return None if opening is None or name is None else dataclasses.replace(opening, name=name.group(1))

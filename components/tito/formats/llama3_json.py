@@ -5,12 +5,16 @@ that calls ends with ``<|eom_id|>`` or ``<|eot_id|>``; the template drops the co
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
+    ToolFormatDefaults,
     arguments_object,
+    last_opening,
     template_json,
     tools_json_lines,
 )
@@ -19,16 +23,17 @@ from components.tito.messages import ToolCall, ToolSpec
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
+_OPENING = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"parameters"\s*:\s*(?=\{)')
 
 
-class Llama3JsonFormat:
+class Llama3JsonFormat(ToolFormatDefaults):
     """``{"name": …, "parameters": …}`` replies (Llama 3.1, 3.2, 3.3)."""
 
     name: ClassVar[str] = "llama3_json"
     call_markers: ClassVar[tuple[str, ...]] = (PYTHON_TAG,)
+    end_markers: ClassVar[tuple[str, ...]] = ("}",)
     stop_texts: ClassVar[tuple[str, ...]] = ("<|eom_id|>",)
     keeps_content_with_calls: ClassVar[bool] = False
-    writes_call_ids: ClassVar[bool] = False
 
     def matches_template(self, template: str) -> bool:
         return "<|start_header_id|>" in template and '"parameters": ' in template
@@ -75,3 +80,6 @@ class Llama3JsonFormat:
                 break
             position = len(text) - len(rest) + 1
         return ParsedCalls(content=text[end:].strip(), tool_calls=tuple(calls))
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return last_opening(_OPENING, block)

@@ -10,10 +10,13 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
+    ToolFormatDefaults,
     arguments_object,
     arguments_text,
     json_object,
+    last_opening,
     template_json,
 )
 from components.tito.messages import ToolCall, ToolSpec
@@ -22,6 +25,9 @@ TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
 _DECODER = json.JSONDecoder()
 _NAMED = re.compile(r"\s*([A-Za-z0-9_.-]+)\[ARGS\]")
+_OPENING = re.compile(
+    r'\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*(?=\{)|([A-Za-z0-9_.-]+)\[ARGS\]\s*(?=\{)'
+)
 
 
 def short_id(call_id: str) -> str:
@@ -29,12 +35,12 @@ def short_id(call_id: str) -> str:
     return call_id[-9:]
 
 
-class MistralFormat:
+class MistralFormat(ToolFormatDefaults):
     """``[TOOL_CALLS]`` JSON arrays (Mistral 7B v0.3, Mixtral, Mistral Nemo/Small)."""
 
     name: ClassVar[str] = "mistral"
     call_markers: ClassVar[tuple[str, ...]] = (TOOL_CALLS,)
-    stop_texts: ClassVar[tuple[str, ...]] = ()
+    end_markers: ClassVar[tuple[str, ...]] = ("]", "}")
     keeps_content_with_calls: ClassVar[bool] = False
     writes_call_ids: ClassVar[bool] = True
 
@@ -102,3 +108,9 @@ class MistralFormat:
                 return None
             calls.append(ToolCall(id="", name=match.group(1), arguments=arguments_text(arguments)))
         return tuple(calls)
+
+    def open_call(self, block: str) -> CallOpening | None:
+        opening = last_opening(_OPENING, block)
+        if opening is None:
+            opening = last_opening(_OPENING, block, name_group=2)
+        return opening

@@ -7,39 +7,35 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from components.tito.formats.base import (
+    CallOpening,
     ParsedCalls,
+    ToolFormatDefaults,
     arguments_object,
-    arguments_text,
-    jinja_string,
-    parameter_schema,
+    last_opening,
     template_json,
-    xml_value,
+    xml_calls,
+    xml_text,
 )
+from components.tito.formats.hermes import CLOSE, OPEN  # the same <tool_call> block markers
+from components.tito.formats.xml_stream import XmlArgumentsStream, XmlParameters
 from components.tito.messages import ToolCall, ToolSpec
 
-OPEN = "<tool_call>"
-CLOSE = "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*<function=([^>\n]+)>\n?(.*?)</function>\s*</tool_call>", re.DOTALL)
-_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+_ARGUMENTS = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+_OPENING = re.compile(r"^<tool_call>\s*<function=([^>\n]+)>\n?")
+_SYNTAX = XmlParameters("<parameter=", ">", "", "</parameter>", trims_newlines=True)
 
 
-def _value_text(value: Any) -> str:
-    if isinstance(value, (dict, list)):
-        return template_json(value)
-    return value if isinstance(value, str) else jinja_string(value)
-
-
-class Qwen3CoderFormat:
+class Qwen3CoderFormat(ToolFormatDefaults):
     """``<function=…><parameter=…>`` XML (Qwen3-Coder)."""
 
     name: ClassVar[str] = "qwen3_coder"
     call_markers: ClassVar[tuple[str, ...]] = (OPEN,)
-    stop_texts: ClassVar[tuple[str, ...]] = ()
-    keeps_content_with_calls: ClassVar[bool] = True
-    writes_call_ids: ClassVar[bool] = False
+    end_markers: ClassVar[tuple[str, ...]] = (CLOSE,)
 
     def matches_template(self, template: str) -> bool:
         return "<function=" in template and "<parameter=" in template
@@ -63,7 +59,7 @@ class Qwen3CoderFormat:
         blocks = []
         for call in calls:
             parameters = "".join(
-                f"<parameter={key}>\n{_value_text(value)}\n</parameter>\n"
+                f"<parameter={key}>\n{xml_text(value)}\n</parameter>\n"
                 for key, value in arguments_object(call).items()
             )
             blocks.append(f"{OPEN}\n<function={call.name}>\n{parameters}</function>\n{CLOSE}")
@@ -71,32 +67,10 @@ class Qwen3CoderFormat:
         return head + "\n".join(blocks)
 
     def parse(self, text: str, tools: Sequence[ToolSpec]) -> ParsedCalls:
-        calls: list[ToolCall] = []
-        kept: list[str] = []
-        position = 0
-        for match in _BLOCK.finditer(text):
-            name = match.group(1).strip()
-            body = match.group(2)
-            arguments = {}
-            for parameter in _PARAMETER.finditer(body):
-                key = parameter.group(1).strip()
-                arguments[key] = xml_value(parameter.group(2), parameter_schema(tools, name, key))
-            leftover = _PARAMETER.sub("", body).strip()
-            if not name or leftover:
-                continue
-            kept.append(text[position : match.start()])
-            position = match.end()
-            calls.append(ToolCall(id="", name=name, arguments=arguments_text(arguments)))
-        pending = None
-        last_close = text.rfind(CLOSE)
-        opened = text.find(OPEN, last_close + len(CLOSE) if last_close >= 0 else 0)
-        if opened >= position:
-            pending = opened
-        malformed = text.count(OPEN) - len(calls)  # blocks that stay content: broken, or never closed
-        kept.append(text[position:])
-        return ParsedCalls(
-            content="".join(kept).strip(),
-            tool_calls=tuple(calls),
-            num_malformed=malformed,
-            pending_from=pending,
-        )
+        return xml_calls(text, (_BLOCK, _ARGUMENTS), tools)
+
+    def arguments_stream(self, tool_name: str, tools: Sequence[ToolSpec]) -> XmlArgumentsStream:
+        return XmlArgumentsStream(_SYNTAX, tools, tool_name)
+
+    def open_call(self, block: str) -> CallOpening | None:
+        return last_opening(_OPENING, block)

@@ -4,12 +4,33 @@ a constant instead of the trajectory's length, so long wrong answers are not pen
 
 from __future__ import annotations
 
-from components.training.algorithms.grpo import GRPO, GRPOConfig
+from dataclasses import dataclass
+
+from components.config import option
+from components.registry import ALGORITHMS
+from components.training.algorithms.grpo import GRPO, GRPOConfig, SampleWeighting
 from components.training.losses import PolicyLossConfig
 
 
+@ALGORITHMS.register("dr_grpo")
+@dataclass(kw_only=True, frozen=True)
+class DrGRPOConfig(GRPOConfig):
+    """Dr.GRPO: GRPO's fields with Dr.GRPO's defaults (no std division, constant normaliser)."""
+
+    normalize_advantages_by_std: bool = option(
+        False, "divide (reward - group mean) by the group's sample std; false: Dr.GRPO"
+    )
+    sample_weighting: SampleWeighting = option(
+        "constant", "loss aggregation: constant (sum over a trajectory / constant_normalizer_tokens, Dr.GRPO)"
+    )
+
+    def build(self) -> DrGRPO:
+        """The Dr.GRPO brick with this config."""
+        return DrGRPO(self)
+
+
 class DrGRPO(GRPO):
-    """Dr.GRPO: ``GRPO`` with ``GRPOConfig.dr_grpo()`` (implements ``components.protocols.Algorithm``)."""
+    """Dr.GRPO: ``GRPO`` with ``DrGRPOConfig`` (implements ``components.protocols.Algorithm``)."""
 
     def __init__(
         self,
@@ -19,5 +40,8 @@ class DrGRPO(GRPO):
         loss: PolicyLossConfig | None = None,
     ) -> None:
         super().__init__(
-            config or GRPOConfig.dr_grpo(constant_normalizer_tokens=constant_normalizer_tokens, loss=loss)
+            config
+            or DrGRPOConfig(
+                constant_normalizer_tokens=constant_normalizer_tokens, loss=loss or PolicyLossConfig()
+            )
         )

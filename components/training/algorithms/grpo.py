@@ -1,6 +1,6 @@
 """GRPO as one ``Algorithm`` brick: group-relative advantages, per-trajectory sample weighting and the
 clipped, importance-corrected token-level loss. Dr.GRPO (``dr_grpo.py``) is a config of the same brick
-(``GRPOConfig.dr_grpo()``): no division by the group std and no length normalisation.
+(``DrGRPOConfig``): no division by the group std and no length normalisation.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from components.config import require_non_negative, require_one_of, require_positive
-from components.recipe_config import option
+from components.config import option, require_non_negative, require_one_of, require_positive
+from components.registry import ALGORITHMS
 from components.training.algorithms.weighting import trajectory_mean_weights
 from components.training.losses import ClippedPolicyGradient, PolicyLossConfig
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 SampleWeighting = Literal["trajectory", "token", "constant"]
 
 
+@ALGORITHMS.register("grpo")
 @dataclass(kw_only=True, frozen=True)
 class GRPOConfig:
     """Group Relative Policy Optimisation."""
@@ -51,17 +52,9 @@ class GRPOConfig:
         require_one_of(self.sample_weighting, "sample_weighting", ("trajectory", "token", "constant"))
         require_positive(self.constant_normalizer_tokens, "constant_normalizer_tokens")
 
-    @classmethod
-    def dr_grpo(
-        cls, *, constant_normalizer_tokens: int = 1024, loss: PolicyLossConfig | None = None
-    ) -> GRPOConfig:
-        """Dr.GRPO: advantages without std division, token sums over a constant instead of lengths."""
-        return cls(
-            normalize_advantages_by_std=False,
-            sample_weighting="constant",
-            constant_normalizer_tokens=constant_normalizer_tokens,
-            loss=loss or PolicyLossConfig(),
-        )
+    def build(self) -> GRPO:
+        """The GRPO brick with this config."""
+        return GRPO(self)
 
 
 def group_relative_advantages(

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from components.config import require, require_non_negative
-from components.recipe_config import option
+from components.config import option, require, require_non_negative
+from components.registry import ALGORITHMS
 from components.training.algorithms.grpo import GroupRelativeAdvantages
 from components.training.algorithms.weighting import trajectory_mean_weights
 from components.training.losses import ClippedPolicyGradient, PolicyLossConfig
@@ -31,6 +31,7 @@ def gspo_loss(**overrides) -> PolicyLossConfig:
     )
 
 
+@ALGORITHMS.register("gspo")
 @dataclass(kw_only=True, frozen=True)
 class GSPOConfig:
     """GSPO: sequence-level ratio and clipping (the paper's clip range is ~1e-4 wide, not PPO's 0.2)."""
@@ -42,6 +43,10 @@ class GSPOConfig:
     def __post_init__(self) -> None:
         require_non_negative(self.std_epsilon, "std_epsilon")
         require(self.loss.ratio_level == "sequence", "loss.ratio_level", "GSPO clips the sequence ratio")
+
+    def build(self) -> GSPO:
+        """The GSPO brick with this config."""
+        return GSPO(self)
 
 
 class GSPO(GroupRelativeAdvantages, ClippedPolicyGradient):

@@ -10,16 +10,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from components.recipe_config import option
+from components.config import option
+from components.registry import ALGORITHMS
 from components.training.algorithms.weighting import trajectory_mean_weights
 from components.training.losses import ClippedPolicyGradient, PolicyLossConfig
 
 
+@ALGORITHMS.register("rloo")
 @dataclass(kw_only=True, frozen=True)
 class RLOOConfig:
     """RLOO: leave-one-out baseline, per-trajectory token mean (each trajectory weighs the same)."""
 
     loss: PolicyLossConfig = option(PolicyLossConfig(), "the clipped, importance-corrected loss")
+
+    def build(self) -> RLOO:
+        """The RLOO brick with this config."""
+        return RLOO(self)
 
 
 def leave_one_out_advantages(rewards: np.ndarray, group_ids: Sequence[str]) -> np.ndarray:

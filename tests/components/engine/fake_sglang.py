@@ -49,6 +49,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from components.engine.embedded import EmbeddedEngine
+from components.engine.scripted import ScriptedEngine
 from components.protocols import FinishReason, SamplingParams
 
 
@@ -345,6 +346,8 @@ def build_app(state: FakeSGLangState) -> FastAPI:
             if lora_name not in state.loras:
                 message = f"The following requested LoRA adapters are not loaded: {lora_name}"
                 return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
+        if int(sampling.get("max_new_tokens", 128)) == 0:  # prefill only: SGLang's way to score a prompt
+            return await _prompt_scores(state, body, rid, input_ids)
         state.num_waiting += 1  # in SGLang's waiting queue until generation is not paused
         try:
             await state.paused.wait()
@@ -557,6 +560,26 @@ def _engine_version(version: Any, state: FakeSGLangState) -> int:
     return state.version_int() if version is None else int(version)
 
 
+async def _prompt_scores(state: FakeSGLangState, body: dict, rid: str, input_ids: list[int]) -> dict:
+    """A ``max_new_tokens`` 0 reply: with ``return_logprob`` and ``logprob_start_len`` L >= 0, SGLang's
+    ``meta_info.input_token_logprobs`` of positions L.. as [logprob, id, text] (position 0's logprob null)."""
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": {"type": "length", "length": 0},
+        "prompt_tokens": len(input_ids),
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+        "weight_version": state.weight_version,
+    }
+    start = int(body.get("logprob_start_len", -1))
+    if body.get("return_logprob") and start >= 0 and not state.drop_logprobs:
+        scored = await state.engine.logprobs_of(input_ids, 1) if len(input_ids) > 1 else ()
+        values = [None, *scored]
+        meta["input_token_logprobs"] = [[values[i], input_ids[i], None] for i in range(start, len(input_ids))]
+        meta["output_token_logprobs"] = []
+    return {"text": "", "output_ids": [], "meta_info": meta}
+
+
 def _reply(
     state: FakeSGLangState, body: dict, rid: str, input_ids: list[int], sampling: dict, result
 ) -> dict:
@@ -667,6 +690,7 @@ class FakeSGLangProcess:
         startup_delay_s: float = 0.0,
         context_window: int | None = None,
         no_eos: bool = False,
+        scripted_policy: str = "",
     ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -681,6 +705,8 @@ class FakeSGLangProcess:
             self.command += ["--context-window", str(context_window)]
         if no_eos:
             self.command += ["--no-eos"]
+        if scripted_policy:
+            self.command += ["--scripted-policy", scripted_policy]
         self.process: subprocess.Popen | None = None
 
     def start(self) -> FakeSGLangProcess:
@@ -722,6 +748,27 @@ class FakeSGLangProcess:
                 self.kill()
 
 
+class ScriptedSGLangEngine(ScriptedEngine):
+    """A scripted policy as the stand-in's engine (which decodes with ``engine.tokenizer``)."""
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+
+def scripted_engine(spec: str, model_path: str, context_window: int) -> ScriptedSGLangEngine:
+    """A ``ScriptedSGLangEngine`` over the model's tokenizer, replying with ``MODULE:NAME`` (prompt → reply)."""
+    import importlib
+
+    from transformers import AutoTokenizer
+
+    module, _, name = spec.partition(":")
+    policy = getattr(importlib.import_module(module), name)
+    return ScriptedSGLangEngine(
+        AutoTokenizer.from_pretrained(model_path), policy, context_window=context_window
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m tests.components.engine.fake_sglang --model-path DIR --port N``: serve until killed."""
     from components.engine.embedded import EmbeddedEngineConfig
@@ -735,13 +782,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-window", type=int, default=None)
     parser.add_argument("--no-eos", action="store_true", help="never stop on EOS (deterministic lengths)")
     parser.add_argument("--startup-delay-s", type=float, default=0.0, help="/health answers 503 this long")
+    parser.add_argument(
+        "--scripted-policy",
+        default="",
+        help="MODULE:NAME of a prompt → reply function: a ScriptedEngine samples its replies instead of the model",
+    )
     args = parser.parse_args(argv)
-    options: dict[str, Any] = {"model_path": args.model_path, "num_threads": 1}
-    if args.context_window:
-        options["context_window"] = args.context_window
-    if args.no_eos:
-        options["eos_token_ids"] = ()
-    engine = EmbeddedEngine(EmbeddedEngineConfig(**options))
+    if args.scripted_policy:
+        engine = scripted_engine(args.scripted_policy, args.model_path, args.context_window or 65536)
+    else:
+        options: dict[str, Any] = {"model_path": args.model_path, "num_threads": 1}
+        if args.context_window:
+            options["context_window"] = args.context_window
+        if args.no_eos:
+            options["eos_token_ids"] = ()
+        engine = EmbeddedEngine(EmbeddedEngineConfig(**options))
     state = FakeSGLangState(
         engine=engine,
         model_path=args.model_path,

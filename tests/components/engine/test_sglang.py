@@ -261,3 +261,50 @@ async def test_cancelled_generate_aborts_on_the_server(client, fake_server):
     assert abort_body["rid"] == generate_bodies(fake_server)[-1]["rid"]
     result = await client.generate([1, 2], SamplingParams(max_tokens=2, seed=0))
     assert len(result.output_ids) == 2
+
+
+async def test_sglang_server_is_a_distillation_teacher(client, fake_server):
+    """Teacher-forced scoring over SGLang's prefill-only request (``max_new_tokens`` 0, input logprobs from
+    position 0): the logprobs are the served model's own, and ``score_trajectory`` records them per token."""
+    from components.training.distillation import TeacherScorer, score_trajectory
+    from tests.components.training.training_synthetic import make_segment, make_trajectory
+
+    assert isinstance(client, TeacherScorer)
+    ids = [5, 17, 230, 9, 44, 1001]
+    expected = await fake_server.state.engine.logprobs_of(ids, 2)
+    assert await client.logprobs_of(ids, 2) == pytest.approx(expected, abs=1e-6)
+    (body,) = [b for b in generate_bodies(fake_server) if b.get("logprob_start_len") == 0]
+    assert body["sampling_params"]["max_new_tokens"] == 0 and body["return_logprob"] is True
+    trajectory = make_trajectory("t", "g", 1.0, (make_segment(3, 4, seed=1, vocab=1000),))
+    (segment,) = (await score_trajectory(client, trajectory)).segments
+    own = await fake_server.state.engine.logprobs_of(segment.token_ids.tolist(), 1)
+    np.testing.assert_allclose(
+        segment.teacher_logprobs[1:], np.where(segment.loss_mask[1:] == 1, own, 0.0), atol=1e-6
+    )
+    fake_server.state.drop_logprobs = True  # a server that leaves the scores out is an error, never zeros
+    with pytest.raises(MissingLogprobsError, match="input logprob"):
+        await client.logprobs_of(ids, 1)
+
+
+async def test_sglang_teacher_connects_only_with_the_policys_tokenizer(fake_server, tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from components.training.server_teachers import connect_server_teacher, server_kind
+
+    fake_server.state.drop_logprobs = False
+    assert server_kind(f"sglang:{fake_server.url}") == "sglang" and server_kind(str(tiny_model_dir)) is None
+    assert server_kind("vllm:not-a-url") is None  # a folder name that happens to contain a colon
+    teacher = await connect_server_teacher(f"sglang:{fake_server.url}", policy_model=tiny_model_dir)
+    assert len(await teacher.logprobs_of([5, 6, 7], 1)) == 2
+    await teacher.aclose()
+    other = AutoTokenizer.from_pretrained(tiny_model_dir)
+    other.add_tokens(["The quick"])
+    other.save_pretrained(tmp_path / "other")
+    with pytest.raises(ValueError, match="distillation.teachers: .* tokenizes differently"):
+        await connect_server_teacher(f"sglang:{fake_server.url}", policy_model=tmp_path / "other")
+    fake_server.state.model_path = "/nowhere/model"  # a server whose tokenizer this machine cannot read
+    try:
+        with pytest.raises(ValueError, match="cannot check the tokenizer of the SGLang teacher"):
+            await connect_server_teacher(f"sglang:{fake_server.url}", policy_model=tiny_model_dir)
+    finally:
+        fake_server.state.model_path = str(tiny_model_dir)

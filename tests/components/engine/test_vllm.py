@@ -208,3 +208,40 @@ async def test_a_killed_server_fails_requests_in_flight_with_a_clear_engine_erro
             await asyncio.wait_for(fleet.generate(PROMPTS[1], SamplingParams(max_tokens=4)), 60)
     finally:
         await fleet.aclose()
+
+
+async def test_vllm_server_is_a_distillation_teacher(engine, vllm_server, tmp_path):
+    """Teacher-forced scoring through ``/v1/completions`` with ``prompt_logprobs``: the logprobs of a
+    transformers forward pass of the served weights; ``vllm:URL`` connects as a teacher after the tokenizer
+    check, which refuses a policy that tokenizes differently (folder and ``/tokenize`` probe alike)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from components.training.distillation import TeacherScorer, score_trajectory
+    from components.training.server_teachers import _require_same_tokenization, connect_server_teacher
+    from tests.components.training.training_synthetic import make_segment, make_trajectory
+
+    ids = [1, 100, 200, 300, 400, 500, 42, 7]
+    scored = await engine.logprobs_of(ids, 2)
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+    expected = [reference[i - 1, ids[i]].item() for i in range(2, len(ids))]
+    assert len(scored) == len(expected)
+    assert max(abs(a - b) for a, b in zip(scored, expected, strict=True)) < LOGPROB_TOLERANCE
+    teacher = await connect_server_teacher(f"vllm:{vllm_server.url}", policy_model=vllm_server.model_dir)
+    try:
+        assert isinstance(teacher, TeacherScorer)
+        trajectory = make_trajectory("t", "g", 1.0, (make_segment(3, 5, seed=2, vocab=1000),))
+        (segment,) = (await score_trajectory(teacher, trajectory)).segments
+        sampled = segment.loss_mask == 1
+        assert (segment.teacher_logprobs[sampled] < 0).all() and (segment.teacher_logprobs[~sampled] == 0).all()
+        await _require_same_tokenization(teacher, vllm_server.model_dir, "distillation.teachers", "x")
+        other = AutoTokenizer.from_pretrained(vllm_server.model_dir)
+        other.add_tokens(["The quick"])  # another tokenizer: the probe text splits differently
+        other.save_pretrained(tmp_path / "other")
+        with pytest.raises(ValueError, match="distillation.teachers: the vLLM teacher x tokenizes"):
+            await _require_same_tokenization(teacher, tmp_path / "other", "distillation.teachers", "x")
+        with pytest.raises(ValueError, match="distillation.teachers: .* tokenizes differently"):
+            await connect_server_teacher(f"vllm:{vllm_server.url}", policy_model=tmp_path / "other")
+    finally:
+        await teacher.aclose()

@@ -215,10 +215,17 @@ def test_host_with_the_admin_key_drives_the_sessions_over_http(start_proxy):
         anthropic.Anthropic(
             base_url=opened["base_url"], api_key=SessionKeys(admin_key=admin_key).session_token("other")
         ).messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    # a process reward per model call (turn-level credit): one call was made, so one reward, numbers only
+    for bad, message in (([1.0, 2.0], "2 rewards for 1 turns"), (["x"], "body.turn_rewards[0]")):
+        refused = httpx.post(f"{opened['base_url']}/finalize", headers=admin, json={"turn_rewards": bad})
+        assert refused.status_code == 400 and message in refused.text, refused.text
     trajectory = httpx.post(
-        f"{opened['base_url']}/finalize", headers=admin, json={"reward": 0.5, "status": "ok"}
+        f"{opened['base_url']}/finalize",
+        headers=admin,
+        json={"reward": 0.5, "status": "ok", "turn_rewards": [0.25]},
     )
     assert trajectory.status_code == 200 and trajectory.json()["reward"] == 0.5
+    assert [s["turn_rewards"] for s in trajectory.json()["segments"]] == [[0.25]]
     # After finalize the token opens nothing: the session is gone.
     gone = httpx.post(
         f"{opened['base_url']}/v1/chat/completions",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import pytest
@@ -105,20 +107,24 @@ def test_messages_raw_stream_event_order(start_proxy):
             stream=True,
         )
     )
-    assert [e.type for e in events] == [
+    types = [e.type for e in events]
+    num_json = types.count("content_block_delta") - 1  # the tool_use block's input as its tokens wrote it
+    assert num_json > 1
+    assert types == [
         "message_start",
         "content_block_start",
         "content_block_delta",
         "content_block_stop",
         "content_block_start",
-        "content_block_delta",
+        *["content_block_delta"] * num_json,
         "content_block_stop",
         "message_delta",
         "message_stop",
     ]
     assert events[4].content_block.type == "tool_use"
-    assert events[5].delta.type == "input_json_delta"
-    assert events[7].delta.stop_reason == "tool_use"
+    assert all(e.delta.type == "input_json_delta" for e in events[5 : 5 + num_json])
+    assert json.loads("".join(e.delta.partial_json for e in events[5 : 5 + num_json])) == {"path": "x"}
+    assert events[-2].delta.stop_reason == "tool_use"
 
 
 def test_count_tokens(start_proxy):

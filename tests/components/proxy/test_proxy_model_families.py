@@ -1,9 +1,8 @@
 """Model families end to end: multi-turn tool conversations through the proxy with the official openai SDK,
-for each family under its real chat template (vLLM's ``examples/tool_chat_template_*.jinja``, downloaded by
-``make setup-test`` into ``.templates/``), with a scripted policy writing that family's tool-call format.
-
-GLM-4.5, Kimi K2 and gpt-oss harmony have no template in that sdist: they run on SmolLM2's ChatML template
-(no tool support) with ``tool_format`` named, so Rein renders tools and past calls in the family's format.
+for each family under its real chat template, downloaded by ``make setup-test`` into ``.templates/``: vLLM's
+``examples/tool_chat_template_*.jinja`` (its sdist on PyPI) and llama.cpp's ``models/templates`` for GLM-4.6
+(GLM-4.5's format), Kimi K2 and gpt-oss (vendored in llama-cpp-python's sdist on PyPI), with a scripted policy
+writing that family's tool-call format.
 
 Each conversation checks: the format is detected from the template (or the named one is used); every turn's
 prompt extends the previous prompt + sampled ids exactly (one segment); the sampled ids are exactly the
@@ -29,7 +28,7 @@ from components.proxy.sessions import LocalSessionRegistry
 from components.tito.drift_audit import audit_session
 from components.tito.formats import tool_format_named
 from components.tito.messages import ToolCall
-from tests.components.proxy.proxy_helpers import assert_one_segment_record
+from tests.components.proxy.proxy_helpers import assert_one_segment_record, streamed_tool_calls
 
 TEMPLATES = Path(__file__).resolve().parents[3] / ".templates"
 TOOLS = [
@@ -72,6 +71,29 @@ DEEPSEEK = (
     "<｜tool▁output▁begin｜>",
     "<｜tool▁output▁end｜>",
 )
+GLM = (
+    "[gMASK]",
+    "<sop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<think>",
+    "</think>",
+)
+KIMI = (
+    "<|im_system|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_middle|>",
+    "<|im_end|>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+)
+HARMONY = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
 FAMILIES = {
     "hermes": Family("hermes", "tool_chat_template_hermes.jinja"),
     "qwen3_coder": Family("qwen3_coder", "tool_chat_template_qwen3coder.jinja"),
@@ -104,9 +126,9 @@ FAMILIES = {
     "deepseek_r1": Family(
         "deepseek_v3", "tool_chat_template_deepseekr1.jinja", DEEPSEEK, DEEPSEEK[0], DEEPSEEK[1]
     ),
-    "glm45": Family("glm45", None),
-    "kimi_k2": Family("kimi_k2", None),
-    "harmony": Family("harmony", None),
+    "glm45": Family("glm45", "GLM-4.6.jinja", GLM, "[gMASK]", "<|observation|>"),
+    "kimi_k2": Family("kimi_k2", "moonshotai-Kimi-K2.jinja", KIMI, None, "<|im_end|>"),
+    "harmony": Family("harmony", "openai-gpt-oss-120b.jinja", HARMONY, None, "<|call|>", False),
 }
 
 
@@ -162,21 +184,12 @@ def run_conversation(
     seen = []
     for _ in scripted_turns(family):
         if stream:
-            content, calls = "", {}
-            for chunk in client.chat.completions.create(
-                model="policy", messages=messages, tools=TOOLS, stream=True
-            ):
-                delta = chunk.choices[0].delta if chunk.choices else None
-                if delta is None:
-                    continue
-                content += delta.content or ""
-                for call in delta.tool_calls or []:
-                    calls[call.index] = {
-                        "id": call.id,
-                        "type": "function",
-                        "function": {"name": call.function.name, "arguments": call.function.arguments},
-                    }
-            tool_calls = [calls[i] for i in sorted(calls)]
+            chunks = list(
+                client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stream=True)
+            )
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            pieces = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+            tool_calls = streamed_tool_calls(chunks)
         else:
             message = (
                 client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
@@ -188,6 +201,8 @@ def run_conversation(
         seen.append(
             (content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in tool_calls])
         )
+        if stream and tool_calls:
+            assert len(pieces) > 2 * len(tool_calls)  # the arguments came as their tokens wrote them
         assistant = {"role": "assistant", "content": content}
         if tool_calls:
             assistant["tool_calls"] = tool_calls
@@ -310,7 +325,8 @@ def test_the_cli_flags_name_formats_and_refuse_unknown_ones(capsys):
 
 def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
     """Claude Code's protocol: under Qwen3-Coder's real template, the text block grows delta by delta and the
-    tool_use block comes whole once its XML call is complete; the conversation stays one exact segment."""
+    tool_use block's input arrives as its XML parameters are written; the conversation stays one exact
+    segment."""
     import anthropic
 
     family = FAMILIES["qwen3_coder"]
@@ -347,11 +363,12 @@ def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
                 for e in events
                 if e.type == "content_block_start" and e.content_block.type == "tool_use"
             ]
-            inputs = [
-                json.loads(e.delta.partial_json)
-                for e in events
-                if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
-            ]
+            json_pieces: dict[int, list[str]] = {}  # per tool_use block: its input as the tokens wrote it
+            for e in events:
+                if e.type == "content_block_delta" and e.delta.type == "input_json_delta":
+                    json_pieces.setdefault(e.index, []).append(e.delta.partial_json)
+            assert all(len(pieces) > 2 for pieces in json_pieces.values())
+            inputs = [json.loads("".join(json_pieces[index])) for index in sorted(json_pieces)]
             turns.append((text_deltas, [(u.name, i) for u, i in zip(uses, inputs, strict=True)]))
             content: list[dict] = [{"type": "text", "text": "".join(text_deltas)}]
             content += [
@@ -378,7 +395,8 @@ def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
 
 def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
     """Codex's protocol: the message text comes as one ``output_text.delta`` per settled piece, the call as a
-    ``function_call`` item (GLM-4.5 format, named, on SmolLM2's ChatML)."""
+    ``function_call`` item whose arguments arrive as ``function_call_arguments.delta`` pieces (GLM-4.5 format,
+    named, on SmolLM2's ChatML)."""
     family = FAMILIES["glm45"]
     fmt = tool_format_named("glm45")
     call = ToolCall(id="c1", name="bash", arguments='{"cmd": "ls -la"}')
@@ -403,6 +421,8 @@ def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
             e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
         ]
         assert [(item.name, json.loads(item.arguments)) for item in done] == [("bash", {"cmd": "ls -la"})]
+        pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+        assert len(pieces) > 2 and "".join(pieces) == done[0].arguments  # as the XML parameters were written
     finally:
         server.stop_thread()
 
@@ -478,3 +498,74 @@ def test_recipes_name_the_formats_on_their_proxy_brick(capsys):
     with pytest.raises(SystemExit):
         parse_config(SweGrpoConfig, ["--proxy-tool-format", "gemma"])
     assert "unknown format 'gemma'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "expected_segments"), [("harmony", ["start", "prefix_mismatch"]), ("glm45", ["start"])]
+)
+def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(
+    tokenizer, name, expected_segments
+):
+    """gpt-oss' template drops a tool-call turn's analysis once a final answer follows it: the next user turn
+    rewrites what the model saw (the new messages render differently after it), so TITO starts a
+    ``prefix_mismatch`` segment and the drift audit reports it. GLM-4.6's drops the reasoning of turns before the
+    last user turn, but the new messages render the same after the held ids: TITO keeps extending the ids the
+    model saw (one segment), and the drift audit reports how far a naive re-render would be."""
+    from components.tito.formats import detect_reasoning_format
+
+    family = FAMILIES[name]
+    family_tok = family_tokenizer(tokenizer, family)
+    fmt = tool_format_named(family.tool_format)
+    thinking = detect_reasoning_format(family_tok.chat_template)
+    call = ToolCall(id="functions.bash:0", name="bash", arguments='{"cmd": "ls"}')
+    replies = [
+        thinking.render("I should list the files.", fmt.render_calls("", [call])),
+        thinking.render("The listing is short.", fmt.render_calls("Listed.", [])),
+        fmt.render_calls("Bye.", []),
+    ]
+    engine = ScriptedEngine(family_tok, replies)
+    config = ProxyConfig(port=0)
+    registry = LocalSessionRegistry(engine, family_tok, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        client = OpenAI(
+            base_url=server.session_url(session_id) + "/v1",
+            api_key=config.session_keys.session_token(session_id),
+            max_retries=0,
+        )
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List files."}]
+        first = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in first.tool_calls] == [
+            ("bash", {"cmd": "ls"})
+        ]
+        # the client sends the reasoning back (``reasoning_content``), as agents that keep it do
+        assert first.model_extra["reasoning_content"] == "I should list the files."
+        messages += [
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": first.model_extra["reasoning_content"],
+                "tool_calls": [c.model_dump() for c in first.tool_calls],
+            },
+            {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "a.py"},
+        ]
+        second = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
+        assert second.content == "Listed."
+        record = server.call(lambda: registry.describe(session_id))
+        assert record["num_segments"] == 1  # the tool result extends the conversation exactly
+        messages += [
+            {"role": "assistant", "content": second.content, "reasoning_content": "The listing is short."},
+            {"role": "user", "content": "Thanks."},
+        ]
+        client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
+        record = server.call(lambda: registry.describe(session_id))
+        reports = audit_session(registry._sessions[session_id].tito)
+        assert [s["reason"] for s in record["segments"]] == expected_segments
+        assert [r.segment_reason for r in reports] == expected_segments
+        assert (
+            reports[0].num_mismatched > 0
+        )  # a re-render without the dropped reasoning is not what was sampled
+    finally:
+        server.stop_thread()

@@ -10,6 +10,7 @@ from tests.components.proxy.proxy_helpers import (
     BASH_TOOL_OPENAI,
     assert_one_segment_record,
     reply_ids,
+    streamed_tool_calls,
     tool_call_text,
 )
 
@@ -81,20 +82,12 @@ def test_tool_calls_over_three_turns_are_one_segment(start_proxy, tokenizer):
                     model="m", messages=messages, tools=[BASH_TOOL_OPENAI], stream=True
                 )
             )
-            calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
             content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
             message = {
                 "role": "assistant",
                 "content": content or None,
-                "tool_calls": [
-                    {
-                        "id": tc.id,
-                        "type": "function",
-                        "function": {"name": tc.function.name, "arguments": tc.function.arguments},
-                    }
-                    for tc in calls
-                ],
+                "tool_calls": streamed_tool_calls(chunks),
             }
         else:
             response = client.chat.completions.create(model="m", messages=messages, tools=[BASH_TOOL_OPENAI])

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.loop import LoopConfig
+from components.loop import RolloutBrickConfig
 from components.rollout.buffer import (
     LEDGER_KEY,
     GroupBuffer,
@@ -154,19 +154,19 @@ def test_ledger_records_each_shard_once_and_survives_the_checkpoint_state():
     json.dumps(ledger.to_state())  # plain JSON in trainer_state.json
 
 
-def test_loop_config_names_bad_fields():
-    with pytest.raises(ValueError, match="rollout_mode"):
-        LoopConfig(rollout_mode="fast")  # type: ignore[arg-type]
+def test_rollout_config_names_bad_fields():
+    with pytest.raises(ValueError, match="mode"):
+        RolloutBrickConfig(mode="fast")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_staleness"):
-        LoopConfig(rollout_mode="async", max_staleness=-1)
+        RolloutBrickConfig(mode="async", max_staleness=-1)
     with pytest.raises(ValueError, match="max_staleness"):
-        LoopConfig(rollout_mode="partial", max_staleness=0)
+        RolloutBrickConfig(mode="partial", max_staleness=0)
     with pytest.raises(ValueError, match="max_steps_ahead"):
-        LoopConfig(rollout_mode="async", max_steps_ahead=-1)
+        RolloutBrickConfig(mode="async", max_steps_ahead=-1)
     # the steps in line for the trainer, counting the one it is on: while the trainer is the bottleneck
     # max_steps_ahead more, capped by max_staleness; while rollouts are, max_staleness more
     def in_line(rollout_bound: bool, **fields) -> int:
-        return LoopConfig(rollout_mode="async", **fields).steps_in_line(rollout_bound=rollout_bound)
+        return RolloutBrickConfig(mode="async", **fields).steps_in_line(rollout_bound=rollout_bound)
 
     assert in_line(False, max_staleness=3) == 2 and in_line(True, max_staleness=3) == 4  # default: 1 ahead
     assert in_line(False, max_staleness=3, max_steps_ahead=3) == 4

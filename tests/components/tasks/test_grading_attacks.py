@@ -71,6 +71,11 @@ HIDDEN_TESTS_ON_DISK = (
     "            handle.write(source)\n",
 )
 EVENTS_FROM_ANY_PROCESS = ("        if sender != self.test_pid:", "        if False:")
+# The agent's code imported into the test process itself (the pre-#28.3 grader), not run in a process of its own.
+IN_PROCESS = (
+    '    bridge_to_the_code_under_test(workspace, options["bridge_fd"])  # no code of the agent runs here\n',
+    "    sys.path.append(workspace)\n",
+)
 
 
 @pytest.fixture(scope="module")
@@ -152,9 +157,11 @@ _pytest.reports.TestReport.__init__ = _always_passed
 
 async def test_library_code_patching_pytest_at_import(task, sandbox_factory, real):
     diff = await agent_diff(task, sandbox_factory, real, {"minilib/__init__.py": INIT + OBFUSCATED_FORGE})
-    weak = weakened_grader(sandbox_factory, NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME)
+    weak = weakened_grader(sandbox_factory, IN_PROCESS, NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME)
     result = await assert_weak_one_real_zero(task, weak, real, diff)
-    assert "_pytest.reports.TestReport" in result.log
+    assert f"{HIDDEN_TEST} (failed)" in result.log  # it patched the pytest of its own process, not the tests'
+    in_process = await weakened_grader(sandbox_factory, IN_PROCESS).grade_patch(task, diff)
+    assert in_process.reward == 0.0 and "_pytest.reports.TestReport" in in_process.log  # the fingerprint
 
 
 async def test_conftest_patching_pytest(task, sandbox_factory, real):
@@ -192,7 +199,9 @@ async def test_file_exempt_by_its_test_name_imported_by_the_library(task, sandbo
         "minilib/__init__.py": INIT + "from . import test_support  # noqa: F401\n",
     }
     diff = await agent_diff(task, sandbox_factory, real, files)
-    weak = weakened_grader(sandbox_factory, TEST_FILES_EXEMPT, NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME)
+    weak = weakened_grader(
+        sandbox_factory, IN_PROCESS, TEST_FILES_EXEMPT, NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME
+    )
     result = await assert_weak_one_real_zero(task, weak, real, diff)
     assert "minilib/test_support.py" in result.log  # restored (removed): the import then fails
 
@@ -223,7 +232,7 @@ async def test_binary_diff_hiding_a_pytest_patch(task, sandbox_factory, real):
             test_timeout_s=TIMEOUT_S, reject_test_runner_tampering=False, reject_interpreter_tampering=False
         ),
     )
-    weak.runner_source = weakened_runner(NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME)
+    weak.runner_source = weakened_runner(IN_PROCESS, NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME)
     result = await assert_weak_one_real_zero(task, weak, real, diff)
     assert "minilib/_native.py references the test runner" in result.log
 
@@ -310,10 +319,12 @@ async def test_forked_child_forging_the_outcomes(task, sandbox_factory, real):
     node_ids = [*task.fail_to_pass, *task.pass_to_pass]
     payload = FORK_AND_FORGE.format(node_ids=node_ids)
     diff = await agent_diff(task, sandbox_factory, real, {"minilib/__init__.py": INIT + payload})
-    weak = weakened_grader(sandbox_factory, EVENTS_FROM_ANY_PROCESS)
-    result = await assert_weak_one_real_zero(task, weak, real, diff)
-    assert "test events from processes other than the test process" in result.log
-    assert "ended before its session did" in result.log
+    weak = weakened_grader(sandbox_factory, IN_PROCESS, EVENTS_FROM_ANY_PROCESS)
+    await assert_weak_one_real_zero(task, weak, real, diff)
+    in_process = await weakened_grader(sandbox_factory, IN_PROCESS).grade_patch(task, diff)
+    assert in_process.reward == 0.0, in_process
+    assert "test events from processes other than the test process" in in_process.log
+    assert "ended before its session did" in in_process.log
 
 
 class NoStartedLineGrader(SweGrader):
@@ -352,11 +363,15 @@ setattr(_b, "isinstance", lambda value, kinds: _original_isinstance(value, kinds
 
 
 async def test_library_monkeypatching_builtins(task, sandbox_factory, real):
+    """In the test process (the agent's code imported there) the fingerprint sees the patch; in the real grader
+    the patch changes only the code-under-test process's own builtins, so the (real) fix earns its 1."""
     files = {"minilib/text.py": FIXED_TEXT, "minilib/__init__.py": INIT + PATCH_A_BUILTIN}
     diff = await agent_diff(task, sandbox_factory, real, files)
-    weak = weakened_grader(sandbox_factory, NO_FINGERPRINT)
-    result = await assert_weak_one_real_zero(task, weak, real, diff)
+    weak = weakened_grader(sandbox_factory, IN_PROCESS, NO_FINGERPRINT)
+    fingerprinted = weakened_grader(sandbox_factory, IN_PROCESS)
+    result = await assert_weak_one_real_zero(task, weak, fingerprinted, diff)
     assert "builtins.isinstance" in result.log
+    assert (await real.grade_patch(task, diff)).reward == 1.0
 
 
 # -- the observer's secret ----------------------------------------------------------------------------------
@@ -490,9 +505,11 @@ async def test_a_plugin_rewriting_reports_to_passed(task, sandbox_factory, real)
     diff = await agent_diff(
         task, sandbox_factory, real, {"minilib/__init__.py": INIT + REWRITE_REPORTS_THROUGH_A_PLUGIN}
     )
-    weak = weakened_grader(sandbox_factory, NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME)
+    weak = weakened_grader(sandbox_factory, IN_PROCESS, NO_FINGERPRINT, TRUSTS_THE_REPORTED_OUTCOME)
     await assert_weak_one_real_zero(task, weak, real, diff)
-    without_fingerprint = await weakened_grader(sandbox_factory, NO_FINGERPRINT).grade_patch(task, diff)
+    without_fingerprint = await weakened_grader(sandbox_factory, IN_PROCESS, NO_FINGERPRINT).grade_patch(
+        task, diff
+    )
     assert without_fingerprint.reward == 0.0, without_fingerprint
     assert f"{HIDDEN_TEST} (raised)" in without_fingerprint.log
 
@@ -532,18 +549,24 @@ NO_HONEST_COMPARISONS = (
 )
 
 
-@pytest.mark.parametrize("payload", [LYING_STR, LYING_OBJECT], ids=["str-subclass", "object"])
-async def test_a_value_whose_eq_always_says_yes(task, sandbox_factory, real, payload):
+@pytest.mark.parametrize(
+    ("payload", "weakened"),
+    [(LYING_STR, (IN_PROCESS, NO_HONEST_COMPARISONS)), (LYING_OBJECT, (NO_HONEST_COMPARISONS,))],
+    ids=["str-subclass", "object"],
+)
+async def test_a_value_whose_eq_always_says_yes(task, sandbox_factory, real, payload, weakened):
+    """A ``str`` subclass crosses the bridge as the plain ``str`` it holds; an object of the agent's own type
+    stays a handle, and comparing a handle with a builtin value fails the test."""
     diff = await agent_diff(task, sandbox_factory, real, {"minilib/__init__.py": INIT + payload})
-    weak = weakened_grader(sandbox_factory, NO_HONEST_COMPARISONS)
+    weak = weakened_grader(sandbox_factory, *weakened)
     result = await assert_weak_one_real_zero(task, weak, real, diff)
     assert f"{HIDDEN_TEST} (failed)" in result.log
 
 
 # -- an honest zero stays a zero (issue #28.4) ----------------------------------------------------------------
 
-# A message nested too deeply for any JSON parser's recursion, on the observer's own channel.
-DEEPLY_NESTED_EVENT = """
+# The observer's event socket, found among the process's own descriptors.
+FIND_THE_EVENT_SOCKET = """
 import os as _os
 import socket as _socket
 
@@ -553,8 +576,16 @@ for _fd in range(3, 64):
     except OSError:
         continue
     if _channel.type == _socket.SOCK_SEQPACKET:
-        _channel.send(b"[" * 30000 + b"]" * 30000)
+        break
 """
+# A message nested too deeply for any JSON parser's recursion, on the observer's own channel.
+DEEPLY_NESTED_EVENT = (
+    FIND_THE_EVENT_SOCKET
+    + """
+if _channel.type == _socket.SOCK_SEQPACKET:
+    _channel.send(b"[" * 30000 + b"]" * 30000)
+"""
+)
 NARROW_CHANNEL_ERRORS = (
     "        except Exception:  # noqa: BLE001 - garbage of any shape (too deep: RecursionError) counts for nothing\n"
     "            pass",
@@ -564,9 +595,81 @@ NARROW_CHANNEL_ERRORS = (
 
 async def test_deeply_nested_data_on_the_channel_is_a_zero_not_a_grading_error(task, sandbox_factory, real):
     diff = await agent_diff(task, sandbox_factory, real, {"minilib/__init__.py": INIT + DEEPLY_NESTED_EVENT})
-    weak_result = await weakened_grader(sandbox_factory, NARROW_CHANNEL_ERRORS).grade_patch(task, diff)
+    weak_result = await weakened_grader(sandbox_factory, IN_PROCESS, NARROW_CHANNEL_ERRORS).grade_patch(
+        task, diff
+    )
     assert weak_result.reward is None and "RecursionError" in weak_result.error, weak_result
     assert weak_result.error_kind == "observer"
     real_result = await real.grade_patch(task, diff)
     assert real_result.reward == 0.0 and not real_result.error, real_result
     assert f"{HIDDEN_TEST} (failed)" in real_result.log
+
+
+# -- code under test cannot reach the verdict (issue #28.3) ----------------------------------------------------
+
+# A pass for every test and the end of the session, sent through ``_send``, then an early exit.
+FORGED_SESSION = """
+for _node_id in {node_ids!r}:
+    for _when in ("setup", "call", "teardown"):
+        _send({{"kind": "test", "nodeid": _node_id, "when": _when, "outcome": "passed", "xfail": False,
+                "raised": False}})
+_send({{"kind": "done", "exit_status": 0}})
+{exit}
+"""
+# Through the event socket, found among the process's own descriptors (the kernel stamps the test process's pid).
+FORGE_ON_THE_EVENT_SOCKET = (
+    FIND_THE_EVENT_SOCKET
+    + """
+import json as _json
+import sys as _sys
+
+
+def _send(event):
+    _channel.send(_json.dumps(event).encode())
+"""
+    + FORGED_SESSION
+)
+# Through the test process's own ``send``, reached through frames from a traceback (no ``sys._getframe``, no
+# name the tree scan rejects).
+FORGE_THROUGH_FRAMES = (
+    """
+import os as _os
+import sys as _sys
+
+
+def _sender():
+    try:
+        raise LookupError
+    except LookupError as error:
+        frame = error.__traceback__.tb_frame
+    while frame is not None:
+        if callable(frame.f_locals.get("send")):
+            return frame.f_locals["send"]
+        frame = frame.f_back
+
+
+_send = _sender()
+"""
+    + FORGED_SESSION
+)
+
+
+@pytest.mark.parametrize(
+    ("forge", "exit"),
+    [
+        (FORGE_ON_THE_EVENT_SOCKET, "_os._exit(0)"),
+        (FORGE_ON_THE_EVENT_SOCKET, "_sys.exit(0)"),
+        (FORGE_THROUGH_FRAMES, "_os._exit(0)"),
+        (FORGE_THROUGH_FRAMES, "_sys.exit(0)"),
+    ],
+    ids=["socket-os-exit", "socket-sys-exit", "frames-os-exit", "frames-sys-exit"],
+)
+async def test_forging_the_test_process_own_events(task, sandbox_factory, real, forge, exit):
+    """Code in the test process can forge anything that process says (the weakened variant: the agent's code
+    imported there); in the real grader it runs in the code-under-test process, which holds no event channel and
+    whose frames lead to no test runner, so the forgery fails and the tests judge the (unfixed) code."""
+    payload = forge.format(node_ids=[*task.fail_to_pass, *task.pass_to_pass], exit=exit)
+    diff = await agent_diff(task, sandbox_factory, real, {"minilib/__init__.py": INIT + payload})
+    weak = weakened_grader(sandbox_factory, IN_PROCESS)
+    result = await assert_weak_one_real_zero(task, weak, real, diff)
+    assert HIDDEN_TEST in result.log

@@ -185,3 +185,42 @@ async def test_killing_the_eval_script_is_a_zero_not_a_grading_error(tmp_path: P
     real = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, diff)
     assert real.reward == 0.0 and not real.error, real
     assert "never printed its end marker" in real.log
+
+
+# -- values cannot lie about equality, in the repository's own tests (#28.7) ------------------------------------
+
+# ``add`` still does not add; what it returns says it equals anything (``assert add(2, 3) == 5`` passes).
+LYING_SUM = """class _Sum:
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+def add(a, b):
+    return _Sum(a - b)
+"""
+# The same type with an honest ``__eq__`` and a real fix: a repository's type may equal a builtin value.
+HONEST_SUM = LYING_SUM.replace("return True", "return self.value == other").replace("a - b", "a + b")
+NO_REPOSITORY_HONEST_COMPARISONS = (
+    "        honest_repository_asserts(ProbingComparisons(changed))  # before the fingerprint (sessionstart)\n",
+    "",
+)
+
+
+async def test_a_value_whose_eq_always_says_yes_in_the_repository_tests(tmp_path: Path) -> None:
+    from tests.components.tasks.test_grading_attacks import weakened_runner
+
+    task = calc_task(tmp_path, OBSERVED)
+    weak_grader = SweBenchGrader(BwrapSandbox.create)
+    weak_grader.runner_source = weakened_runner(NO_REPOSITORY_HONEST_COMPARISONS)
+    weak = await weak_grader.grade_patch(task, replacing_calc(LYING_SUM))
+    assert weak.reward == 1.0, weak.log + weak.error
+    real = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, replacing_calc(LYING_SUM))
+    assert real.reward == 0.0 and not real.error, real
+    assert "tests/test_calc.py::test_add (FAILED)" in real.log
+    honest = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, replacing_calc(HONEST_SUM))
+    assert honest.reward == 1.0, honest.log + honest.error

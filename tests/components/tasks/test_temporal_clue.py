@@ -68,6 +68,7 @@ def test_the_environment_takes_one_accusation_by_tool_or_text():
     assert "Clues:" in prompt and env.tools()[0].name == "accuse"
     observation, done = env.step(ToolCall(id="1", name="accuse", arguments=json.dumps(answer)))
     assert done and env.reward() == 1.0 and "4 of 4" in observation
+    assert env.turn_reward() == 1.0  # the accusation's process reward: its fraction of right fields
     with pytest.raises(ValueError, match="over"):
         env.step(ToolCall(id="2", name="accuse", arguments="{}"))
     env.reset(seed=3)
@@ -75,7 +76,7 @@ def test_the_environment_takes_one_accusation_by_tool_or_text():
         "Invalid call: expected accuse with JSON arguments ['suspect', 'weapon', 'room', 'time'].",
         True,
     )
-    assert env.reward() == 0.0
+    assert env.reward() == 0.0 and env.turn_reward() == 0.0
     move = env.text_move(f"It was {answer['suspect']} in the {answer['room']} at {answer['time']}.")
     assert json.loads(move.arguments) == {**answer, "weapon": ""}
     assert env.text_move("no idea") is None

@@ -161,7 +161,7 @@ def test_lineage_survives_the_store_and_old_files_read_as_roots(tokenizer, make_
     store.write([trajectory])
     [read] = store.read_all().trajectories
     assert read.segments == trajectory.segments and read.segments[1].branch_kind == BranchKind.SUBAGENT
-    assert TRAJECTORY_SCHEMA.metadata[b"rein.schema"] == b"trajectory/3"
+    assert TRAJECTORY_SCHEMA.metadata[b"rein.schema"] == b"trajectory/4"
     # a trajectory/2 file: the segment struct without the lineage fields
     table = trajectories_to_table([trajectory])
     old_segment_type = pa.struct(

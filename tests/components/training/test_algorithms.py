@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from components.protocols import Algorithm
-from components.training.algorithms import ALGORITHMS, GRPO, GSPO, RLOO, DrGRPO, GSPOConfig, make_algorithm
+from components.registry import ALGORITHMS
+from components.training.algorithms import GRPO, GSPO, RLOO, DrGRPO, GSPOConfig
 from components.training.algorithms.gspo import gspo_loss
 from components.training.losses import PolicyLossConfig
 
@@ -20,9 +21,9 @@ REWARDS = np.array([1.0, 0.0, 1.0, 0.0, 0.0])
 def test_every_named_algorithm_is_an_algorithm():
     assert set(ALGORITHMS) == {"grpo", "dr_grpo", "gspo", "rloo"}
     for name in ALGORITHMS:
-        assert isinstance(make_algorithm(name), Algorithm)
-    with pytest.raises(ValueError, match="algorithm: must be one of"):
-        make_algorithm("ppo")
+        assert isinstance(ALGORITHMS.build(name), Algorithm)
+    with pytest.raises(ValueError, match=r"algorithm: must be one of \['dr_grpo', 'grpo', 'gspo', 'rloo'\]"):
+        ALGORITHMS.get("ppo")
 
 
 def test_grpo_advantages_divide_by_the_group_sample_std():
@@ -130,7 +131,7 @@ def test_every_algorithm_trains_on_packed_micro_batches(name, tiny_model_dir):
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    algorithm = make_algorithm(name)
+    algorithm = ALGORITHMS.build(name)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     before = {key: value.clone() for key, value in model.state_dict().items()}
     batches = build_micro_batches_locally(
@@ -170,9 +171,9 @@ def test_every_loss_knob_reaches_the_algorithm_from_flags_and_errors_name_the_do
     from components.recipe_config import parse_config
 
     flags = [
-        "--algorithm", "gspo", "--algorithms-gspo-loss-clip-low", "0.01", "--algorithms-gspo-loss-clip-high", "0.02",
-        "--algorithms-gspo-loss-importance-sampling", "icepop", "--algorithms-gspo-loss-icepop-high", "3",
-        "--algorithms-gspo-loss-kl-coef", "0.05", "--algorithms-gspo-loss-kl-estimator", "k2",
+        "--algorithm", "gspo", "--algorithm-loss-clip-low", "0.01", "--algorithm-loss-clip-high", "0.02",
+        "--algorithm-loss-importance-sampling", "icepop", "--algorithm-loss-icepop-high", "3",
+        "--algorithm-loss-kl-coef", "0.05", "--algorithm-loss-kl-estimator", "k2",
         "--trainer-weight-decay", "0.1", "--trainer-max-grad-norm", "0.5", "--trainer-num-updates-per-step", "2",
         "--trainer-entropy-coef", "0.01",
     ]  # fmt: skip
@@ -187,19 +188,22 @@ def test_every_loss_knob_reaches_the_algorithm_from_flags_and_errors_name_the_do
         3,
     )
     assert (loss.kl_coef, loss.kl_estimator, loss.ratio_level) == (0.05, "k2", "sequence")
-    optimizer = config.trainer.optimizer()
+    optimizer = config.trainer.optimizer
     assert (optimizer.weight_decay, optimizer.max_grad_norm, optimizer.learning_rate) == (0.1, 0.5, 1e-5)
     assert (config.trainer.num_updates_per_step, config.trainer.entropy_coef) == (2, 0.01)
     # the other algorithms keep their own defaults; Dr.GRPO's aggregation is its own
     dr_grpo = Bricks.from_config(parse_config(RunConfig, ["--algorithm", "dr_grpo"])).algorithm
     assert isinstance(dr_grpo, DrGRPO) and dr_grpo.config.sample_weighting == "constant"
-    aggregated = parse_config(RunConfig, ["--algorithms-grpo-sample-weighting", "token"])
+    aggregated = parse_config(RunConfig, ["--algorithm-sample-weighting", "token"])
     assert Bricks.from_config(aggregated).algorithm.config.sample_weighting == "token"
     for bad, field in (
-        (["--algorithms-grpo-loss-clip-low", "1.5"], "algorithms.grpo.loss.clip_low"),
-        (["--trainer-max-grad-norm", "-1"], "trainer.max_grad_norm"),
+        (["--algorithm-loss-clip-low", "1.5"], "algorithm.loss.clip_low"),
+        (["--trainer-max-grad-norm", "-1"], "trainer.optimizer.max_grad_norm"),
         (["--trainer-num-updates-per-step", "0"], "trainer.num_updates_per_step"),
     ):
         with pytest.raises(SystemExit):
             parse_config(RunConfig, bad)
         assert f"{field}:" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # an unknown kind lists the registered ones
+        parse_config(RunConfig, ["--algorithm", "ppo"])
+    assert "invalid choice: 'ppo' (choose from 'dr_grpo', 'grpo', 'gspo', 'rloo')" in capsys.readouterr().err

@@ -57,7 +57,7 @@ def member_of(group_index: int, sample: int, prompt: list[int], result, target: 
 @pytest.mark.slow
 async def test_mean_reward_rises_with_every_step_two_versions_stale(ray_session, tiny_model_dir, tmp_path):
     actor, engine, trainer = await start_engine_and_trainer(
-        tiny_model_dir, tmp_path, learning_rate=LEARNING_RATE, max_staleness=MAX_STALENESS
+        tiny_model_dir, tmp_path, learning_rate=LEARNING_RATE
     )
     store = TrajectoryStore(tmp_path)
     sync = WeightSync(WeightSyncConfig(mode="memory"), engine)
@@ -104,9 +104,6 @@ async def test_mean_reward_rises_with_every_step_two_versions_stale(ray_session,
             staleness.append(max(split.staleness))
             mean_rewards.append(metrics["data/reward_mean"])
             logprob_gaps.append(metrics["train/logprob_abs_diff_mean"])
-            assert (
-                metrics["data/num_stale_trajectories"] == 0
-            )  # the trainer's own bound agrees with the buffer's
     finally:
         trainer.shutdown()
         await actor.close.remote()

@@ -24,7 +24,6 @@ import pytest
 
 from components.lora import LoraSettings
 from components.protocols import SamplingParams
-from components.training.data import SampleBatchConfig
 from components.training.grpo import GRPO
 from components.training.step import OptimizerConfig
 from components.training.trainer import Trainer, TrainerConfig
@@ -95,7 +94,7 @@ def trajectory_of(step: int, index: int, prompt: list[int], result, target: np.n
 
 
 async def start_engine_and_trainer(
-    tiny_model_dir, tmp_path, *, learning_rate: float, max_staleness: int, lora: LoraSettings | None = None
+    tiny_model_dir, tmp_path, *, learning_rate: float, lora: LoraSettings | None = None
 ):
     """(engine actor, its client, a one-worker GRPO trainer): the learning tests' shared set-up."""
     from components.engine.embedded import EmbeddedEngineConfig
@@ -112,7 +111,6 @@ async def start_engine_and_trainer(
             run_dir=tmp_path,
             num_workers=1,
             optimizer=OptimizerConfig(learning_rate=learning_rate),
-            batching=SampleBatchConfig(max_staleness=max_staleness),
             lora=lora or LoraSettings(),
         ),
         algorithm=GRPO(),
@@ -148,7 +146,7 @@ async def train_and_record(
 ) -> list[float]:
     """Run NUM_STEPS rollout → train → sync steps; returns the mean reward of each step's rollouts."""
     actor, engine, trainer = await start_engine_and_trainer(
-        tiny_model_dir, tmp_path, learning_rate=learning_rate, max_staleness=0, lora=lora
+        tiny_model_dir, tmp_path, learning_rate=learning_rate, lora=lora
     )
     store = TrajectoryStore(tmp_path)
     sync = WeightSync(WeightSyncConfig(mode="memory"), engine)
@@ -176,7 +174,6 @@ async def train_and_record(
                 assert timings["weight_sync/bytes"] == trainer.adapter().num_bytes
             mean_rewards.append(metrics["data/reward_mean"])
             logprob_gaps.append(metrics["train/logprob_abs_diff_mean"])
-            assert metrics["data/num_stale_trajectories"] == 0
     finally:
         trainer.shutdown()
         await actor.close.remote()

@@ -286,19 +286,19 @@ def test_recipe_flags_build_the_trainers_lora_settings():
 
     flags = ["--lora-rank", "16", "--lora-target", "all-linear", "--trainer-gradient-checkpointing", "true"]
     trainer = parse_config(RunConfig, flags).trainer
-    assert trainer.lora_settings() == LoraSettings(rank=16, target_modules="all-linear")
+    assert trainer.lora == LoraSettings(rank=16, target_modules="all-linear")
     assert trainer.gradient_checkpointing
     named = parse_config(
         RunConfig, ["--lora-rank", "8", "--lora-target", "q_proj,v_proj", "--lora-alpha", "4"]
     )
-    assert named.trainer.lora_settings() == LoraSettings(rank=8, alpha=4, target_modules=("q_proj", "v_proj"))
+    assert named.trainer.lora == LoraSettings(rank=8, alpha=4, target_modules=("q_proj", "v_proj"))
     # the README's "output head" flag builds exactly the adapter the LoRA learning test trains
     from tests.components.training.test_learning import LORA as LEARNING_TEST_LORA
 
     targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head"
     with_head = parse_config(RunConfig, ["--lora-rank", "16", "--lora-target", targets])
-    assert with_head.trainer.lora_settings() == LEARNING_TEST_LORA
-    assert not parse_config(RunConfig, []).trainer.lora_settings().enabled  # default: full fine-tuning
+    assert with_head.trainer.lora == LEARNING_TEST_LORA
+    assert not parse_config(RunConfig, []).trainer.lora.enabled  # default: full fine-tuning
     with pytest.raises((ValueError, SystemExit)):
         parse_config(RunConfig, ["--lora-rank", "-1"])
 

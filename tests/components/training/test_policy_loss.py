@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from components.protocols import Algorithm
+from components.training.algorithms import DrGRPOConfig
 from components.training.grpo import GRPO, GRPOConfig
 from components.training.losses import PolicyLossConfig, policy_gradient_loss
 
@@ -110,7 +111,7 @@ def test_grpo_is_an_algorithm_with_group_relative_advantages():
     std = math.sqrt(4 * 0.25 / 3)  # sample std of [1, 0, 0, 1]
     expected = [0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std, 0.0, 0.0, 0.0]
     assert grpo.advantages(rewards, groups).tolist() == pytest.approx(expected, abs=1e-5)
-    dr_grpo = GRPO(GRPOConfig.dr_grpo())
+    dr_grpo = GRPO(DrGRPOConfig())
     assert dr_grpo.advantages(rewards, groups).tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0, 0, 0])
     with pytest.raises(ValueError, match="group_ids"):
         grpo.advantages(rewards, groups[:3])
@@ -126,5 +127,5 @@ def test_sample_weights_do_not_grow_with_the_number_of_segments():
     assert GRPO(GRPOConfig(sample_weighting="token")).sample_weights(
         num_sampled, trajectory_index
     ).tolist() == (pytest.approx([1 / 12] * 3))
-    constant = GRPO(GRPOConfig.dr_grpo(constant_normalizer_tokens=10))
+    constant = GRPO(DrGRPOConfig(constant_normalizer_tokens=10))
     assert constant.sample_weights(num_sampled, trajectory_index).tolist() == pytest.approx([0.05] * 3)
