@@ -9,9 +9,11 @@ How a verdict is reached (``SweGrader.score``):
 3. ``grading_runner.py`` (see its docstring) runs there as an *observer* that no code of the agent can reach:
    it scans the patched tree (every file that differs from the base commit, whatever its name, git attributes
    or encoding), removes test infrastructure, restores the agent's own test and pytest-config files, then
-   starts the *test process* (pytest, hidden tests compiled from memory: never on disk), collects one event per
-   test phase over a pipe, kills every process of the sandbox, and prints its verdict authenticated with a
-   per-verdict secret (HMAC). The exit code, files in the sandbox and any other output are never trusted.
+   starts the *code-under-test process* (the only one that imports the agent's code) and the *test process*
+   (pytest, hidden tests compiled from memory: never on disk; the agent's modules reached only through a
+   bridge to the other process), collects one event per test phase over a socket only the test process holds,
+   kills every process of the sandbox, and prints its verdict authenticated with a per-verdict secret (HMAC).
+   The exit code, files in the sandbox and any other output are never trusted.
 4. Reward = 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passed (setup, call and teardown); a test that
    never reported (the process died or hung) is not passed. With ``partial_credit``: the fraction passed.
 

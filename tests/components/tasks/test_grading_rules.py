@@ -128,3 +128,51 @@ def test_repository_asserts_keep_comparisons_whose_results_are_used():
         "assert (a == b).all() and (not @rein_compare(('==',), c, d))",
         "assert f(x == y)",
     ]
+
+
+def test_the_bridge_copies_builtin_values_and_hands_out_handles_for_the_rest():
+    """What crosses from the code-under-test process: exact builtin values (a lying ``str`` subclass arrives as
+    the plain ``str`` it holds), handles for everything else, exceptions as their nearest builtin class; and the
+    test process serves the other side nothing but its lent callables."""
+    import socket
+    import threading
+
+    from components.tasks.grading_runner import _BRIDGE_OPERATIONS, Bridge, CodeUnderTestGone, Remote
+
+    class Agreeable(str):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = str.__hash__
+
+    class NotFound(KeyError):
+        pass
+
+    def lookup(key):
+        raise NotFound(key)
+
+    values = {"agreeable": Agreeable("a"), "nested": (1, [2.5, b"x"], {"k": {3}}), "lookup": lookup}
+    test_end, code_end = socket.socketpair()
+    serves = {
+        "get": values.__getitem__,
+        "call": lambda function, *args: function(*args),
+        **_BRIDGE_OPERATIONS,
+    }
+    serves["peek"] = lambda function: code.request("getattr", function, "__globals__")
+    code = Bridge(code_end, serves, lambda value: True)
+    threading.Thread(target=lambda: pytest.raises(CodeUnderTestGone, code.serve_forever), daemon=True).start()
+    bridge = Bridge(test_end, {"call": lambda function, *args: function(*args)}, callable)
+
+    agreeable = bridge.request("get", "agreeable")
+    assert type(agreeable) is str and agreeable == "a" and agreeable != "b"
+    nested = bridge.request("get", "nested")
+    assert nested == (1, [2.5, b"x"], {"k": {3}}) and type(nested[1][1]) is bytes
+    remote_lookup = bridge.request("get", "lookup")
+    assert isinstance(remote_lookup, Remote) and bridge.request("get", "lookup") is remote_lookup
+    with pytest.raises(KeyError) as raised:
+        remote_lookup("missing")
+    assert type(raised.value) is KeyError and raised.value.args == ("missing",)
+    assert bridge.request("call", str.upper, "abc") == "ABC"  # a lent callable, called back in this process
+    with pytest.raises(TypeError, match="does not serve 'getattr'"):  # ... and nothing else done with it
+        bridge.request("peek", str.upper)
+    test_end.close()
