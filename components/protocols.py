@@ -399,6 +399,30 @@ class TaskWithSetup(Protocol):
     async def run_setup(self, sandbox: Sandbox) -> None: ...
 
 
+@dataclass(frozen=True, kw_only=True)
+class SessionOutcome:
+    """How a rollout ended, handed to ``SessionControl.finalize``: the trajectory's fields the proxy cannot know
+    (a field left None keeps what the session was opened with)."""
+
+    reward: float | None = None
+    status: str | None = (
+        None  # a ``TrajectoryStatus`` value; None: ok (context_overflow when the proxy refused)
+    )
+    failure_reason: str = ""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    task_id: str | None = None
+    group_id: str | None = None
+    harness: str | None = None
+    step: int | None = None
+    log: str = ""
+    turn_rewards: tuple[float, ...] | None = None  # a process reward per model call, in call order
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metrics", dict(self.metrics))
+        if self.turn_rewards is not None:
+            object.__setattr__(self, "turn_rewards", tuple(float(r) for r in self.turn_rewards))
+
+
 @runtime_checkable
 class SessionControl(Protocol):
     """What the rollout runner needs of the proxy: open, describe, finalize or discard a recorded session
@@ -422,7 +446,7 @@ class SessionControl(Protocol):
 
     async def describe(self, session_id: str) -> dict[str, Any]: ...
 
-    async def finalize(self, session_id: str, **fields: Any) -> Trajectory: ...
+    async def finalize(self, session_id: str, outcome: SessionOutcome = SessionOutcome()) -> Trajectory: ...
 
     async def discard(self, session_id: str) -> None: ...
 

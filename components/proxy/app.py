@@ -63,6 +63,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from components.protocols import SessionOutcome
 from components.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import (
@@ -455,8 +456,7 @@ class _ProxyHandlers:
             for index, value in enumerate(turn_rewards or ()):
                 if isinstance(value, bool) or not isinstance(value, int | float):
                     raise InvalidRequestError(f"body.turn_rewards[{index}]: expected a number")
-            trajectory = await self.registry.finalize(
-                session_id,
+            outcome = SessionOutcome(
                 reward=None if reward is None else float(reward),
                 status=get_str(body, "status", "body", default=None),
                 failure_reason=get_str(body, "failure_reason", "body", default=""),
@@ -466,8 +466,9 @@ class _ProxyHandlers:
                 harness=get_str(body, "harness", "body", default=None),
                 step=get_int(body, "step", "body", minimum=0),
                 log=get_str(body, "log", "body", default=""),
-                turn_rewards=turn_rewards,
+                turn_rewards=None if turn_rewards is None else tuple(turn_rewards),
             )
+            trajectory = await self.registry.finalize(session_id, outcome)
         except Exception as error:
             return self._error(CHAT, error)
         return _json(trajectory_to_json(trajectory))

@@ -22,7 +22,7 @@ from typing import Any
 
 from components.config import require_positive
 from components.errors import EngineError
-from components.protocols import InferenceEngine
+from components.protocols import InferenceEngine, SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import RemoteCallError, SessionNotFoundError, from_remote, to_remote
 from components.proxy.sessions import (
@@ -111,10 +111,9 @@ class SessionShard:
         with self._remote_errors(session_id):
             return await self.registry.describe(session_id)
 
-    async def finalize(self, session_id: str, **fields: Any) -> Trajectory:
-        """``fields``: ``LocalSessionRegistry.finalize``'s keyword arguments (reward, status, ...)."""
+    async def finalize(self, session_id: str, outcome: SessionOutcome) -> Trajectory:
         with self._remote_errors(session_id):
-            return await self.registry.finalize(session_id, **fields)
+            return await self.registry.finalize(session_id, outcome)
 
     async def discard(self, session_id: str) -> None:
         with self._remote_errors(session_id):
@@ -212,35 +211,9 @@ class ShardedSessionRegistry:
         """See ``LocalSessionRegistry.describe``."""
         return await self._result(session_id, "describe", self._shard(session_id).describe.remote(session_id))
 
-    async def finalize(
-        self,
-        session_id: str,
-        *,
-        reward: float | None = None,
-        status: str | None = None,
-        failure_reason: str = "",
-        metrics: Mapping[str, float] | None = None,
-        task_id: str | None = None,
-        group_id: str | None = None,
-        harness: str | None = None,
-        step: int | None = None,
-        log: str = "",
-        turn_rewards: Sequence[float] | None = None,
-    ) -> Trajectory:
+    async def finalize(self, session_id: str, outcome: SessionOutcome = SessionOutcome()) -> Trajectory:
         """See ``LocalSessionRegistry.finalize`` (the shard writes the trajectory to its store)."""
-        reply = self._shard(session_id).finalize.remote(
-            session_id,
-            reward=reward,
-            status=status,
-            failure_reason=failure_reason,
-            metrics=dict(metrics or {}),
-            task_id=task_id,
-            group_id=group_id,
-            harness=harness,
-            step=step,
-            log=log,
-            turn_rewards=None if turn_rewards is None else [float(r) for r in turn_rewards],
-        )
+        reply = self._shard(session_id).finalize.remote(session_id, outcome)
         return await self._result(session_id, "finalize", reply)
 
     async def discard(self, session_id: str) -> None:

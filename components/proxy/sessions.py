@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from components.errors import ContextOverflowError
-from components.protocols import InferenceEngine, SamplingParams
+from components.protocols import InferenceEngine, SamplingParams, SessionControl, SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import InvalidRequestError, SessionNotFoundError
 from components.sampling import SamplingDistribution
@@ -109,47 +109,17 @@ class SessionInfo:
     policy: str = ""  # the named policy that samples every turn; "": the registry's default engine
 
 
-class SessionRegistry(Protocol):
-    """Owns proxy sessions. Contract: every method is async; an unknown, finalized or discarded session id
-    raises ``SessionNotFoundError``; bad conversations raise ``InvalidRequestError``; a prompt over the window
-    raises ``ContextOverflowError`` and marks the session (the record so far is kept and stays trainable)."""
-
-    async def open_session(
-        self,
-        *,
-        session_id: str | None = None,
-        task_id: str = "",
-        group_id: str = "",
-        harness: str = "",
-        step: int = 0,
-        policy: str = "",
-    ) -> str: ...
+class SessionRegistry(SessionControl, Protocol):
+    """Owns proxy sessions: ``SessionControl`` (what the rollout runner uses) plus the proxy's own turn calls.
+    Contract: every method is async; an unknown, finalized or discarded session id raises
+    ``SessionNotFoundError``; bad conversations raise ``InvalidRequestError``; a prompt over the window raises
+    ``ContextOverflowError`` and marks the session (the record so far is kept and stays trainable)."""
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome: ...
 
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> int: ...
-
-    async def describe(self, session_id: str) -> dict[str, Any]: ...
-
-    async def finalize(
-        self,
-        session_id: str,
-        *,
-        reward: float | None = None,
-        status: str | None = None,
-        failure_reason: str = "",
-        metrics: Mapping[str, float] | None = None,
-        task_id: str | None = None,
-        group_id: str | None = None,
-        harness: str | None = None,
-        step: int | None = None,
-        log: str = "",
-        turn_rewards: Sequence[float] | None = None,
-    ) -> Trajectory: ...
-
-    async def discard(self, session_id: str) -> None: ...
 
 
 def new_session_id() -> str:
@@ -464,25 +434,12 @@ class LocalSessionRegistry:
         messages, reply = session.conversations[main]
         return json.dumps([message_to_json(m) for m in (*messages, reply.to_message())], ensure_ascii=False)
 
-    async def finalize(
-        self,
-        session_id: str,
-        *,
-        reward: float | None = None,
-        status: str | None = None,
-        failure_reason: str = "",
-        metrics: Mapping[str, float] | None = None,
-        task_id: str | None = None,
-        group_id: str | None = None,
-        harness: str | None = None,
-        step: int | None = None,
-        log: str = "",
-        turn_rewards: Sequence[float] | None = None,
-    ) -> Trajectory:
+    async def finalize(self, session_id: str, outcome: SessionOutcome = SessionOutcome()) -> Trajectory:
         """Close the session and turn its record into a ``Trajectory`` (written to the store if there is one).
-        ``turn_rewards``: a process reward per model call of the session, in call order (turn-level credit)."""
+        ``outcome.turn_rewards``: a process reward per model call of the session, in call order (turn-level
+        credit)."""
         session = self._get(session_id)
-        info = session.info
+        info, status, failure_reason = session.info, outcome.status, outcome.failure_reason
         if status is not None and status not in {s.value for s in TrajectoryStatus}:
             raise InvalidRequestError(
                 f"status: must be one of {[s.value for s in TrajectoryStatus]}, got {status!r}"
@@ -499,21 +456,21 @@ class LocalSessionRegistry:
             failure_reason = f"finalized with status {resolved_status.value}"
         segments = session.tito.segments()
         try:
-            if turn_rewards:
-                segments = with_turn_rewards(segments, turn_rewards)
+            if outcome.turn_rewards:
+                segments = with_turn_rewards(segments, outcome.turn_rewards)
             trajectory = Trajectory(
                 trajectory_id=session_id,
-                group_id=group_id or info.group_id or session_id,
-                task_id=task_id or info.task_id or session_id,
-                harness=harness or info.harness or "unknown",
+                group_id=outcome.group_id or info.group_id or session_id,
+                task_id=outcome.task_id or info.task_id or session_id,
+                harness=outcome.harness or info.harness or "unknown",
                 status=resolved_status,
                 failure_reason=failure_reason,
-                reward=reward,
-                step=info.step if step is None else step,
-                metrics=dict(metrics or {}),
+                reward=outcome.reward,
+                step=info.step if outcome.step is None else outcome.step,
+                metrics=dict(outcome.metrics),
                 segments=tuple(segments),
                 messages_json=self._final_messages_json(session, segments),
-                log=log,
+                log=outcome.log,
             )
         except (TypeError, ValueError) as error:
             raise InvalidRequestError(str(error)) from error

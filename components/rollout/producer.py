@@ -19,7 +19,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from components.protocols import (
@@ -34,7 +34,7 @@ from components.proxy.auth import SessionKeys
 from components.remote_waits import PENDING_WAITS
 from components.rewards.compose import RewardWeights
 from components.rollout.runner import GroupRollouts, RolloutConfig, RolloutRunner
-from components.trajectory import Trajectory
+from components.trajectory import Trajectory, TrajectoryStatus
 
 logger = logging.getLogger("rein.rollout.producer")
 ACTOR_CALL_MARGIN_S = 60.0  # beyond a call's own bounds: shipping it and its result
@@ -107,12 +107,29 @@ class RolloutWorker:
 
 class ActorRolloutRunner(GroupRollouts):
     """``RolloutRunner``'s ``run`` / ``run_group`` over a ``RolloutWorker`` actor (start it with ``start``):
-    each rollout is one actor call."""
+    each rollout is one actor call.
 
-    def __init__(self, actor: Any, *, config: RolloutConfig, node_id: str) -> None:
+    The actor is restarted by Ray when it or its node dies (``max_restarts``; on any node that offers its
+    resources), from its parts pinned in the object store. A rollout in flight on the dead actor comes back as
+    a ``sandbox_error`` trajectory naming the fault (its sandbox died with it), which the loop's partial-group
+    rule replaces; the next rollouts run on the restarted actor."""
+
+    def __init__(
+        self,
+        actor: Any,
+        *,
+        config: RolloutConfig,
+        node_id: str,
+        harness_name: str = "",
+        parts: Any = None,
+    ) -> None:
         self.actor = actor
         self.config = config
         self.node_id = node_id
+        self.harness_name = harness_name
+        self.parts = (
+            parts  # the object ref the actor is built (and rebuilt) from, held while this runner lives
+        )
         self._run_tag = uuid.uuid4().hex[:8]
 
     @classmethod
@@ -128,10 +145,11 @@ class ActorRolloutRunner(GroupRollouts):
         can host it within ``start_timeout_s``."""
         import ray
 
+        parts = ray.put(RunnerParts.of(runner))
         actor = (
             ray.remote(RolloutWorker)
-            .options(num_cpus=num_cpus, resources=dict(resources), max_concurrency=1000)
-            .remote(RunnerParts.of(runner))
+            .options(num_cpus=num_cpus, resources=dict(resources), max_concurrency=1000, max_restarts=-1)
+            .remote(parts)
         )
         try:
             node_id = await asyncio.wait_for(_await_ref(actor.node_id.remote()), start_timeout_s)
@@ -143,30 +161,59 @@ class ActorRolloutRunner(GroupRollouts):
                 "cluster's resources (ray status)"
             ) from None
         logger.info("rollout producer: actor on node %s (resources %s)", node_id, dict(resources))
-        return cls(actor, config=runner.config, node_id=node_id)
+        return cls(
+            actor, config=runner.config, node_id=node_id, harness_name=runner.harness.name, parts=parts
+        )
 
     async def run_one(self, task: Task, *, group_id: str, step: int) -> Trajectory:
         """One rollout in the actor; cancelling the waiter cancels it there."""
+        from ray.exceptions import RayActorError
+
         config = self.config
-        return await PENDING_WAITS.within(  # the rollout's own bounds, and a margin for the call itself
-            _await_ref(self.actor.run_one.remote(task, group_id, step)),
-            deadline_s=config.acquire_timeout_s
-            + config.setup_timeout_s
-            + config.harness_timeout_s
-            + config.probe_timeout_s
-            + config.release_timeout_s
-            + ACTOR_CALL_MARGIN_S,
-            component=f"rollout producer actor on node {self.node_id}",
-            request=f"run_one({group_id})",
-        )
+        try:
+            return await PENDING_WAITS.within(  # the rollout's own bounds, and a margin for the call itself
+                _await_ref(self.actor.run_one.remote(task, group_id, step)),
+                deadline_s=config.acquire_timeout_s
+                + config.setup_timeout_s
+                + config.harness_timeout_s
+                + config.probe_timeout_s
+                + config.release_timeout_s
+                + ACTOR_CALL_MARGIN_S,
+                component=f"rollout producer actor (started on node {self.node_id})",
+                request=f"run_one({group_id})",
+            )
+        except RayActorError as error:
+            reason = f"the rollout producer actor died during the rollout (Ray restarts it): {error}"
+            logger.warning("group %s: %s", group_id, reason.splitlines()[0])
+            return Trajectory(
+                trajectory_id=uuid.uuid4().hex,
+                group_id=group_id,
+                task_id=task.task_id,
+                harness=self.harness_name,
+                status=TrajectoryStatus.SANDBOX_ERROR,
+                failure_reason=reason,
+                reward=None,
+                step=step,
+            )
 
     async def finish_group(self, task: Task, members: list[Trajectory]) -> list[Trajectory]:
-        return await PENDING_WAITS.within(
-            _await_ref(self.actor.finish_group.remote(task, members)),
-            deadline_s=self.config.grading_timeout_s + ACTOR_CALL_MARGIN_S,
-            component=f"rollout producer actor on node {self.node_id}",
-            request=f"finish_group({task.task_id})",
-        )
+        from ray.exceptions import RayActorError
+
+        try:
+            return await PENDING_WAITS.within(
+                _await_ref(self.actor.finish_group.remote(task, members)),
+                deadline_s=self.config.grading_timeout_s + ACTOR_CALL_MARGIN_S,
+                component=f"rollout producer actor (started on node {self.node_id})",
+                request=f"finish_group({task.task_id})",
+            )
+        except RayActorError as error:  # the group reward was not applied: no member may be trained
+            reason = f"the rollout producer actor died while grading the group: {error}"
+            return [
+                replace(t, status=TrajectoryStatus.GRADING_ERROR, failure_reason=reason, reward=None)
+                if t.trainable
+                else t
+                for t in members
+            ]
 
     async def close(self) -> None:
         """Close the actor's sandboxes and end the actor."""

@@ -32,6 +32,7 @@ from components.protocols import (
     SandboxAwareHarness,
     SandboxProvider,
     SessionControl,
+    SessionOutcome,
     Task,
     TaskWithSetup,
 )
@@ -439,8 +440,7 @@ class RolloutRunner(GroupRollouts):
     ) -> Trajectory:
         rollout.open_session_id = None  # finalize closes it, or the fallback below discards it
         try:
-            return await self.sessions.finalize(
-                session_id,
+            outcome = SessionOutcome(
                 reward=rollout.reward,
                 status=rollout.status.value,
                 failure_reason=rollout.failure_reason,
@@ -451,12 +451,13 @@ class RolloutRunner(GroupRollouts):
                 step=step,
                 log=self._final_log(rollout),
                 # only a trainable rollout's: a failed one may have lost calls its harness counted
-                **(
-                    {"turn_rewards": list(rollout.turn_rewards)}
+                turn_rewards=(
+                    tuple(rollout.turn_rewards)
                     if rollout.turn_rewards and rollout.status in TRAINABLE_STATUSES
-                    else {}
+                    else None
                 ),
             )
+            return await self.sessions.finalize(session_id, outcome)
         except Exception as exc:
             logger.warning("finalizing session %s failed: %s", session_id, exc)
             try:

@@ -98,7 +98,10 @@ class ReplyStream:
         self._num_calls = 0
         fmt = parser.tool_format
         self._markers = (*fmt.call_markers, *parser.reasoning_format.markers)
-        self._gates = tuple(m for m in {*self._markers, *fmt.end_markers} if m)
+        self._gates = tuple(m for m in {*self._markers, *fmt.end_markers} if m)  # while a call is open
+        self._opening_gates = tuple(
+            m for m in set(self._markers) if m
+        )  # elsewhere: a call or reasoning begins
         self._longest = max((len(m) for m in self._gates), default=1)
         self._seen = 0  # settled text already looked at for markers
         self._mode = "parse"  # parse (every piece) | content | reasoning | call
@@ -120,7 +123,8 @@ class ReplyStream:
         end = partial_marker_cut(self.text, self._markers)
         window = self.text[max(0, self._seen - self._longest + 1) : end]
         self._seen = max(self._seen, end)
-        if self._mode == "parse" or any(marker in window for marker in self._gates):
+        gates = self._gates if self._mode == "call" else self._opening_gates
+        if self._mode == "parse" or any(marker in window for marker in gates):
             return self._deltas(final=False, end=end)
         if self._mode == "content":
             return self._more_content(self.text[self._last_end : end], end)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from components.protocols import SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.server import ProxyServer
 from components.proxy.sessions import LocalSessionRegistry
@@ -72,7 +73,7 @@ def _recorded(server: ProxyServer, session_id: str) -> dict:
     assert any(sum(segment["loss_mask"]) > 0 for segment in record["segments"])
     trajectory = server.call(
         lambda: server.registry.finalize(
-            session_id, reward=0.0, status="turn_limit", failure_reason="test bound"
+            session_id, SessionOutcome(reward=0.0, status="turn_limit", failure_reason="test bound")
         )
     )
     assert trajectory.trainable and trajectory.segments

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from components.engine.scripted import ScriptedEngine
-from components.protocols import GenerationResult, SamplingParams
+from components.protocols import GenerationResult, SamplingParams, SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import InvalidRequestError
 from components.proxy.sessions import LocalSessionRegistry, TurnRequest
@@ -61,7 +61,7 @@ async def test_run_distribution_wins_by_default(tokenizer):
     await registry.run_turn(session, TurnRequest(messages=_conversation(), temperature=0.2, top_p=0.5))
     await registry.run_turn(session, TurnRequest(messages=_conversation("One."), temperature=1.7, top_k=3))
     assert [(p.temperature, p.top_p, p.top_k) for p in engine.params] == [(0.8, 0.9, 40)] * 2
-    trajectory = await registry.finalize(session, reward=1.0)
+    trajectory = await registry.finalize(session, SessionOutcome(reward=1.0))
     assert len(trajectory.segments) == 1 and trajectory.segments[0].sampling == RUN
 
 
@@ -83,7 +83,7 @@ async def test_agent_sampling_is_recorded_and_a_change_starts_a_segment(tokenize
         {"temperature": 0.2, "top_p": 0.5, "top_k": 0},
         {"temperature": 1.1, "top_p": 1.0, "top_k": 7},
     ]
-    trajectory = await registry.finalize(session, reward=1.0)
+    trajectory = await registry.finalize(session, SessionOutcome(reward=1.0))
     first, second = trajectory.segments
     assert second.reason == SegmentReason.SAMPLING_CHANGED
     # the new segment reuses the held ids unmasked: its earlier replies are trained in the first segment only

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from components.engine.scripted import ScriptedEngine
+from components.protocols import SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import SessionNotFoundError
 from components.trajectory import TrajectoryStatus
@@ -105,7 +106,7 @@ async def test_32_sessions_through_two_serve_replicas(ray_session, tokenizer, de
             assert texts == [_expected_reply(f"S{index:02d}", turn) for turn in range(NUM_TURNS)]
 
         trajectories = await asyncio.gather(
-            *(registry.finalize(sid, reward=float(i)) for i, sid in enumerate(session_ids))
+            *(registry.finalize(sid, SessionOutcome(reward=float(i))) for i, sid in enumerate(session_ids))
         )
         for index, trajectory in enumerate(trajectories):
             assert trajectory.task_id == f"task-{index}" and trajectory.reward == float(index)
@@ -138,7 +139,7 @@ async def test_32_sessions_through_two_serve_replicas(ray_session, tokenizer, de
         with pytest.raises(anthropic.APIStatusError) as caught:
             await client.messages.create(model="m", max_tokens=32, messages=messages)
         assert caught.value.status_code == 413 and caught.value.body["error"]["type"] == "context_overflow"
-        overflowed = await registry.finalize(overflow_id, reward=0.0)
+        overflowed = await registry.finalize(overflow_id, SessionOutcome(reward=0.0))
         assert overflowed.status == TrajectoryStatus.CONTEXT_OVERFLOW and overflowed.trainable
         assert overflowed.segments[0].num_sampled_tokens == len(
             reply_ids(tokenizer, _expected_reply("S99", 0))

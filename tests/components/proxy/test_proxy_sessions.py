@@ -12,7 +12,7 @@ import pytest
 
 from components.engine.scripted import EchoEngine, ScriptedEngine
 from components.errors import ContextOverflowError
-from components.protocols import FinishReason, InferenceEngine, SamplingParams
+from components.protocols import FinishReason, InferenceEngine, SamplingParams, SessionOutcome
 from components.proxy.errors import InvalidRequestError, SessionNotFoundError
 from components.proxy.sessions import LocalSessionRegistry, TurnRequest
 from components.tito.messages import ChatMessage
@@ -91,7 +91,7 @@ async def test_python_registry_api(tokenizer, tmp_path):
     )
     await registry.run_turn(session_id, TurnRequest(messages=side_request))  # e.g. a harness's title request
     trajectory = await registry.finalize(
-        session_id, reward=0.5, status="timeout", failure_reason="ran out of time"
+        session_id, SessionOutcome(reward=0.5, status="timeout", failure_reason="ran out of time")
     )
     assert trajectory.status == TrajectoryStatus.TIMEOUT and trajectory.trainable
     assert [s.reason.value for s in trajectory.segments] == ["start", "system_changed"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from components.protocols import SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.server import ProxyServer
 from components.proxy.sessions import LocalSessionRegistry
@@ -90,7 +91,7 @@ def test_mini_swe_agent_sampling_settings_train_rollout_agreement(tiny_model_dir
         )
         server.call(
             lambda: server.registry.finalize(
-                session_id, reward=1.0, status="turn_limit", failure_reason="bound"
+                session_id, SessionOutcome(reward=1.0, status="turn_limit", failure_reason="bound")
             )
         )
     finally:

@@ -64,3 +64,29 @@ def test_a_weakened_stream_that_parses_at_every_piece_is_caught():
         stream._mode = "parse"  # the weakened variant
         stream.feed(text[start : start + 4])
     assert stream.num_parses > 40
+
+
+def test_arguments_the_stream_cannot_settle_come_whole_and_exact():
+    """A duplicate key (json keeps the last value at the first key's place): what was streamed is not a
+    beginning of the parsed arguments, so a wire protocol sends them whole (``call_argument_pieces``)."""
+    from components.tito.formats import call_argument_pieces
+
+    text = (
+        '<tool_call>\n{"name": "write", "arguments": {"path": "a", "text": "b", "path": "c"}}\n</tool_call>'
+    )
+    _, _, deltas = _stream("hermes", text, piece=2)
+    live = "".join(d.text for d in deltas if d.kind == "tool_call_arguments")
+    [final] = [d for d in deltas if d.kind == "tool_call"]
+    assert final.tool_call.arguments == '{"path": "c", "text": "b"}' and live == '{"path": "a", "text": "b", '
+    assert final.argument_pieces == (final.tool_call.arguments,)
+    assert call_argument_pieces(deltas, 0, final.tool_call.arguments) == (final.tool_call.arguments,)
+    assert call_argument_pieces(deltas, 0, "{}") == ("{}",)  # pieces that do not join to it: whole
+
+
+@pytest.mark.parametrize("name", ["llama3_json", "mistral"])
+def test_content_full_of_call_end_markers_is_not_parsed_again_at_each(name):
+    """``}`` and ``]`` end these families' calls; in plain content (code) they start no parse."""
+    text = "Here is the code: " + "def f(x): return {'a': [x]}\n" * 500
+    parser, stream, deltas = _stream(name, text)
+    assert stream.num_parses <= 10, stream.num_parses
+    assert "".join(d.text for d in deltas if d.kind == "content") == parser.parse(text, TOOLS).content

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from components.protocols import SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.sessions import LocalSessionRegistry, TurnRequest
 from components.sampling import SamplingDistribution
@@ -44,7 +45,7 @@ async def _record_sessions(model_dir, run_dir) -> None:
             for turn in range(2):  # the second turn extends the first: routes merge across turns
                 outcome = await registry.run_turn(session, TurnRequest(messages=tuple(messages), seed=index))
                 messages += [outcome.reply.to_message(), ChatMessage(role="user", content=f"Go on ({turn}).")]
-            await registry.finalize(session, reward=float(index % 2))
+            await registry.finalize(session, SessionOutcome(reward=float(index % 2)))
     finally:
         await engine.aclose()
 
