@@ -502,16 +502,21 @@ class RunStack:
         few survivors of infrastructure failures (``rollout.partial_groups``) by new groups of their task; both
         are left out of the shard (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
         from components.rollout.dynamic_sampling import sample_step
-        from components.rollout.engine_failures import replace_engine_failures
+        from components.rollout.engine_failures import before_replacements
 
         shard = self.ledger.stored_shard(step)
         self.last_sampling_metrics: dict[str, float] = {}
         if shard is not None:
             logger.info("step %d: training again from stored shard %s", step, shard.name)
             return self.store.read_shard(shard), shard
+        async def roll_out(batch: Sequence[Task], first_index: int) -> list[Trajectory]:
+            if first_index > 0:  # replacements: a server that died is back, with the run's weights, first
+                await before_replacements(self.engine)
+            return await runner.run(batch, step, first_index=first_index)
+
         sampled = await sample_step(
             self.config.rollout.dynamic_sampling,
-            lambda batch, first_index: runner.run(batch, step, first_index=first_index),
+            roll_out,
             tasks,
             replacement_tasks,
             partial=self.config.rollout.partial_groups,
@@ -519,17 +524,8 @@ class RunStack:
         if self.config.rollout.dynamic_sampling.enabled:
             self.last_sampling_metrics = sampled.metrics()
         self.last_sampling_metrics.update(sampled.partial_group_metrics())
-        replacements = await replace_engine_failures(
-            lambda batch, first_index: runner.run(batch, step, first_index=first_index),
-            sampled.trained,
-            {task.task_id: task for task in tasks},
-            first_index=len(tasks) + sampled.num_extra_groups,
-            max_rounds=self.config.rollout.engine_error_rounds,
-            engine=self.engine,
-        )
-        self.last_sampling_metrics["rollout/engine_error_replacements"] = float(len(replacements))
-        trained = await self.score_with_teachers([*sampled.trained, *replacements])
-        return [*sampled.trajectories, *replacements], self.store.write(trained)
+        trained = await self.score_with_teachers(sampled.trained)
+        return sampled.trajectories, self.store.write(trained)
 
     async def train_and_sync(self, step: int, shard: Path | None) -> dict[str, float]:
         """One optimizer step on the shard, then the new weights to the engine (the caller logs the step, then

@@ -148,11 +148,6 @@ class RolloutBrickConfig:
         PartialGroupConfig(),
         "groups that lost members to infrastructure failures (components/rollout/partial_groups.py)",
     )
-    engine_error_rounds: int = option(
-        2,
-        "sync: a group that lost a rollout to an engine failure (a server that died) is rolled out again, at "
-        "most this many rounds per step; the failed rollouts stay in the shard, excluded from training",
-    )
     stall_report_after_s: float = option(
         120.0,
         "report any wait on a remote component (actor call, engine request) pending longer than this, naming "
@@ -168,7 +163,6 @@ class RolloutBrickConfig:
         self.actor_resource_amounts  # noqa: B018 -- validates actor_resources
         require_non_negative(self.max_staleness, "max_staleness")
         require_non_negative(self.max_steps_ahead, "max_steps_ahead")
-        require_non_negative(self.engine_error_rounds, "engine_error_rounds")
         require(
             self.mode != "partial" or self.max_staleness >= 1,
             "max_staleness",

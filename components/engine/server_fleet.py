@@ -497,18 +497,7 @@ class ServerFleet:
         """Until cancelled: take out live servers that fail ``/health``; bring back down ones that answer."""
         while True:
             await asyncio.sleep(self.recovery.health_poll_s)
-            for index in self._live():
-                try:
-                    labelled = await self.servers[index].labelled()
-                except EngineError as error:
-                    self._take_out(index, f"unreachable: {error}")
-                    continue
-                if (
-                    not labelled
-                ):  # restarted since the last push (or never labelled): give it the run's weights
-                    self._take_out(
-                        index, "its weights carry no version this run set (new to the run, or restarted)"
-                    )
+            await self.check_live_servers()
             for index in list(self._down):
                 try:
                     await self._bring_back(index)
@@ -516,6 +505,19 @@ class ServerFleet:
                     logger.warning(
                         "%s server %s not back yet: %s", self.server_kind, self.url_of(index), error
                     )
+
+    async def check_live_servers(self) -> None:
+        """Take out the live servers that do not answer, or whose weights carry no version this run set."""
+        for index in self._live():
+            try:
+                labelled = await self.servers[index].labelled()
+            except EngineError as error:
+                self._take_out(index, f"unreachable: {error}")
+                continue
+            if not labelled:  # restarted since the last push (or never labelled): give it the run's weights
+                self._take_out(
+                    index, "its weights carry no version this run set (new to the run, or restarted)"
+                )
 
     def url_of(self, index: int) -> str:
         return self.servers[index].url
@@ -526,6 +528,8 @@ class ServerFleet:
         if self._return_lock is None:
             self._return_lock = asyncio.Lock()
         started = time.monotonic()
+        if self._pushes:  # the original may not have polled since a server died
+            await self.check_live_servers()
         async with self._return_lock:
             while not self._live():
                 for index in list(self._down):
