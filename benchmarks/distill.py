@@ -97,7 +97,7 @@ def shape_model(
         hidden = model.model(input_ids=ids).last_hidden_state[:, positions]  # logits only where needed
         log_probs = torch.log_softmax(model.lm_head(hidden).float(), -1)
         loss = -(wanted[None] * log_probs).sum(-1).mean()
-        if float(loss) - entropy < 0.01:  # KL(wanted ‖ model) below 0.01 nats per position
+        if float(loss.detach()) - entropy < 0.01:  # KL(wanted ‖ model) below 0.01 nats per position
             break
         optimizer.zero_grad()
         loss.backward()

@@ -22,7 +22,7 @@ import operator
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -238,14 +238,11 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
     import torch
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
         set_optimizer_state_dict,
     )
     from transformers import AutoConfig
 
-    from components.training.data import MicroBatch, padding_micro_batches
-    from components.training.step import build_optimizer, run_train_step
+    from components.training.step import build_optimizer
 
     config: TrainerConfig = loop_config["config"]
     algorithm: Algorithm = loop_config["algorithm"]
@@ -283,89 +280,150 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
             model, optimizer, optim_state_dict=full, options=StateDictOptions(full_state_dict=True)
         )
         restore_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
-    model_config = AutoConfig.from_pretrained(config.model_path)
-    full_options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    broadcaster = None  # rank 0's weight-update group with SGLang servers, kept across steps
+    worker = _Worker(
+        config=config,
+        algorithm=algorithm,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        model=model,
+        reference=reference,
+        optimizer=optimizer,
+        adapter_gatherer=adapter_gatherer,
+        model_config=AutoConfig.from_pretrained(config.model_path),
+    )
     ray.get(coordinator.report.remote("ready", rank, {"rank": rank}))
-
     while True:
         command_id, command = ray.get(coordinator.next_command.remote(rank))
-        result: Any = None
-        if isinstance(command, StopWorkers):
-            if broadcaster is not None:
-                broadcaster.close()
-            ray.get(coordinator.report.remote(command_id, rank, None))
-            return
-        if isinstance(command, TrainOnShards):
-            rows = list(command.shards[rank].iter_rows())
-            rows += padding_micro_batches(command.micro_batches_per_rank - len(rows)).to_pylist()
-            batches = [MicroBatch.from_row(row) for row in rows]
-            result = run_train_step(
-                model,
-                optimizer,
-                batches,
-                algorithm,
-                optimizer_config=config.optimizer,
-                device=device,
-                loss_scale=float(world_size),
-                reference_model=reference,
-                num_updates=config.num_updates_per_step,
-                apply_update=command.apply_update,
-                entropy_coef=config.entropy_coef,
-            )
-            result["num_micro_batches_rank0"] = float(len(batches))
-        elif isinstance(command, GatherFullStateDict):
-            state_dict = get_model_state_dict(model, options=full_options)
-            result = [ray.put(state_dict)] if rank == 0 else None
-        elif isinstance(command, GatherAdapter) and adapter_gatherer is not None:
-            adapter = adapter_gatherer.gather()
-            result = [ray.put(adapter)] if rank == 0 else None
-        elif isinstance(command, WriteCheckpoint) and adapter_gatherer is not None:
-            adapter = adapter_gatherer.gather()
-            optimizer_state = get_optimizer_state_dict(model, optimizer, options=full_options)
-            if rank == 0:
-                from components.lora import write_adapter_folder
-
-                result = str(
-                    write_checkpoint(
-                        config.checkpoints_dir,
-                        state=command.state,
-                        model_state_dict=None,
-                        write_model=lambda folder, adapter=adapter: write_adapter_folder(folder, adapter),
-                        optimizer_state_dict=optimizer_state,
-                        model_config=model_config,
-                        tokenizer_source=config.model_path,
-                        keep_last=config.keep_checkpoints,
-                    )
-                )
-        elif isinstance(command, WriteCheckpoint):
-            state_dict = get_model_state_dict(model, options=full_options)
-            optimizer_state = get_optimizer_state_dict(model, optimizer, options=full_options)
-            if rank == 0:
-                result = str(
-                    write_checkpoint(
-                        config.checkpoints_dir,
-                        state=command.state,
-                        model_state_dict=state_dict,
-                        optimizer_state_dict=optimizer_state,
-                        model_config=model_config,
-                        tokenizer_source=config.model_path,
-                        keep_last=config.keep_checkpoints,
-                    )
-                )
-        elif isinstance(command, BroadcastWeights):
-            state_dict = get_model_state_dict(model, options=full_options)
-            if rank == 0:
-                from components.engine.sglang_weight_transfer import RankZeroWeightBroadcaster
-
-                broadcaster = broadcaster or RankZeroWeightBroadcaster()
-                result = broadcaster.push(command.servers, command.sync, state_dict, command.version)
-        elif isinstance(command, ScoreSequences):
-            scored = _score_sequences(model, command.sequences, temperature=config.temperature, device=device)
-            result = scored if rank == 0 else None
-        else:
+        handler = _HANDLERS.get(type(command))
+        if handler is None:
             raise TypeError(f"unknown trainer command {command!r}")
+        result = handler(worker, command)
         ray.get(coordinator.report.remote(command_id, rank, result))
+        if handler is _Worker.stop:
+            return
+
+
+@dataclass(kw_only=True)
+class _Worker:
+    """One Ray Train worker's model, optimizer and reference, and one method per ``WorkerCommand`` (the
+    command's reply; ranks other than 0 reply None where rank 0 alone has the answer)."""
+
+    config: TrainerConfig
+    algorithm: Algorithm
+    rank: int
+    world_size: int
+    device: object  # torch.device
+    model: object  # the FSDP2-sharded policy (a torch.nn.Module)
+    reference: object | None  # the frozen reference policy when the algorithm needs one
+    optimizer: object  # torch.optim.Optimizer
+    adapter_gatherer: AdapterGatherer | None  # LoRA: gathers the adapter's tensors only
+    model_config: object  # the policy's transformers config
+    broadcaster: object | None = None  # rank 0's weight-update group with SGLang servers, kept across steps
+
+    def _full_state_dict(self) -> dict[str, object]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+    def _full_optimizer_state(self) -> dict[str, object]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
+
+    def train_on_shards(self, command: TrainOnShards) -> dict[str, float]:
+        from components.training.data import MicroBatch, padding_micro_batches
+        from components.training.step import run_train_step
+
+        rows = list(command.shards[self.rank].iter_rows())
+        rows += padding_micro_batches(command.micro_batches_per_rank - len(rows)).to_pylist()
+        batches = [MicroBatch.from_row(row) for row in rows]
+        result = run_train_step(
+            self.model,
+            self.optimizer,
+            batches,
+            self.algorithm,
+            optimizer_config=self.config.optimizer,
+            device=self.device,
+            loss_scale=float(self.world_size),
+            reference_model=self.reference,
+            num_updates=self.config.num_updates_per_step,
+            apply_update=command.apply_update,
+            entropy_coef=self.config.entropy_coef,
+        )
+        result["num_micro_batches_rank0"] = float(len(batches))
+        return result
+
+    def gather_full_state_dict(self, command: GatherFullStateDict) -> list[object] | None:
+        import ray
+
+        state_dict = self._full_state_dict()
+        return [ray.put(state_dict)] if self.rank == 0 else None
+
+    def gather_adapter(self, command: GatherAdapter) -> list[object] | None:
+        import ray
+
+        if self.adapter_gatherer is None:
+            raise TrainerError("gather_adapter: the trainer trains every weight (LoRA rank 0)")
+        adapter = self.adapter_gatherer.gather()
+        return [ray.put(adapter)] if self.rank == 0 else None
+
+    def write_checkpoint(self, command: WriteCheckpoint) -> str | None:
+        from components.lora import write_adapter_folder
+
+        if self.adapter_gatherer is not None:
+            adapter = self.adapter_gatherer.gather()
+            model_state_dict, write_model = None, lambda folder: write_adapter_folder(folder, adapter)
+        else:
+            model_state_dict, write_model = self._full_state_dict(), None
+        optimizer_state = self._full_optimizer_state()
+        if self.rank != 0:
+            return None
+        return str(
+            write_checkpoint(
+                self.config.checkpoints_dir,
+                state=command.state,
+                model_state_dict=model_state_dict,
+                optimizer_state_dict=optimizer_state,
+                model_config=self.model_config,
+                tokenizer_source=self.config.model_path,
+                keep_last=self.config.keep_checkpoints,
+                write_model=write_model,
+            )
+        )
+
+    def broadcast_weights(self, command: BroadcastWeights) -> dict[str, float] | None:
+        state_dict = self._full_state_dict()
+        if self.rank != 0:
+            return None
+        from components.engine.sglang_weight_transfer import RankZeroWeightBroadcaster
+
+        self.broadcaster = self.broadcaster or RankZeroWeightBroadcaster()
+        return self.broadcaster.push(command.servers, command.sync, state_dict, command.version)
+
+    def score_sequences(self, command: ScoreSequences) -> list[object] | None:
+        scored = _score_sequences(
+            self.model, command.sequences, temperature=self.config.temperature, device=self.device
+        )
+        return scored if self.rank == 0 else None
+
+    def stop(self, command: StopWorkers) -> None:
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+
+
+# How each command is served: one worker method per command type (no isinstance chain).
+_HANDLERS: dict[type, Callable[[_Worker, Any], object]] = {
+    TrainOnShards: _Worker.train_on_shards,
+    GatherFullStateDict: _Worker.gather_full_state_dict,
+    GatherAdapter: _Worker.gather_adapter,
+    WriteCheckpoint: _Worker.write_checkpoint,
+    BroadcastWeights: _Worker.broadcast_weights,
+    ScoreSequences: _Worker.score_sequences,
+    StopWorkers: _Worker.stop,
+}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -447,9 +505,7 @@ class Trainer:
                 if not self._fit_thread.is_alive():
                     raise TrainerError(f"the trainer's worker group stopped: {self._fit_error!r}")
                 if time.monotonic() > deadline:
-                    raise TrainerError(
-                        f"trainer command {command_id} did not finish within {timeout_s:.0f}s"
-                    )
+                    raise TrainerError(f"trainer command {command_id} did not finish within {timeout_s:.0f}s")
 
     def _call(self, command: WorkerCommand, *, timeout_s: float | None = None) -> list[Any]:
         """Run ``command`` on every worker; one reply per rank."""

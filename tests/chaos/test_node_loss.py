@@ -106,6 +106,7 @@ def test_losing_the_rollout_producers_node_reschedules_it_and_the_run_completes(
         for row in pq.read_table(path, columns=["status", "failure_reason"]).to_pylist()
     ]
     lost_rollouts = [row for row in rows if "rollout producer actor died" in (row["failure_reason"] or "")]
+    assert lost_rollouts, "no rollout was in flight on the lost node: the fault did not land mid-rollout"
     assert all(row["status"] == "sandbox_error" for row in lost_rollouts)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     assert [row["step"] for row in metrics] == list(range(NUM_STEPS))

@@ -51,6 +51,22 @@ async def running_proxy(engine: Any, tokenizer: Any, **config_fields: Any) -> As
         await server.stop()
 
 
+async def run_rollout(proxy: RunningProxy, harness: Any, sandboxes: Any, grader: Any, task: Any) -> Any:
+    """One rollout of ``task`` by ``harness`` through ``proxy``, graded by ``grader`` (the runner's own path)."""
+    from components.rollout import RolloutConfig, RolloutRunner
+
+    runner = RolloutRunner(
+        RolloutConfig(group_size=1, max_concurrency=1, harness_timeout_s=400),
+        harness=harness,
+        sandboxes=sandboxes,
+        sessions=proxy.registry,
+        proxy_url=proxy.url,
+        grader=grader,
+    )
+    [trajectory] = await runner.run([task], step=0)
+    return trajectory
+
+
 @pytest.fixture
 def scripted_proxy(tokenizer) -> Callable[..., contextlib.AbstractAsyncContextManager[RunningProxy]]:
     """``async with scripted_proxy(script) as proxy``: a real proxy in front of a ``ScriptedEngine``."""

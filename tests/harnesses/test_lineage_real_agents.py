@@ -11,12 +11,12 @@ import dataclasses
 import pytest
 
 from components.engine.scripted_policies import tool_call
-from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import BranchKind, TrajectoryStatus
 from harnesses.agent_paths import npm_agent_executable
 from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
 from harnesses.claude_code import ClaudeCodeAgent
 from harnesses.codex import CodexAgent
+from tests.harnesses.harness_fixtures import run_rollout
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -47,15 +47,7 @@ async def test_claude_code_sub_agent_is_a_labelled_branch(
     harness = BlackBoxHarness(agent, BlackBoxConfig(max_turns=4, wall_time_s=300, max_output_tokens=512))
     task = dataclasses.replace(slugify_task, problem_statement=TASK_TEXT)
     async with scripted_proxy(claude_code_policy, context_window=65536, default_max_tokens=512) as proxy:
-        runner = RolloutRunner(
-            RolloutConfig(group_size=1, max_concurrency=1, harness_timeout_s=400),
-            harness=harness,
-            sandboxes=sandbox_pool,
-            sessions=proxy.registry,
-            proxy_url=proxy.url,
-            grader=swe_grader,
-        )
-        [trajectory] = await runner.run([task], step=0)
+        trajectory = await run_rollout(proxy, harness, sandbox_pool, swe_grader, task)
 
     assert trajectory.status == TrajectoryStatus.OK, f"{trajectory.failure_reason}\n{trajectory.log[-3000:]}"
     assert trajectory.reward == 0.0  # nothing was fixed: graded all the same
@@ -75,6 +67,23 @@ async def test_claude_code_sub_agent_is_a_labelled_branch(
 SUMMARY_REQUEST = "Your task is to create a detailed summary of"  # each of Claude Code's compact prompts
 MAX_CALLS = 6
 SUMMARY = "Summary: the user asked to fix slugify; I listed the repository; nothing is fixed yet."
+
+
+def assert_one_compaction(trajectory, tokenizer, *, summary_request_kind: BranchKind) -> None:
+    """The run ended well and holds one ``compaction`` segment, hanging right after the summary its parent (the
+    summary request, of ``summary_request_kind`` under the root) sampled."""
+    segments = trajectory.segments
+    lineage = [(s.reason.value, s.branch_kind.value, s.parent_segment, s.branch_position) for s in segments]
+    assert trajectory.status == TrajectoryStatus.OK, f"{trajectory.failure_reason}\n{trajectory.log[-3000:]}"
+    compactions = [index for index, s in enumerate(segments) if s.branch_kind == BranchKind.COMPACTION]
+    assert len(compactions) == 1, lineage
+    resumed = segments[compactions[0]]
+    parent = segments[resumed.parent_segment]
+    assert parent.branch_kind == summary_request_kind and parent.parent_segment == 0, lineage
+    before = slice(0, resumed.branch_position)
+    sampled = tokenizer.decode(parent.token_ids[before][parent.loss_mask[before] == 1].tolist())
+    assert SUMMARY in sampled, (lineage, sampled[-300:])
+    assert parent.loss_mask[resumed.branch_position - 1] == 1, lineage
 
 
 def compacting_policy(prompt: str) -> str:
@@ -110,29 +119,10 @@ async def test_claude_code_auto_compaction_is_a_labelled_branch(
     harness = BlackBoxHarness(ClaudeCodeAgent(bare=True), config)
     task = dataclasses.replace(slugify_task, problem_statement=TASK_TEXT)
     async with scripted_proxy(compacting_policy, context_window=65536, default_max_tokens=512) as proxy:
-        runner = RolloutRunner(
-            RolloutConfig(group_size=1, max_concurrency=1, harness_timeout_s=400),
-            harness=harness,
-            sandboxes=sandbox_pool,
-            sessions=proxy.registry,
-            proxy_url=proxy.url,
-            grader=swe_grader,
-        )
-        [trajectory] = await runner.run([task], step=0)
-    segments = trajectory.segments
-    lineage = [(s.reason.value, s.branch_kind.value, s.parent_segment, s.branch_position) for s in segments]
-    assert trajectory.status == TrajectoryStatus.OK, f"{trajectory.failure_reason}\n{trajectory.log[-3000:]}"
-    compactions = [index for index, s in enumerate(segments) if s.branch_kind == BranchKind.COMPACTION]
-    assert len(compactions) == 1, lineage
-    resumed = segments[compactions[0]]
-    parent = segments[resumed.parent_segment]
-    # the parent is the summary request: the main conversation up to its last held turn, sent again with the
-    # compact prompt (a fork of it); it sampled the summary, and the resumed conversation hangs right after it
-    assert parent.branch_kind == BranchKind.FORK and parent.parent_segment == 0, lineage
-    before = slice(0, resumed.branch_position)
-    sampled = tokenizer.decode(parent.token_ids[before][parent.loss_mask[before] == 1].tolist())
-    assert SUMMARY in sampled, (lineage, sampled[-300:])
-    assert parent.loss_mask[resumed.branch_position - 1] == 1, lineage
+        trajectory = await run_rollout(proxy, harness, sandbox_pool, swe_grader, task)
+    # the summary request is the main conversation up to its last held turn sent again with the compact prompt
+    # (a fork of it)
+    assert_one_compaction(trajectory, tokenizer, summary_request_kind=BranchKind.FORK)
 
 
 CODEX_SUMMARY_REQUEST = "You are performing a CONTEXT CHECKPOINT COMPACTION"  # codex's compact prompt
@@ -160,25 +150,6 @@ async def test_codex_auto_compaction_is_a_labelled_branch(
     )
     task = dataclasses.replace(slugify_task, problem_statement=TASK_TEXT)
     async with scripted_proxy(codex_compacting_policy, context_window=65536, default_max_tokens=512) as proxy:
-        runner = RolloutRunner(
-            RolloutConfig(group_size=1, max_concurrency=1, harness_timeout_s=400),
-            harness=harness,
-            sandboxes=sandbox_pool,
-            sessions=proxy.registry,
-            proxy_url=proxy.url,
-            grader=swe_grader,
-        )
-        [trajectory] = await runner.run([task], step=0)
-    segments = trajectory.segments
-    lineage = [(s.reason.value, s.branch_kind.value, s.parent_segment, s.branch_position) for s in segments]
-    assert trajectory.status == TrajectoryStatus.OK, f"{trajectory.failure_reason}\n{trajectory.log[-3000:]}"
-    compactions = [index for index, s in enumerate(segments) if s.branch_kind == BranchKind.COMPACTION]
-    assert len(compactions) == 1, lineage
-    resumed = segments[compactions[0]]
-    parent = segments[resumed.parent_segment]
+        trajectory = await run_rollout(proxy, harness, sandbox_pool, swe_grader, task)
     # codex sends its compact prompt without tools: rendered anew, a side call beside the main conversation
-    assert parent.branch_kind == BranchKind.SIDE_CALL and parent.parent_segment == 0, lineage
-    before = slice(0, resumed.branch_position)
-    sampled = tokenizer.decode(parent.token_ids[before][parent.loss_mask[before] == 1].tolist())
-    assert SUMMARY in sampled, (lineage, sampled[-300:])
-    assert parent.loss_mask[resumed.branch_position - 1] == 1, lineage
+    assert_one_compaction(trajectory, tokenizer, summary_request_kind=BranchKind.SIDE_CALL)

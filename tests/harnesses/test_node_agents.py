@@ -12,14 +12,13 @@ from dataclasses import dataclass
 import pytest
 
 from components.engine.scripted_policies import step_policy, tool_call
-from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_spec import AgentSpec
 from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
 from harnesses.openclaw import OPENCLAW
 from harnesses.opencode import OPENCODE
 from harnesses.qwen_code import QWEN_CODE
-from tests.harnesses.harness_fixtures import running_proxy
+from tests.harnesses.harness_fixtures import run_rollout, running_proxy
 from tests.harnesses.recording_engine import RecordingEngine
 from tests.required_tools import require_tool
 
@@ -71,15 +70,7 @@ async def test_node_agent_fixes_a_builtin_task(name, slugify_task, sandbox_pool,
         BlackBoxConfig(max_turns=MAX_TURNS, wall_time_s=300, max_output_tokens=MAX_OUTPUT_TOKENS),
     )
     async with running_proxy(engine, tokenizer, default_max_tokens=8192) as proxy:
-        runner = RolloutRunner(
-            RolloutConfig(group_size=1, max_concurrency=1, harness_timeout_s=400),
-            harness=harness,
-            sandboxes=sandbox_pool,
-            sessions=proxy.registry,
-            proxy_url=proxy.url,
-            grader=swe_grader,
-        )
-        [trajectory] = await runner.run([slugify_task], step=0)
+        trajectory = await run_rollout(proxy, harness, sandbox_pool, swe_grader, slugify_task)
     detail = f"{trajectory.failure_reason}\n{trajectory.log[-4000:]}"
     assert trajectory.reward == 1.0, detail
     assert trajectory.status == case.expected_status, detail

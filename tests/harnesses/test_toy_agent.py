@@ -154,3 +154,23 @@ async def test_text_moves_are_played_only_when_accepted(scripted_proxy, sandbox_
 def test_text_only_play_needs_text_moves():
     with pytest.raises(ValueError, match="offer_tools"):
         ToyAgentConfig(offer_tools=False)
+
+
+async def test_a_graders_turn_rewards_replace_the_harnesss(scripted_proxy, sandbox_pool):
+    """``RewardResult.turn_rewards`` (a process-reward grader) take the place of the harness's per-call rewards."""
+    from components.protocols import RewardResult
+
+    harness = ToyAgentHarness(ToyAgentConfig(max_turns=3))
+
+    class ProcessGrader:
+        async def score(self, task, agent_sandbox):
+            game = await harness.reward.score(task, agent_sandbox)
+            return RewardResult(reward=game.reward, turn_rewards=(0.25,))  # one call: the illegal move
+
+    illegal = ToyGameTask(task_id="tictactoe-illegal", make_env=TicTacToeEnv, seed=0)
+    async with scripted_proxy(lambda prompt: tool_call("make_move", cell="Z9")) as proxy:
+        runner = _runner(proxy, harness, sandbox_pool)
+        runner.grader = ProcessGrader()
+        (trajectory,) = await runner.run([illegal], step=0)
+    assert trajectory.status == TrajectoryStatus.OK and trajectory.reward == 0.0
+    assert [s.turn_rewards.tolist() for s in trajectory.segments] == [[0.25]]  # not the harness's [0.0]

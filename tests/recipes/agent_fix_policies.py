@@ -2,7 +2,7 @@
 against the SGLang stand-in (``fake_sglang --scripted-policy tests.recipes.agent_fix_policies:fix_with_any_agent``):
 the tiny model cannot fix anything. It finds the task by its problem statement in the prompt and the agent by
 the tools the prompt offers, and applies the task's reference patch: opencode through its ``bash`` tool,
-OpenClaw through ``exec``, Gemini CLI and Qwen Code through ``write_file`` then their shell (Gemini CLI's
+OpenClaw through ``exec``, Qwen Code through its shell, Gemini CLI through ``write_file`` then its shell (its
 shell refuses any command holding ``$(`` or backticks). After the fix the agents with a turn setting keep
 calling their shell until it stops them; OpenClaw, which has none, says it is done."""
 
@@ -35,8 +35,10 @@ def fix_with_any_agent(prompt: str) -> str:
     """The next reply of whichever added agent sent ``prompt``."""
     patch = _patch_for(prompt)
     heredoc = f"patch -p1 <<'REIN_EOF'\n{patch}REIN_EOF\necho patched"
-    if _offers(prompt, "run_shell_command"):  # Gemini CLI, Qwen Code
-        shell = lambda command: tool_call("run_shell_command", command=command, description="run")  # noqa: E731
+    shell = lambda command: tool_call("run_shell_command", command=command, description="run")  # noqa: E731
+    if _offers(prompt, "run_shell_command") and "Qwen Code" in prompt:  # its system prompt names it
+        replies = [shell(heredoc), shell(CHECK)]
+    elif _offers(prompt, "run_shell_command"):  # Gemini CLI
         replies = [
             tool_call("write_file", file_path="fix.patch", content=patch),
             shell("patch -p1 < fix.patch && rm fix.patch && echo patched"),

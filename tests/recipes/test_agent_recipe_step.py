@@ -45,7 +45,8 @@ def test_added_agents_fix_builtin_tasks_in_a_recipe_step(tmp_path, tiny_model_di
     outcomes = {t.harness: (t.status.value, t.reward, t.failure_reason[:300]) for t in trajectories}
     assert sorted(outcomes) == sorted(AGENTS.values()), outcomes
     for trajectory in trajectories:
-        detail = (outcomes, trajectory.log[-3000:])
+        tool_results = [m["content"][:300] for m in trajectory.messages if m["role"] == "tool"]
+        detail = f"{trajectory.harness} on {trajectory.task_id}: {outcomes}\n{tool_results}\n{trajectory.log[-2000:]}"
         assert trajectory.reward == 1.0, detail
         assert trajectory.status == TrajectoryStatus(STATUSES[trajectory.harness]), detail
         assert trajectory.segments and trajectory.trainable, detail

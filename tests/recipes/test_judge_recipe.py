@@ -105,4 +105,6 @@ def test_swe_recipe_trains_on_judge_rewards(tmp_path, tiny_model_dir):
         assert "rubric-marker-7f3a" not in row["messages_json"]
     config = json.loads((run_dir / "config.json").read_text())
     assert config["reward"]["kind"] == "judge" and config["reward"]["judge_api_key"] == "***"
-    assert config["algorithm"]["kind"] == "dr_grpo"  # the README's `--algorithm dr_grpo`, on rewards that differ
+    assert (
+        config["algorithm"]["kind"] == "dr_grpo"
+    )  # the README's `--algorithm dr_grpo`, on rewards that differ

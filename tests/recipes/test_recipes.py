@@ -50,7 +50,9 @@ def test_recipe_help_lists_every_field_and_bad_values_fail_fast():
         "rollout.mode",
         "monitoring.wandb_mode",
     } <= set(flags)
-    assert {"algorithm.kind", "algorithm.loss.clip_low", "algorithm.loss.kl_coef", "sandbox.num_warm"} <= set(flags)
+    assert {"algorithm.kind", "algorithm.loss.clip_low", "algorithm.loss.kl_coef", "sandbox.num_warm"} <= set(
+        flags
+    )
     assert "--proxy {local,serve}" in completed.stdout  # a slot's flag lists the registered kinds
     for flag in flags.values():  # every field of every brick
         assert f"{flag} " in completed.stdout, flag
