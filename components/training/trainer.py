@@ -442,6 +442,7 @@ class Trainer:
         import ray
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         if not ray.is_initialized():
             raise TrainerError("Trainer needs a running Ray session (ray.init())")
@@ -452,7 +453,14 @@ class Trainer:
         resumed: Checkpoint | None = latest_checkpoint(config.checkpoints_dir) if config.resume else None
         self.state = resumed.state if resumed else TrainerState()
         self.resumed_from = resumed.path if resumed else None
-        self._coordinator = ray.remote(num_cpus=0)(_Coordinator).remote(config.num_workers)
+        # a control-plane actor of the driver's: on the driver's node, whose loss ends the run anyway, never on a
+        # node that can be lost under a running step (tests/chaos/test_node_loss.py)
+        on_this_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        self._coordinator = (
+            ray.remote(num_cpus=0)(_Coordinator)
+            .options(scheduling_strategy=on_this_node)
+            .remote(config.num_workers)
+        )
         torch_trainer = TorchTrainer(
             _train_loop,
             train_loop_config={

@@ -20,6 +20,7 @@ import pytest
 
 from components.engine.scripted import ScriptedEngine
 from components.errors import EngineError
+from components.protocols import SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.rollout.failures import classify_exception
 from components.trajectory import TrajectoryStatus
@@ -100,7 +101,7 @@ async def test_a_killed_serve_replica_leaves_every_agents_next_request_to_the_ot
     replies = await asyncio.gather(*(_turn(url, token(sid), sid, histories[sid]) for sid in sessions))
     assert replies == ["ack turn 1"] * NUM_SESSIONS
     assert time.monotonic() - started < 30
-    trajectories = await asyncio.gather(*(registry.finalize(sid, reward=1.0) for sid in sessions))
+    trajectories = await asyncio.gather(*(registry.finalize(sid, SessionOutcome(reward=1.0)) for sid in sessions))
     assert all(len(t.segments) == 1 and t.status == TrajectoryStatus.OK for t in trajectories)
 
 
@@ -124,14 +125,14 @@ async def test_a_killed_session_shard_fails_its_sessions_by_name_and_comes_back_
         await _turn(url, token(sid), sid, [{"role": "user", "content": "hi"}])
     ray.kill(registry.shards[0], no_restart=False)  # the fault; Ray restarts the shard (max_restarts)
 
-    error = await _fails_fast(registry.finalize(on_dead[0], reward=1.0))
+    error = await _fails_fast(registry.finalize(on_dead[0], SessionOutcome(reward=1.0)))
     assert "session shard" in str(error) and on_dead[0] in str(error)
     assert classify_exception(error)[0] is TrajectoryStatus.ENGINE_ERROR
     with pytest.raises(openai.APIStatusError) as through_proxy:  # the agent's view: a 502, not a 404
         await _turn(url, token(on_dead[-1]), on_dead[-1], [{"role": "user", "content": "hi"}])
     assert through_proxy.value.status_code == 502
     assert classify_exception(through_proxy.value)[0] is TrajectoryStatus.ENGINE_ERROR
-    live = await asyncio.gather(*(registry.finalize(sid, reward=1.0) for sid in on_live))
+    live = await asyncio.gather(*(registry.finalize(sid, SessionOutcome(reward=1.0)) for sid in on_live))
     assert all(t.status == TrajectoryStatus.OK for t in live)
 
     deadline = time.monotonic() + 60  # new sessions on the restarted shard (refused while it restarts)
@@ -146,4 +147,4 @@ async def test_a_killed_session_shard_fails_its_sessions_by_name_and_comes_back_
         if registry.shard_index(new) == 0:
             break
     await _turn(url, token(new), new, [{"role": "user", "content": "hi"}])
-    assert (await registry.finalize(new, reward=1.0)).status == TrajectoryStatus.OK
+    assert (await registry.finalize(new, SessionOutcome(reward=1.0))).status == TrajectoryStatus.OK
