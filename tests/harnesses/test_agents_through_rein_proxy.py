@@ -11,6 +11,7 @@ One stand-in and one ``rein proxy`` serve the whole module; each test swaps the 
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ import httpx
 import pytest
 
 from components.engine.scripted_policies import first_hunk_edit, step_policy, tool_call
+from components.protocols import SessionOutcome
 from components.proxy.auth import SessionKeys
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks.swe import SweTask
@@ -67,8 +69,12 @@ class ReinProxySessions:
         assert response.status_code == 200, response.text
         return response.json()
 
-    async def finalize(self, session_id: str, **fields: Any) -> Trajectory:
-        finalized = await self._post(f"/s/{session_id}/finalize", fields)
+    async def finalize(self, session_id: str, outcome: SessionOutcome = SessionOutcome()) -> Trajectory:
+        body = dataclasses.asdict(outcome)
+        body["metrics"] = dict(outcome.metrics)
+        if outcome.turn_rewards is not None:
+            body["turn_rewards"] = list(outcome.turn_rewards)
+        finalized = await self._post(f"/s/{session_id}/finalize", body)
         stored = TrajectoryStore(self.run_dir).read_all().trajectories
         [trajectory] = [t for t in stored if t.trajectory_id == finalized["trajectory_id"]]
         return trajectory
