@@ -37,6 +37,7 @@ from components.protocols import (
     TaskWithSetup,
 )
 from components.proxy.auth import SessionKeys
+from components.proxy.errors import InvalidRequestError
 from components.proxy.sessions import validate_policy_name
 from components.rewards.compose import RewardWeights, apply_group_reward
 from components.rollout.failures import classify_exception
@@ -439,25 +440,41 @@ class RolloutRunner(GroupRollouts):
         self, task: Task, session_id: str, rollout: _Rollout, *, group_id: str, step: int
     ) -> Trajectory:
         rollout.open_session_id = None  # finalize closes it, or the fallback below discards it
+        outcome = SessionOutcome(
+            reward=rollout.reward,
+            status=rollout.status.value,
+            failure_reason=rollout.failure_reason,
+            metrics=self._final_metrics(rollout),
+            task_id=task.task_id,
+            group_id=group_id,
+            harness=self.harness.name,
+            step=step,
+            log=self._final_log(rollout),
+            # only a trainable rollout's: a failed one may have lost calls its harness counted
+            turn_rewards=(
+                tuple(rollout.turn_rewards)
+                if rollout.turn_rewards and rollout.status in TRAINABLE_STATUSES
+                else None
+            ),
+        )
         try:
-            outcome = SessionOutcome(
-                reward=rollout.reward,
-                status=rollout.status.value,
-                failure_reason=rollout.failure_reason,
-                metrics=self._final_metrics(rollout),
-                task_id=task.task_id,
-                group_id=group_id,
-                harness=self.harness.name,
-                step=step,
-                log=self._final_log(rollout),
-                # only a trainable rollout's: a failed one may have lost calls its harness counted
-                turn_rewards=(
-                    tuple(rollout.turn_rewards)
-                    if rollout.turn_rewards and rollout.status in TRAINABLE_STATUSES
-                    else None
-                ),
-            )
-            return await self.sessions.finalize(session_id, outcome)
+            try:
+                return await self.sessions.finalize(session_id, outcome)
+            except InvalidRequestError as refused:
+                # What the harness or grader reported does not fit the session (e.g. turn rewards for another
+                # number of model calls): their contract broken, not the infrastructure's. The session's
+                # tokens are kept, as an agent error (never trained, never replaced as an infrastructure loss).
+                rollout.reward = None
+                rollout.fail(TrajectoryStatus.AGENT_ERROR, f"the session refused the rollout's outcome: {refused}")
+                logger.warning("session %s refused the outcome: %s", session_id, refused)
+                outcome = dataclasses.replace(
+                    outcome,
+                    reward=None,
+                    status=rollout.status.value,
+                    failure_reason=rollout.failure_reason,
+                    turn_rewards=None,
+                )
+                return await self.sessions.finalize(session_id, outcome)
         except Exception as exc:
             logger.warning("finalizing session %s failed: %s", session_id, exc)
             try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -143,6 +144,8 @@ class ThinksUntilNewWeights:
             await client.chat.completions.create(
                 model="policy", messages=[{"role": "user", "content": "Your move?"}], max_tokens=16
             )
+        if outcome.turn_rewards:  # one process reward per model call: none for the extra one
+            outcome = dataclasses.replace(outcome, turn_rewards=(*outcome.turn_rewards, 0.0))
         return outcome
 
 
