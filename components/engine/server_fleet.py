@@ -179,6 +179,9 @@ class ServerFleet:
         self._weights: tuple[str, int] | None = None
         self._adapter: tuple[str, int] | None = None
         self._pushes = True
+        # Until this fleet has labelled the servers' weights, an unlabelled server serves what it was started
+        # with: the run's weights at its start (a resumed run labels them first), not a restarted server.
+        self._labelled_here = False
         self._return_lock: asyncio.Lock | None = None
         self._watcher: asyncio.Task | None = None
         self.returns: list[str] = []  # "URL at version N" per server put back
@@ -306,6 +309,7 @@ class ServerFleet:
 
         await self._paused_on_all(version, load)
         self._weights = (str(model_path), int(version))
+        self._labelled_here = True
 
     def remember_weights(self, model_path: str | Path, version: int) -> None:
         """The folder and version the servers serve now (at start: what they were started with)."""
@@ -323,6 +327,7 @@ class ServerFleet:
             )
             self._weight_version = int(version)
             self._adapter = (str(lora_path), int(version))
+            self._labelled_here = True
 
     # --- operations --------------------------------------------------------------------------------------
 
@@ -514,7 +519,7 @@ class ServerFleet:
             except EngineError as error:
                 self._take_out(index, f"unreachable: {error}")
                 continue
-            if not labelled:  # restarted since the last push (or never labelled): give it the run's weights
+            if not labelled and self._labelled_here:  # restarted since the last push: give it the run's weights
                 self._take_out(
                     index, "its weights carry no version this run set (new to the run, or restarted)"
                 )
