@@ -519,7 +519,8 @@ class ServerFleet:
             except EngineError as error:
                 self._take_out(index, f"unreachable: {error}")
                 continue
-            if not labelled and self._labelled_here:  # restarted since the last push: give it the run's weights
+            # restarted since the last push: give it the run's weights
+            if not labelled and self._labelled_here:
                 self._take_out(
                     index, "its weights carry no version this run set (new to the run, or restarted)"
                 )
