@@ -83,6 +83,7 @@ from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 from monitoring.logger import MetricsLoggersConfig, WandbLoggersConfig
 from sandboxes.provider import SandboxConfig, SandboxPoolConfig
+from sandboxes.resilient import SandboxResilienceConfig
 
 if TYPE_CHECKING:
     from components.proxy.config import ProxyConfig
@@ -172,6 +173,9 @@ class RunConfig:
         SandboxPoolConfig(num_warm=2),
         "the agents' sandboxes: local bubblewrap pool (bwrap) or E2B",
         flag="sandbox-backend",
+    )
+    sandbox_resilience: SandboxResilienceConfig = option(
+        SandboxResilienceConfig(), "retries and circuit breaker around the sandbox backend"
     )
     trainer: TrainerBrickConfig = option(TrainerBrickConfig(), "the trainer")
     monitoring: MetricsLoggersConfig = slot(
@@ -302,7 +306,7 @@ class Bricks:
     @classmethod
     def from_config(cls, config: RunConfig, *, sandbox_paths: Sequence[str] = ()) -> Bricks:
         """The bricks ``config`` names; ``sandbox_paths``: host paths the sandboxes bind read-only."""
-        from sandboxes.resilient import ResilientSandboxProvider, SandboxResilienceConfig
+        from sandboxes.resilient import ResilientSandboxProvider
 
         sandboxes = config.sandbox.build(read_only_paths=sandbox_paths)
         return cls(
@@ -312,9 +316,7 @@ class Bricks:
             ),
             proxy=config.proxy.build(),
             algorithm=config.algorithm.build(),
-            sandboxes=ResilientSandboxProvider(
-                sandboxes, SandboxResilienceConfig()
-            ),  # retries, circuit breaker
+            sandboxes=ResilientSandboxProvider(sandboxes, config.sandbox_resilience),  # retries, breaker
             loggers=config.monitoring.build(),
         )
 
@@ -509,6 +511,7 @@ class RunStack:
         if shard is not None:
             logger.info("step %d: training again from stored shard %s", step, shard.name)
             return self.store.read_shard(shard), shard
+
         async def roll_out(batch: Sequence[Task], first_index: int) -> list[Trajectory]:
             if first_index > 0:  # replacements: a server that died is back, with the run's weights, first
                 await before_replacements(self.engine)

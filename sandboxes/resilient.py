@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
+from components.config import option
 from components.errors import SandboxBackendDownError, SandboxError
 from components.protocols import Sandbox, SandboxProvider, SandboxSpec, StartsAhead
 
@@ -26,11 +27,15 @@ logger = logging.getLogger(__name__)
 class SandboxResilienceConfig:
     """How hard a run tries a failing sandbox backend before it stops the step."""
 
-    max_attempts: int = 3  # tries per acquire (1 = no retry)
-    backoff_initial_s: float = 0.5  # first wait between tries; doubles each try, with jitter
-    backoff_max_s: float = 10.0  # longest wait between tries
-    breaker_threshold: int = 5  # acquires in a row that failed every try before the breaker opens (0 = never)
-    breaker_cooldown_s: float = 60.0  # how long an open breaker refuses before it lets one acquire through
+    max_attempts: int = option(3, "tries per sandbox acquire (1 = no retry)")
+    backoff_initial_s: float = option(0.5, "first wait between acquire tries; doubles each try, with jitter")
+    backoff_max_s: float = option(10.0, "longest wait between acquire tries")
+    breaker_threshold: int = option(
+        5, "acquires in a row that failed every try before the circuit breaker stops the step (0 = never)"
+    )
+    breaker_cooldown_s: float = option(
+        60.0, "how long an open breaker refuses before it lets one acquire through"
+    )
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
