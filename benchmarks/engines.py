@@ -4,8 +4,9 @@
 
 Figures, each engine warmed up, then measured alternately in pairs whose order is drawn per pair (the machine is
 shared); each figure is the median over the pairs with its min-max spread:
-tokens/s at batch 1 and batch 8 (up to ``--new-tokens`` sampled tokens per request, tokens counted as produced, prefill
-included), and a 20-turn agent session's total time (each turn's prompt = the previous prompt + its output + a
+tokens/s at batch 1 and batch 8 (exactly ``--new-tokens`` sampled tokens per request on both engines: the embedded
+engine runs without EOS ids and vLLM with ``ignore_eos``, so neither stops early; prefill included), and a 20-turn
+agent session's total time (16 tokens per turn on both) (each turn's prompt = the previous prompt + its output + a
 new user message, so both engines serve it from their prefix cache). Start-up is measured too (the engine's
 model load; the vLLM server's launch to ``/health``), reported beside the figures, not inside them. Without
 ``--vllm-url`` a server is started as users do (``components/engine/vllm_server.py``, fp32, one thread, like the
@@ -37,11 +38,40 @@ def chat_prompt(tokenizer, text: str) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
+class FixedLengthVLLMEngine(VLLMEngine):
+    """vLLM sampling past EOS (``ignore_eos``), as the embedded engine does without EOS ids: both engines then
+    produce exactly ``max_tokens`` per request, so their tokens/s count the same work."""
+
+    def generate_payload(self, prompt, params, *, model=None):
+        payload = super().generate_payload(prompt, params, model=model)
+        payload["sampling_params"]["ignore_eos"] = True
+        return payload
+
+
+def embedded_engine(model_path) -> EmbeddedEngine:
+    """The embedded engine as measured: one thread, batches of 8, no EOS ids (it samples ``max_tokens``)."""
+    return EmbeddedEngine(
+        EmbeddedEngineConfig(model_path=model_path, num_threads=1, max_batch_size=8, eos_token_ids=())
+    )
+
+
+def same_length(results, new_tokens: int) -> int:
+    """The tokens of ``results``, each exactly ``new_tokens`` long (else ``ValueError``: the engines would be
+    compared on different work)."""
+    lengths = [len(result.output_ids) for result in results]
+    if any(length != new_tokens for length in lengths):
+        raise ValueError(
+            f"an engine stopped early or ran long: {lengths} tokens, {new_tokens} asked for each"
+        )
+    return sum(lengths)
+
+
 async def tokens_per_s(engine, prompts: list[list[int]], new_tokens: int, seed: int) -> float:
     params = [SamplingParams(max_tokens=new_tokens, seed=seed + i) for i in range(len(prompts))]
     started = time.perf_counter()
     results = await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, params, strict=True)))
-    return sum(len(r.output_ids) for r in results) / (time.perf_counter() - started)
+    elapsed_s = time.perf_counter() - started
+    return same_length(results, new_tokens) / elapsed_s
 
 
 async def agent_session_s(engine, tokenizer, num_turns: int, new_tokens: int, seed: int) -> float:
@@ -49,6 +79,7 @@ async def agent_session_s(engine, tokenizer, num_turns: int, new_tokens: int, se
     started = time.perf_counter()
     for turn in range(num_turns):
         result = await engine.generate(prompt, SamplingParams(max_tokens=new_tokens, seed=seed + turn))
+        same_length([result], new_tokens)
         follow_up = tokenizer.encode(f"\nObservation {turn}: ok. Next step?\n", add_special_tokens=False)
         prompt = prompt + list(result.output_ids) + follow_up
     return time.perf_counter() - started
@@ -72,9 +103,7 @@ def spread(runs: list[dict[str, float]], key: str) -> str:
 async def main_async(args) -> None:
     model_path = resolve_model(args.model)
     started = time.perf_counter()
-    embedded = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=model_path, num_threads=1, max_batch_size=8, eos_token_ids=())
-    )
+    embedded = embedded_engine(model_path)
     embedded_start_s = time.perf_counter() - started
     server = None
     vllm_start_s = float("nan")
@@ -84,7 +113,7 @@ async def main_async(args) -> None:
         server = VLLMServerProcess(config, log_path=Path(args.log)).start()
         args.vllm_url = server.url
     try:
-        vllm = VLLMEngine(VLLMEngineConfig(base_url=args.vllm_url, startup_timeout_s=1200))
+        vllm = FixedLengthVLLMEngine(VLLMEngineConfig(base_url=args.vllm_url, startup_timeout_s=1200))
         await vllm.wait_until_healthy(poll_s=0.5)
         if server is not None:
             vllm_start_s = time.perf_counter() - started

@@ -281,7 +281,11 @@ class SGLangEngineProvider:
 class VLLMBrickConfig:
     """vLLM servers outside Ray, reached over HTTP (``components/engine/vllm.py``)."""
 
-    url: str = option("", "vLLM server URL(s), comma-separated, e.g. http://10.0.0.5:8000", flag="vllm-url")
+    url: str = option(
+        "",
+        "vLLM server URL(s), comma-separated (a vllm-router URL stands for its workers), e.g. http://10.0.0.5:8000",
+        flag="vllm-url",
+    )
     api_key: str = option("", "the servers' --api-key ('' = none)", flag="vllm-api-key")
     startup_timeout_s: float = option(
         600.0, "how long to wait for every server's /health at start", flag="vllm-startup-timeout-s"
@@ -305,16 +309,32 @@ class VLLMBrickConfig:
         "how long the run waits for a server that went down to come back (0 = fail at once)",
         flag="vllm-server-return-timeout-s",
     )
+    weight_transfer: Literal["disk", "nccl"] = option(
+        "disk",
+        "new weights via RUN_DIR/weights (every server reloads the folder) or an NCCL broadcast from the process "
+        "running the loop (GPU clusters: needs CUDA and `pip install vllm` there, servers started with "
+        '--weight-transfer-config \'{"backend": "nccl"}\')',
+        flag="vllm-weight-transfer",
+    )
+    nccl_address: str = option(
+        "",
+        "address the servers reach the loop's process at (nccl); '' = its host's",
+        flag="vllm-nccl-address",
+    )
+    nccl_server_world_size: int = option(
+        1, "GPU workers per server, tensor x pipeline parallel (nccl)", flag="vllm-nccl-server-world-size"
+    )
 
     def __post_init__(self) -> None:
         from components.engine.server_fleet import parse_server_urls
 
         parse_server_urls(self.url, field="url")
-        for name in ("startup_timeout_s", "request_timeout_s"):
+        for name in ("startup_timeout_s", "request_timeout_s", "nccl_server_world_size"):
             require_positive(getattr(self, name), name)
         require_non_negative(self.server_return_timeout_s, "server_return_timeout_s")
         require_non_negative(self.context_window, "context_window")
         require_one_of(self.pause_mode, "pause_mode", ("wait", "keep", "abort"))
+        require_one_of(self.weight_transfer, "weight_transfer", ("disk", "nccl"))
         if self.logprobs_mode:
             from components.engine.vllm import LOGPROBS_MODES
 
@@ -359,7 +379,8 @@ class VLLMBrickConfig:
 
 class VLLMEngineProvider:
     """``EngineProvider``: vLLM servers outside Ray, reached over HTTP; new weights via ``RUN_DIR/weights`` (an HF
-    folder each server reloads in place)."""
+    folder each server reloads in place), or (``weight_transfer`` nccl) gathered into this process and broadcast
+    over NCCL (``vllm_weight_transfer.py``)."""
 
     def __init__(self, config: VLLMBrickConfig, *, sampling: SamplingDistribution) -> None:
         self.config = config
@@ -371,18 +392,29 @@ class VLLMEngineProvider:
     ) -> tuple[InferenceEngine, WeightSync]:
         from components.engine.vllm import require_matching_logprobs
         from components.engine.vllm_fleet import VLLMFleet, vllm_fleet_config
-        from components.training import WeightSync, WeightSyncConfig
+        from components.engine.vllm_weight_transfer import require_nccl_available
 
-        engine = self._engine = await VLLMFleet.connect(
-            vllm_fleet_config(self.config, initial_weight_version=weight_version)
-        )
+        fleet_config = vllm_fleet_config(self.config, initial_weight_version=weight_version)
+        if fleet_config.nccl is not None:  # refused before any server is contacted
+            require_nccl_available()
+        engine = self._engine = await VLLMFleet.connect(fleet_config)
         for server in engine.servers:  # the run's sampling against each server's own --logprobs-mode
             require_matching_logprobs(self.sampling, server.logprobs_mode)
         if resumed or engine.weight_version != weight_version:  # the servers serve what they last loaded
             await engine.update_weights_from_disk(str(model_path), weight_version)
         engine.remember_weights(model_path, weight_version)  # what a server that comes back is given
         engine.start_watching()
-        return engine, WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
+        return engine, self.weight_sync(engine, run_dir=run_dir)
+
+    def weight_sync(self, engine: VLLMFleet, *, run_dir: Path) -> WeightSync:
+        """How the trainer's new weights reach ``engine``: rank 0's gathered state dict through this process to
+        ``VLLMFleet.update_weights`` (NCCL broadcast), or an HF folder under ``RUN_DIR/weights`` every server
+        reloads."""
+        from components.training import WeightSync, WeightSyncConfig
+
+        if engine.config.nccl is not None:
+            return WeightSync(WeightSyncConfig(mode="memory"), engine)
+        return WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
 
     async def close(self) -> None:
         if self._engine is not None:

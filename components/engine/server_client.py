@@ -98,6 +98,22 @@ class HttpServerClient:
                 )
             await asyncio.sleep(poll_s)
 
+    async def router_workers(self) -> list[str] | None:
+        """The worker URLs when this URL is a router (sgl-model-gateway and vllm-router, a fork of it: ``GET
+        /workers`` → ``{"workers": [{"url": …}]}``; the older sglang-router ``GET /list_workers`` → ``{"urls":
+        […]}``); None for a plain server (which has neither)."""
+        for path, key in (("/workers", "workers"), ("/list_workers", "urls")):
+            try:
+                reply = await self._request("GET", path)
+            except self.unreachable_error:
+                raise
+            except EngineError:
+                continue
+            if isinstance(reply, Mapping) and isinstance(reply.get(key), list):
+                entries = reply[key]
+                return [str(e["url"] if isinstance(e, Mapping) else e).rstrip("/") for e in entries]
+        return None
+
     def status_error(self, method: str, path: str, response: httpx.Response) -> EngineError:
         """The error of a refused request (a subclass may map some replies to a more precise type)."""
         return EngineError(

@@ -13,6 +13,8 @@ calls ``generate`` (each proxy session shard holds a copy):
 - *Least-loaded placement.* A prompt that extends nothing known is a new session: it goes to the live server
   with the fewest requests (as the servers report them, so every proxy shard's requests count; then the fewest
   sessions placed from here, then order).
+- *Routers.* A URL that is a router (sgl-model-gateway / sglang-router for SGLang, vllm-router for vLLM:
+  ``GET /workers``) stands for the workers it lists (``expand_router_urls``); Rein routes to them itself.
 - *Failover.* A server that cannot be reached (``ServerUnreachableError``, after the adapter's retries) is taken
   out with the reason recorded (``status()``, ``failovers``); the request, and later every turn of its
   sessions, goes to another live server (same prompt, so nothing is lost but cached KV). With no live server
@@ -106,6 +108,38 @@ def parse_server_urls(text: str, *, field: str = "url") -> tuple[str, ...]:
         require(url.startswith(("http://", "https://")), field, f"{url!r} is not an http(s) URL")
     require(len(set(urls)) == len(urls), field, f"lists a server twice: {text!r}")
     return urls
+
+
+class RouterProbe(Protocol):
+    """A client of one URL that may be a router (``HttpServerClient``): what expanding it needs."""
+
+    async def wait_until_healthy(self) -> None: ...
+
+    async def router_workers(self) -> list[str] | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def expand_router_urls(
+    urls: Sequence[str], probe: Callable[[str], RouterProbe], *, server_kind: str, field: str
+) -> tuple[str, ...]:
+    """``urls`` with every router URL (sgl-model-gateway, sglang-router, vllm-router: ``GET /workers`` or
+    ``/list_workers``) replaced by the workers it lists, each once. The fleet then talks to the workers itself:
+    session affinity, failover, and weight updates, which must reach every worker anyway (a router forwards
+    generation only). ``probe(url)``: a client of that URL; ``field`` names the option in errors."""
+    expanded: list[str] = []
+    for url in urls:
+        client = probe(url)
+        try:
+            await client.wait_until_healthy()
+            workers = await client.router_workers()
+        finally:
+            await client.aclose()
+        if workers is not None:
+            require(len(workers) > 0, field, f"the {server_kind} router {url} lists no workers")
+            logger.info("%s router %s: workers %s", server_kind, url, workers)
+        expanded += [worker for worker in (workers or [url]) if worker not in expanded]
+    return tuple(expanded)
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -338,22 +338,6 @@ class SGLangEngine(HttpServerClient):
         """Whether the weights carry a version Rein set (``/model_info``; a restarted server says ``default``)."""
         return (await self._model_info()).get("weight_version") not in (None, "default")
 
-    async def router_workers(self) -> list[str] | None:
-        """The worker URLs when this URL is an SGLang router (sgl-model-gateway ``GET /workers`` →
-        ``{"workers": [{"url": …}]}``, the older sglang-router ``GET /list_workers`` → ``{"urls": […]}``);
-        None for a plain SGLang server (which has neither)."""
-        for path, key in (("/workers", "workers"), ("/list_workers", "urls")):
-            try:
-                reply = await self._request("GET", path)
-            except SGLangUnreachableError:
-                raise
-            except EngineError:
-                continue
-            if isinstance(reply, Mapping) and isinstance(reply.get(key), list):
-                entries = reply[key]
-                return [str(e["url"] if isinstance(e, Mapping) else e).rstrip("/") for e in entries]
-        return None
-
     async def get_load(self) -> list[dict[str, Any]]:
         """``GET /get_load``: per data-parallel rank ``num_reqs`` (running + waiting), ``num_waiting_reqs`` …"""
         load = await self._request("GET", "/get_load")

@@ -1,9 +1,7 @@
 """``InferenceEngine`` over one or several SGLang servers: the engine-neutral ``ServerFleet``
 (``server_fleet.py``: session affinity, least-loaded placement, failover, one weight version on every server)
-over SGLang's adapter (``SGLangEngine``), plus what only SGLang offers here:
+over SGLang's adapter (``SGLangEngine``; router URLs expanded to their workers), plus what only SGLang offers here:
 
-- *Routers.* A URL that is an SGLang router (sgl-model-gateway / sglang-router: ``GET /workers``) stands for
-  the workers it lists; Rein routes to them itself.
 - *Load* is ``/get_load`` (``num_reqs`` per data-parallel rank), so every proxy shard's requests count.
 - *Weight updates* from disk (``/update_weights_from_disk`` from one folder, generation paused with
   ``/pause_generation`` on every server), or one broadcast over the ``/init_weights_update_group`` group
@@ -26,6 +24,7 @@ from components.engine.server_fleet import (
     FleetRoutingConfig,
     ServerFleet,
 )
+from components.engine.server_fleet import expand_router_urls as expand_fleet_router_urls
 from components.engine.server_fleet import parse_server_urls as _parse_server_urls
 from components.engine.sglang import (
     SGLangEngine,
@@ -110,21 +109,14 @@ def sglang_fleet_config(
 
 
 async def expand_router_urls(config: SGLangFleetConfig) -> SGLangFleetConfig:
-    """``config`` with every SGLang router URL replaced by the workers it lists. Rein then talks to the
-    workers itself: session affinity, failover, and weight updates, which must reach every worker anyway."""
-    urls: list[str] = []
-    for url in config.urls:
-        probe = SGLangEngine(config.server_config(url))
-        try:
-            await probe.wait_until_healthy()
-            workers = await probe.router_workers()
-        finally:
-            await probe.aclose()
-        if workers is not None:
-            require(len(workers) > 0, "sglang_url", f"the SGLang router {url} lists no workers")
-            logger.info("SGLang router %s: workers %s", url, workers)
-        urls += [worker for worker in (workers or [url]) if worker not in urls]
-    return replace(config, urls=tuple(urls))
+    """``config`` with every SGLang router URL replaced by the workers it lists (``server_fleet``'s)."""
+    urls = await expand_fleet_router_urls(
+        config.urls,
+        lambda url: SGLangEngine(config.server_config(url)),
+        server_kind="SGLang",
+        field="sglang_url",
+    )
+    return replace(config, urls=urls)
 
 
 class SGLangFleet(ServerFleet):

@@ -1,9 +1,13 @@
 """``InferenceEngine`` over one or several vLLM servers: the engine-neutral ``ServerFleet`` (``server_fleet.py``:
-session affinity by token prefix, least-loaded placement by ``GET /load``, failover, one weight version on
-every server, pause → reload → resume) over vLLM's adapter (``VLLMEngine``)."""
+router URLs expanded to their workers, session affinity by token prefix, least-loaded placement by ``GET /load``,
+failover, one weight version on every server, pause → reload → resume) over vLLM's adapter (``VLLMEngine``).
+New weights reach the servers from a saved folder (every server reloads it), or over NCCL
+(``vllm_weight_transfer.py``, GPU clusters)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,11 +17,19 @@ from components.engine.server_fleet import (
     FleetRecoveryConfig,
     FleetRoutingConfig,
     ServerFleet,
+    expand_router_urls,
     parse_server_urls,
 )
 from components.engine.vllm import VLLMEngine, VLLMEngineConfig
+from components.engine.vllm_weight_transfer import (
+    VLLMNcclConfig,
+    VLLMNcclWeightSender,
+    require_nccl_available,
+)
 
 if TYPE_CHECKING:
+    import torch
+
     from components.engine.providers import VLLMBrickConfig
 
 
@@ -31,6 +43,7 @@ class VLLMFleetConfig:
     )
     routing: FleetRoutingConfig = FleetRoutingConfig()
     recovery: FleetRecoveryConfig = FleetRecoveryConfig()
+    nccl: VLLMNcclConfig | None = None  # new weights broadcast over NCCL; None: reloaded from a saved folder
 
     def __post_init__(self) -> None:
         require(len(self.urls) > 0, "urls", "needs at least one vLLM server URL")
@@ -55,7 +68,12 @@ def vllm_fleet_config(brick: VLLMBrickConfig, *, initial_weight_version: int) ->
         initial_weight_version=initial_weight_version,
     )
     recovery = FleetRecoveryConfig(server_return_timeout_s=brick.server_return_timeout_s)
-    return VLLMFleetConfig(urls=urls, server=server, recovery=recovery)
+    nccl = (
+        VLLMNcclConfig(master_address=brick.nccl_address, server_world_size=brick.nccl_server_world_size)
+        if brick.weight_transfer == "nccl"
+        else None
+    )
+    return VLLMFleetConfig(urls=urls, server=server, recovery=recovery, nccl=nccl)
 
 
 class VLLMFleet(ServerFleet):
@@ -74,13 +92,58 @@ class VLLMFleet(ServerFleet):
             recovery=config.recovery,
         )
         self.config = config
+        self._senders: dict[str, VLLMNcclWeightSender] = {}  # server URL → its NCCL link (config.nccl)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The NCCL links belong to the process that opened them (the one that pushes the weights).
+        state = super().__getstate__()
+        state.update(_senders={})
+        return state
 
     @classmethod
     async def connect(cls, config: VLLMFleetConfig) -> VLLMFleet:  # type: ignore[override]
-        """Wait for ``/health`` on every server, then read their context window, logprobs mode and version."""
-        fleet = cls(config)
+        """Expand router URLs to their workers, wait for ``/health`` on every server, then read their context
+        window, logprobs mode and version."""
+        urls = await expand_router_urls(
+            config.urls,
+            lambda url: VLLMEngine(config.server_config(url)),
+            server_kind="vLLM",
+            field="vllm.url",
+        )
+        fleet = cls(replace(config, urls=urls))
         await fleet.start()
         return fleet
 
+    async def aclose(self) -> None:
+        """Close the NCCL links and every HTTP client."""
+        senders, self._senders = list(self._senders.values()), {}
+        for sender in senders:
+            await asyncio.to_thread(sender.close)
+        await super().aclose()
+
     def write_weights(self, state_dict: Any, version: int) -> Path:
         return self.servers[0].write_weights(state_dict, version)
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load ``state_dict`` as ``version`` on every live server, generation paused on all: broadcast over
+        NCCL (``config.nccl``), or written to one folder every server reloads."""
+        if self.config.nccl is None:
+            await super().update_weights(state_dict, version)
+            return
+        require_nccl_available()
+
+        async def broadcast(live: list[int]) -> None:
+            await self._on_each(
+                live,
+                lambda server: self.nccl_sender(server).push(state_dict, version),
+                f"NCCL weight update to version {version}",
+            )
+
+        await self._paused_on_all(version, broadcast)
+
+    def nccl_sender(self, server: VLLMEngine) -> VLLMNcclWeightSender:
+        """The NCCL link to ``server`` (made on first use; ``config.nccl`` must be set)."""
+        if server.url not in self._senders:
+            assert self.config.nccl is not None
+            self._senders[server.url] = VLLMNcclWeightSender(server, self.config.nccl)
+        return self._senders[server.url]

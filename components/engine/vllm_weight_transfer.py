@@ -1,23 +1,31 @@
-"""New weights to a vLLM server over NCCL (GPU clusters), through vLLM's own weight-transfer API.
+"""New weights to vLLM servers over NCCL (GPU clusters), through vLLM's own weight-transfer API
+(``--vllm-weight-transfer nccl``: ``VLLMFleet.update_weights`` broadcasts from the process that runs the loop).
 
 Written against vLLM 0.32's ``vllm/distributed/weight_transfer/nccl_engine.py`` and ``clients.py``; it needs
-CUDA and vLLM installed in the trainer's process (``pip install vllm``), so it cannot run on the CPU machines
-this project is tested on and is NOT exercised by any test here (the CPU path, a reload from a saved folder, is:
-``VLLMEngine.load_weights_from_disk``). The round trip, as vLLM's trainer-side engine drives it:
+CUDA and vLLM installed in that process (``pip install vllm``), so it cannot run on the CPU machines this project
+is tested on: the tests prove only that the option builds this path and that it is refused without CUDA (the CPU
+path, a reload from a saved folder, runs for real: ``VLLMEngine.load_weights_from_disk``). The round trip, as
+vLLM's trainer-side engine drives it:
 
-1. once: ``POST /init_weight_transfer_engine`` ``{"init_info": {master_address, master_port, rank_offset: 1,
-   world_size, packed...}}`` while the trainer opens NCCL rank 0 (``NCCLTrainerWeightTransferEngine.trainer_init``;
-   ``world_size`` = 1 + the server's tensor-parallel ranks; the server needs ``--weight-transfer-config
-   '{"backend": "nccl"}'``);
-2. per update: ``POST /pause?mode=wait``, ``/start_weight_update``, ``/update_weights`` ``{"update_info":
-   {names, dtype_names, shapes}}`` concurrently with the broadcast of every tensor, ``/finish_weight_update``;
-   then ``POST /update_weight_version`` and ``/resume`` (``VLLMEngine``).
+1. once per server: ``POST /init_weight_transfer_engine`` ``{"init_info": {master_address, master_port,
+   rank_offset: 1, world_size, packed...}}`` while this process opens NCCL rank 0
+   (``NCCLTrainerWeightTransferEngine.trainer_init``; ``world_size`` = 1 + the server's GPU workers; the server
+   needs ``--weight-transfer-config '{"backend": "nccl"}'``);
+2. per update (generation paused on every server by the fleet): ``/start_weight_update``, ``/update_weights``
+   ``{"update_info": {names, dtype_names, shapes}}`` concurrently with the broadcast of every tensor,
+   ``/finish_weight_update``; then ``/reset_prefix_cache`` and ``/update_weight_version`` (``VLLMEngine``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from components.config import require_positive
+from components.errors import EngineError
 
 if TYPE_CHECKING:
     import torch
@@ -25,8 +33,38 @@ if TYPE_CHECKING:
     from components.engine.vllm import VLLMEngine
 
 
+@dataclass(kw_only=True, frozen=True)
+class VLLMNcclConfig:
+    """The NCCL group between this process (rank 0) and each vLLM server's GPU workers."""
+
+    master_address: str = ""  # where the servers reach this process; '' = this host's address
+    server_world_size: int = 1  # GPU workers per server (tensor x pipeline parallel size)
+
+    def __post_init__(self) -> None:
+        require_positive(self.server_world_size, "server_world_size")
+
+
+def require_nccl_available() -> None:
+    """``ValueError`` naming the option when this process cannot broadcast over NCCL (no CUDA, or no vLLM)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(
+            "weight_transfer: 'nccl' (--vllm-weight-transfer nccl) broadcasts the weights from this process's GPU "
+            "to the vLLM servers, but CUDA is not available here (torch.cuda.is_available() is False): run the "
+            "loop on a GPU node with vLLM installed (`pip install vllm`), or use --vllm-weight-transfer disk"
+        )
+    try:
+        import vllm.distributed.weight_transfer.nccl_engine  # noqa: F401
+    except ImportError as error:
+        raise ValueError(
+            "weight_transfer: 'nccl' (--vllm-weight-transfer nccl) needs vLLM installed in the process that runs "
+            f"the loop (`pip install vllm`): {error}; or use --vllm-weight-transfer disk"
+        ) from error
+
+
 class StateDictSource:
-    """vLLM's ``WeightSource`` over a full state dict (rank 0's gathered weights)."""
+    """vLLM's ``WeightSource`` over a full state dict (rank 0's gathered weights), tensors moved to the GPU."""
 
     def __new__(cls, state_dict: Mapping[str, torch.Tensor]) -> Any:
         from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
@@ -36,20 +74,18 @@ class StateDictSource:
                 return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in state_dict.items()]
 
             def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-                return iter(state_dict.items())
+                return ((name, t.to("cuda", non_blocking=True)) for name, t in state_dict.items())
 
         return _Source()
 
 
 class VLLMNcclWeightSender:
-    """Trainer rank 0's NCCL link to one vLLM server (``connect`` once, then ``push`` per version)."""
+    """Rank 0's NCCL link to one vLLM server (opened on the first ``push``, then reused per version)."""
 
-    def __init__(
-        self, server: VLLMEngine, *, master_address: str, master_port: int, server_world_size: int
-    ) -> None:
+    def __init__(self, server: VLLMEngine, config: VLLMNcclConfig) -> None:
         self.server = server
-        self.master_address, self.master_port = master_address, master_port
-        self.world_size = 1 + server_world_size
+        self.master_address = config.master_address or socket.gethostbyname(socket.gethostname())
+        self.world_size = 1 + config.server_world_size
         self._engine: Any = None
         self._source: dict[str, Any] = {}
 
@@ -60,31 +96,35 @@ class VLLMNcclWeightSender:
             NCCLTrainerWeightTransferEngine,
         )
 
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            master_port = int(probe.getsockname()[1])
         self._source = dict(state_dict)  # the engine iterates this dict's current tensors on every push
         self._engine = NCCLTrainerWeightTransferEngine.trainer_init(
             NCCLTrainerInitInfo(
-                master_address=self.master_address, master_port=self.master_port, world_size=self.world_size
+                master_address=self.master_address, master_port=master_port, world_size=self.world_size
             ),
             client=HTTPVLLMWeightSyncClient(self.server.url),
             source=StateDictSource(self._source),
         )
 
     async def push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Paused: broadcast ``state_dict`` (same names and shapes as at ``connect``), label it ``version``."""
-        import asyncio
-
-        if self._engine is None:
-            await asyncio.to_thread(self.connect, state_dict)
-        self._source.update(state_dict)
-        await self.server.pause_generation()
+        """Broadcast ``state_dict`` (same names and shapes every time) and label it ``version``; the caller has
+        paused generation. A failed broadcast is an ``EngineError`` (the fleet takes the server out)."""
         try:
+            if self._engine is None:
+                await asyncio.to_thread(self.connect, state_dict)
+            self._source.update(state_dict)
             await asyncio.to_thread(self._engine.send_weights)
-            await self.server._request("POST", "/reset_prefix_cache")
-            await self.server.update_weight_version(version)
-        finally:
-            await self.server.continue_generation()
+        except EngineError:
+            raise
+        except Exception as error:
+            self.close()
+            raise EngineError(f"NCCL weight transfer to vLLM {self.server.url} failed: {error!r}") from error
+        await self.server._request("POST", "/reset_prefix_cache")
+        await self.server.update_weight_version(version)
 
     def close(self) -> None:
         if self._engine is not None:
-            self._engine.shutdown()
-            self._engine = None
+            engine, self._engine = self._engine, None
+            engine.shutdown()

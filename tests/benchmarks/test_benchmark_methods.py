@@ -80,7 +80,11 @@ def test_learning_curve_variants_share_the_budget_and_keep_their_own_flags(tmp_p
     sync, asynchronous, lora = configs["sync"], configs["async"], configs["lora"]
     assert (sync.rollout.mode, sync.trainer.lora.rank) == ("sync", 0)
     assert (asynchronous.rollout.mode, asynchronous.rollout.max_staleness) == ("async", 2)
-    assert (lora.rollout.mode, lora.trainer.lora.rank, lora.trainer.lora.target_modules) == ("sync", 16, "all-linear")
+    assert (lora.rollout.mode, lora.trainer.lora.rank, lora.trainer.lora.target_modules) == (
+        "sync",
+        16,
+        "all-linear",
+    )
     assert lora.trainer.optimizer.learning_rate == pytest.approx(10 * sync.trainer.optimizer.learning_rate)
     # Beyond its own fields each variant is the sync run: same model, steps, games, group, tokens, seed, lr.
     assert replace(asynchronous, rollout=sync.rollout) == sync
@@ -107,3 +111,39 @@ def test_data_pipeline_warms_both_sides_before_timing(monkeypatch):
     data_pipeline.main()
     assert sorted(calls[:2]) == ["plain", "ray"]  # one untimed run of each side first
     assert calls[2:] == ["plain", "ray", "plain", "ray"]
+
+
+async def test_engines_compare_the_same_number_of_tokens(vllm_server):
+    """``benchmarks/engines.py`` counts the same work on both sides: the embedded engine (no EOS ids) and the
+    real vLLM server (``ignore_eos``) each sample exactly ``new_tokens`` per request, and a request that stops
+    early or runs long is refused rather than counted."""
+    from dataclasses import replace
+
+    from components.engine.vllm import VLLMEngineConfig
+
+    engines = load("engines")
+    vllm = engines.FixedLengthVLLMEngine(VLLMEngineConfig(base_url=vllm_server.url))
+    embedded = engines.embedded_engine(vllm_server.model_dir)
+    try:
+        await vllm.refresh()
+        params = engines.SamplingParams(max_tokens=12)
+        assert vllm.generate_payload([1, 2], params)["sampling_params"]["ignore_eos"] is True
+        prompts = [[1, 100 + i, 200, 300] for i in range(3)]
+        for engine in (vllm, embedded):
+            assert (
+                await engines.tokens_per_s(engine, prompts, 12, seed=0) > 0
+            )  # raises unless all are 12 long
+        results = [await engine.generate(prompts[0], params) for engine in (vllm, embedded)]
+        assert [len(result.output_ids) for result in results] == [12, 12]
+        first = results[0]
+        short = replace(
+            first,
+            output_ids=first.output_ids[:7],
+            logprobs=first.logprobs[:7],
+            weight_versions=first.weight_versions[:7],
+        )
+        with pytest.raises(ValueError, match=r"stopped early or ran long: \[12, 7\] tokens, 12 asked"):
+            engines.same_length([results[0], short], 12)
+    finally:
+        await vllm.aclose()
+        await embedded.aclose()

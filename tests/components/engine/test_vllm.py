@@ -1,11 +1,13 @@
 """The vLLM engine brick against the session's real vLLM server (``tests/vllm_fixture.py``): logprobs that the
 trainer reproduces, weight sync from a saved folder (outputs, logprobs and versions change; requests in
 flight finish on the old version and say so), LoRA adapters per version, the fleet over vLLM, settings whose
-logprobs would be wrong refused, and a server killed mid-request (run last)."""
+logprobs would be wrong refused, a vllm-router URL standing for its workers, and a server killed mid-request
+(run last)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 
@@ -13,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.engine.server_fleet import FleetRecoveryConfig, ServerDownError
+from components.engine.server_fleet import FleetRecoveryConfig, ServerDownError, expand_router_urls
 from components.engine.vllm import (
     VLLMEngine,
     VLLMEngineConfig,
@@ -190,6 +192,107 @@ async def test_fleet_over_vllm_pauses_reloads_and_stamps_one_version(vllm_server
         await fleet.aclose()
 
 
+class TcpForwarder:
+    """A second address of the real server: a byte-level forwarder (every HTTP call passes through it), which
+    ``close`` takes down with its open connections, as a worker that dies."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._forward, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.writers |= {writer, upstream_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    async def close(self) -> None:
+        self.server.close()
+        for writer in self.writers:
+            writer.close()
+        await self.server.wait_closed()
+
+
+async def start_router(workers: list[str]) -> tuple[str, object, asyncio.Task]:
+    """A router as vllm-router answers Rein (``GET /health``, ``GET /workers`` → ``{"workers": [{"url"}]}``)."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    from components.engine.vllm_server import free_port
+
+    app = FastAPI()
+    app.get("/health")(lambda: {})
+    app.get("/workers")(
+        lambda: {"workers": [{"url": url, "is_healthy": True} for url in workers], "total": 2}
+    )
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), task
+        await asyncio.sleep(0.05)
+    return f"http://127.0.0.1:{port}", server, task
+
+
+async def test_a_router_url_stands_for_its_vllm_workers_with_affinity_and_failover(vllm_server):
+    """``--vllm-url ROUTER``: the fleet asks the router for its workers (the real server, and the same server
+    behind a forwarder: two workers) and routes to them itself: new sessions spread, a session's next turn
+    returns to its worker, and when a worker dies its session fails over to the other. A plain server's URL
+    stays itself."""
+    assert await expand_router_urls(
+        [vllm_server.url],
+        lambda url: VLLMEngine(VLLMEngineConfig(base_url=url)),
+        server_kind="vLLM",
+        field="url",
+    ) == (vllm_server.url,)
+    forwarder = TcpForwarder(int(vllm_server.url.rsplit(":", 1)[1]))
+    second = await forwarder.start()
+    router_url, router, router_task = await start_router([vllm_server.url, second])
+    config = VLLMEngineConfig(base_url=router_url, max_retries=0)
+    fleet = await VLLMFleet.connect(
+        VLLMFleetConfig(
+            urls=(router_url,), server=config, recovery=FleetRecoveryConfig(server_return_timeout_s=0)
+        )
+    )
+    try:
+        assert [server.url for server in fleet.servers] == [vllm_server.url, second]
+        params = SamplingParams(max_tokens=4, seed=0)
+        # prompts longer than the fleet's affinity anchor (64 tokens), as chat prompts are
+        long_prompts = [[1, *range(100 + 7 * i, 180 + 7 * i)] for i in (0, 1)]
+        await fleet.generate(
+            long_prompts[0], params
+        )  # a new session: the first of two equally loaded workers
+        other = await fleet.generate(long_prompts[1], params)  # the next: the worker with fewer sessions
+        assert [server["sessions"] for server in fleet.status()["servers"]] == [1, 1]
+        # the second session's next turn goes back to its worker (the forwarder) ...
+        turn_2 = long_prompts[1] + list(other.output_ids) + [500, 501]
+        await fleet.generate(turn_2, params)
+        assert fleet.failovers == [] and [s["sessions"] for s in fleet.status()["servers"]] == [1, 1]
+        # ... and, once that worker is gone, its next turn fails over to the live one
+        await forwarder.close()
+        turn_3 = turn_2 + [502]
+        result = await fleet.generate(turn_3, params)
+        assert len(result.output_ids) > 0
+        assert [(event.from_url, event.to_url) for event in fleet.failovers] == [(second, vllm_server.url)]
+        assert [server["live"] for server in fleet.status()["servers"]] == [True, False]
+    finally:
+        await fleet.aclose()
+        router.should_exit = True
+        await router_task
+
+
 @pytest.mark.vllm_kills_server
 async def test_a_killed_server_fails_requests_in_flight_with_a_clear_engine_error(vllm_server):
     config = VLLMEngineConfig(base_url=vllm_server.url, max_retries=1, retry_backoff_s=0.1)
@@ -204,7 +307,10 @@ async def test_a_killed_server_fails_requests_in_flight_with_a_clear_engine_erro
         with pytest.raises(EngineError, match=f"every vLLM server is down: {vllm_server.url}"):
             await asyncio.wait_for(in_flight, 60)
         # a new request waits for the server's return, bounded (here 3 s), then fails naming it
-        with pytest.raises(ServerDownError, match=f"none came back within 3 s.*{vllm_server.url}"):
+        with pytest.raises(
+            ServerDownError,
+            match=f"none came back within 3 s.*{vllm_server.url}.*--vllm-server-return-timeout-s",
+        ):
             await asyncio.wait_for(fleet.generate(PROMPTS[1], SamplingParams(max_tokens=4)), 60)
     finally:
         await fleet.aclose()
@@ -234,7 +340,9 @@ async def test_vllm_server_is_a_distillation_teacher(engine, vllm_server, tmp_pa
         trajectory = make_trajectory("t", "g", 1.0, (make_segment(3, 5, seed=2, vocab=1000),))
         (segment,) = (await score_trajectory(teacher, trajectory)).segments
         sampled = segment.loss_mask == 1
-        assert (segment.teacher_logprobs[sampled] < 0).all() and (segment.teacher_logprobs[~sampled] == 0).all()
+        assert (segment.teacher_logprobs[sampled] < 0).all() and (
+            segment.teacher_logprobs[~sampled] == 0
+        ).all()
         await _require_same_tokenization(teacher, vllm_server.model_dir, "distillation.teachers", "x")
         other = AutoTokenizer.from_pretrained(vllm_server.model_dir)
         other.add_tokens(["The quick"])  # another tokenizer: the probe text splits differently
