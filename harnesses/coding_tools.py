@@ -88,7 +88,10 @@ class ToolResult:
     """What one tool call returned to the policy."""
 
     output: str
-    is_error: bool = False
+    is_error: bool = False  # the call failed: refused, a non-zero exit code, a command that timed out
+    refused: bool = (
+        False  # the tools did not run it: unknown tool, malformed arguments, an edit that did not apply
+    )
     submitted: bool = False
 
 
@@ -162,7 +165,7 @@ class CodingTools:
             return await getattr(self, f"_{name}")(parsed)
         except _BadArguments as exc:
             self.num_invalid_calls += 1
-            return ToolResult(output=f"error: {exc}", is_error=True)
+            return ToolResult(output=f"error: {exc}", is_error=True, refused=True)
 
     async def _bash(self, arguments: dict[str, Any]) -> ToolResult:
         command = _field(arguments, "command", str)

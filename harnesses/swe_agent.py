@@ -1,5 +1,12 @@
 """A compact white-box coding agent: an OpenAI-SDK tool loop (``bash``, ``view_file``, ``edit_file``,
-``submit``) against the proxy session, acting in the task's sandbox, bounded by turns and wall time."""
+``submit``) against the proxy session, acting in the task's sandbox, bounded by turns and wall time.
+
+Process reward (turn-level credit, ``components/training/turn_credit.py``): with ``tool_call_reward`` w > 0
+every model call gets w × the mean over its tool calls of +1 for a call the tools ran (a command, whatever its
+exit code: a failing test run is information, not a mistake; a file viewed or edited; ``submit``) and −1 for a
+call they refused (unknown tool, arguments that are not a JSON object of the right fields, an ``old_str`` that
+does not match exactly once, a missing file); a reply with no tool call gets −w. It rewards well-formed actions,
+never progress on the task (the final reward's job). w = 0 (the default) gives no turn rewards."""
 
 from __future__ import annotations
 
@@ -47,11 +54,13 @@ class SweAgentConfig:
     # Directories put before the system ones on PATH for `bash` (default: the project venv's bin, so that
     # `python` / `pytest` work inside a sandbox that mounts the venv, as SWE tasks do).
     path_prepend: tuple[str, ...] = field(default_factory=project_bin_dirs)
+    # Per model call: w × mean(+1 per tool call run, −1 per call refused); −w for no tool call; 0: no turn rewards.
+    tool_call_reward: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "wall_time_s", "command_timeout_s", "max_tokens", "max_output_chars"):
             require_positive(getattr(self, name), name)
-        for name in ("temperature", "max_retries", "max_log_chars"):
+        for name in ("temperature", "max_retries", "max_log_chars", "tool_call_reward"):
             require_non_negative(getattr(self, name), name)
         require(bool(self.model), "model", "must be a non-empty model name")
 
@@ -67,6 +76,7 @@ class _Run:
         self.num_text_only_replies = 0
         self.submitted = False
         self.log_lines: list[str] = []
+        self.turn_rewards: list[float] = []  # per model call (with ``tool_call_reward``)
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -127,7 +137,14 @@ class SweAgentHarness:
             TrajectoryStatus.TIMEOUT: f"no submit within {config.wall_time_s:g} s",
         }
         return HarnessOutcome(
-            status=status.value, failure_reason=reasons[status], metrics=state.metrics(), log=self._log(state)
+            status=status.value,
+            failure_reason=reasons[status],
+            metrics=state.metrics(),
+            log=self._log(state),
+            # a timed-out run may have lost the call it was waiting for: its count could be off
+            turn_rewards=tuple(state.turn_rewards)
+            if config.tool_call_reward > 0 and status != TrajectoryStatus.TIMEOUT
+            else (),
         )
 
     async def _loop(self, client: AsyncOpenAI, task: Task, state: _Run) -> TrajectoryStatus:
@@ -159,11 +176,18 @@ class SweAgentHarness:
             messages.append(assistant)
             state.log_lines.append(f"--- turn {state.num_turns}: {clip_text(message.content or '', 2000)}")
             if not tool_calls:
+                state.turn_rewards.append(-config.tool_call_reward)
                 state.num_text_only_replies += 1
                 messages.append({"role": "user", "content": NO_TOOL_CALL_REMINDER})
                 continue
+            state.turn_rewards.append(0.0)
+            scores: list[
+                float
+            ] = []  # +1 per tool call run, -1 per call refused (the ones run before a submit)
             for call in tool_calls:
                 result = await state.tools.call(call.function.name, call.function.arguments)
+                scores.append(-1.0 if result.refused else 1.0)
+                state.turn_rewards[-1] = config.tool_call_reward * sum(scores) / len(scores)
                 state.log_lines.append(
                     f"> {call.function.name} {clip_text(call.function.arguments, 1000)}\n{clip_text(result.output, 2000)}"
                 )
@@ -183,9 +207,15 @@ class SweAgentBrickConfig:
     """The ``harness`` kind ``swe_agent``: the white-box coding agent (OpenAI SDK tool loop)."""
 
     command_timeout_s: float = option(60.0, "swe_agent: bound of one bash command")
+    tool_call_reward: float = option(
+        0.0,
+        "swe_agent: process reward per model call (turn credit): w x mean(+1 per tool call run, -1 per call "
+        "refused), -w for a reply with no tool call; 0 = none",
+    )
 
     def __post_init__(self) -> None:
         require_positive(self.command_timeout_s, "command_timeout_s")
+        require_non_negative(self.tool_call_reward, "tool_call_reward")
 
     def read_only_paths(self) -> tuple[str, ...]:
         return ()
@@ -195,6 +225,7 @@ class SweAgentBrickConfig:
             max_turns=max_turns,
             wall_time_s=wall_time_s,
             command_timeout_s=self.command_timeout_s,
+            tool_call_reward=self.tool_call_reward,
             max_tokens=max_tokens,
             temperature=temperature,
         )

@@ -48,6 +48,17 @@ END_TO_END = {
     "python recipes/temporal_clue_grpo.py --model tiny --distillation-teachers M --distillation-kl-weight 0.5": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
     ),
+    "python recipes/temporal_clue_grpo.py --model tiny --distillation-teachers M,M2 "
+    "--distillation-teacher-rules 'temporal-clue-*[13579]=1'": (
+        "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"
+    ),
+    "python recipes/temporal_clue_grpo.py --model tiny --distillation-teachers vllm:http://HOST:8000": (
+        "tests/recipes/test_algorithm_options.py::test_a_vllm_server_teaches_a_recipe_step"
+    ),
+    "python recipes/swe_grpo.py --harness swe_agent,mini_swe_agent --swe-agent-tool-call-reward 0.2 "
+    "--trainer-turn-credit-enabled true --trainer-turn-credit-discount 0.9": (
+        "tests/recipes/test_recipes.py::test_mixed_harness_recipe_one_step"
+    ),
     "python recipes/temporal_clue_grpo.py --model tiny --algorithm-loss-importance-sampling icepop "
     "--rollout-dynamic-sampling-enabled true --trainer-overlong-mode penalty": (
         "tests/recipes/test_algorithm_options.py::test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run"

@@ -116,3 +116,38 @@ async def test_wall_time_bound_gives_timeout(scripted_proxy, slugify_task, sandb
     assert trajectory.status == TrajectoryStatus.TIMEOUT, trajectory.failure_reason
     assert trajectory.reward == 0.0 and trajectory.trainable
     assert trajectory.metrics["harness_wall_time_s"] < 15
+
+
+async def test_tool_call_process_reward_lands_on_each_model_calls_turn(
+    scripted_proxy, slugify_task, sandbox_pool, swe_grader, tokenizer
+):
+    """With ``tool_call_reward`` w, each model call's process reward (w × mean(+1 run, −1 refused), −w for no
+    tool call) is stored on that call's turn: the k-th run of sampled tokens holds the k-th reply."""
+    replies = [
+        "Let me think first.",  # no tool call: -w
+        tool_call("bash", command="ls") + "\n" + tool_call("open_file", path="x"),  # run + refused: 0
+        tool_call("bash", command="exit 3"),  # ran (a non-zero exit code is information): +w
+        tool_call("edit_file", path="minilib/text.py", old_str="this text is nowhere", new_str="x"),  # -w
+        tool_call("submit"),  # +w
+    ]
+
+    def policy(prompt: str) -> str:  # by the tool results so far (the second reply makes two calls)
+        if "no tool call" not in prompt:
+            return replies[0]
+        return replies[{0: 1, 2: 2, 3: 3, 4: 4}[prompt.count("<tool_response>")]]
+
+    harness = SweAgentHarness(SweAgentConfig(max_turns=8, wall_time_s=60, tool_call_reward=0.5))
+    async with scripted_proxy(policy) as proxy:
+        [trajectory] = await _runner(proxy, harness, sandbox_pool, swe_grader).run([slugify_task], step=0)
+    assert trajectory.status == TrajectoryStatus.OK, f"{trajectory.failure_reason}\n{trajectory.log}"
+    turns: list[tuple[str, float]] = []  # (the turn's sampled text, its stored reward), in call order
+    for segment in trajectory.segments:
+        mask = segment.loss_mask == 1
+        starts = [i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
+        assert segment.turn_rewards is not None and len(segment.turn_rewards) == len(starts)
+        for start, reward in zip(starts, segment.turn_rewards, strict=True):
+            end = start + int(np.argmin(np.append(mask[start:], False)))
+            turns.append((tokenizer.decode(segment.token_ids[start:end].tolist()), float(reward)))
+    assert [reward for _, reward in turns] == [-0.5, 0.0, 0.5, -0.5, 0.5]
+    for (text, _), reply in zip(turns, replies, strict=True):
+        assert reply.strip() in text, (text, reply)

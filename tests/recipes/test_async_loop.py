@@ -311,3 +311,74 @@ def test_overlapped_run_killed_five_times_loses_and_duplicates_nothing(
     if checkpointed:  # the trainer and the engine restarted from a checkpoint's weights and version
         assert "resumed from" in log
     assert all(group["index"] is not None for group in final.values())
+
+
+def test_async_distillation_killed_and_resumed_never_rescores_committed_trajectories(
+    tmp_path, tiny_model_dir
+):
+    """An ``async`` run with a teacher (an SGLang-protocol server process over another tiny model, which logs
+    every scoring request), SIGKILLed once a group was committed and then resumed to its end: each committed
+    segment was scored exactly once (the teacher's logprobs are a trajectory column, read back on resume, never
+    asked for again)."""
+    from collections import Counter
+
+    import httpx
+
+    from components.models.tiny import build_tiny_model
+    from components.trajectory import TRAINABLE_STATUSES
+    from tests.components.engine.fake_sglang import FakeSGLangProcess
+
+    run_dir, num_steps = tmp_path / "run", 2
+    teacher_dir = build_tiny_model(tmp_path / "teacher", tokenizer_dir=tiny_model_dir, seed=1)
+    with FakeSGLangProcess(teacher_dir) as teacher:
+        flags = (
+            *toy_flags(run_dir, mode="async", num_steps=num_steps, model_dir=tiny_model_dir, max_tokens=24),
+            "--distillation-teachers", f"sglang:{teacher.url}",
+        )  # fmt: skip
+        process = subprocess.Popen(
+            recipe_command("tictactoe_grpo", *flags),
+            cwd=REPO_ROOT,
+            env=recipe_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            wait_for_more_shards(run_dir, than=0, process=process, timeout_s=400)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        before_kill = committed_groups(run_dir)
+        killed_at = time.time()
+        run_recipe("tictactoe_grpo", *flags, timeout_s=600)
+        requests = httpx.get(f"{teacher.url}/_fake/requests", timeout=30).json()
+
+    assert "resume:" in (run_dir / "logs" / "driver.log").read_text()
+    assert_every_committed_group_trained_once(run_dir, num_steps=num_steps)
+    scorings: dict[tuple[int, ...], list[float]] = {}
+    for entry in requests:
+        if entry["path"] == "/generate":
+            scorings.setdefault(tuple(entry["input_ids"]), []).append(entry["time"])
+    committed: Counter[tuple[int, ...]] = Counter()
+    first_scored = {}
+    for path in sorted((run_dir / "trajectories").glob("shard-*.parquet")):
+        for trajectory in pq.read_table(path).to_pylist():
+            if trajectory["status"] not in TRAINABLE_STATUSES or trajectory["reward"] is None:
+                continue  # never scored: never trained
+            for segment in trajectory["segments"]:
+                if len(segment["token_ids"]) < 2 or not any(segment["loss_mask"]):
+                    continue
+                assert len(segment["teacher_logprobs"]) == len(segment["loss_mask"])  # the stored column
+                ids = tuple(segment["token_ids"])
+                committed[ids] += 1
+                first_scored[path.name] = min(
+                    first_scored.get(path.name, np.inf), *scorings.get(ids, [np.inf])
+                )
+    assert committed, "no committed segment with sampled tokens"
+    for ids, count in committed.items():  # scored once: never again by the resumed run
+        assert len(scorings.get(ids, ())) == count, (
+            f"a committed segment was scored {len(scorings.get(ids, ()))}x"
+        )
+    for name in before_kill:  # ... in particular those committed before the kill
+        assert first_scored[name] < killed_at

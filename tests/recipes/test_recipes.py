@@ -150,13 +150,15 @@ def test_claude_code_recipe_one_step(tmp_path, tiny_model_dir):
 
 
 def test_mixed_harness_recipe_one_step(tmp_path, tiny_model_dir):
-    """One policy across two agents: the white-box SWE agent and the unmodified mini-swe-agent, a group each."""
+    """One policy across two agents: the white-box SWE agent and the unmodified mini-swe-agent, a group each;
+    with turn-level credit on (the README's flags), the white-box agent's process rewards (one per model call)
+    are stored per turn and the black-box agent's trajectory has none."""
     run_dir = tmp_path / "run"
     run_recipe(
         "swe_grpo",
         "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", "1", "--num-tasks", "2",
         "--group-size", "1", "--max-turns", "2", "--proxy", "local", "--wandb-mode", "offline",
-        "--wall-time-s", "150", "--harness", "swe_agent,mini_swe_agent", timeout_s=540,
+        "--wall-time-s", "150", "--harness", "swe_agent,mini_swe_agent", *SWE_TURN_CREDIT_FLAGS, timeout_s=540,
     )  # fmt: skip
     assert_complete_run(run_dir, num_steps=1, rollouts_per_step=2)
     rows = _trajectory_rows(run_dir)
@@ -169,6 +171,34 @@ def test_mixed_harness_recipe_one_step(tmp_path, tiny_model_dir):
     for name in ("mini-swe-agent", "swe-agent"):
         assert metrics[f"harness/{name}/num_trajectories"] == 1, sorted(metrics)
         assert f"harness/{name}/reward_mean" in metrics and f"harness/{name}/failures" in metrics
+    num_turns = 0
+    for harness, status, segments in _segment_rows(run_dir):
+        for segment in segments:
+            mask, turn_rewards = segment["loss_mask"], segment["turn_rewards"]
+            if harness == "mini-swe-agent" or status not in ("ok", "turn_limit"):
+                assert turn_rewards is None
+                continue
+            starts = [i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])]
+            assert turn_rewards is not None and len(turn_rewards) == len(starts)  # one per model call
+            assert all(abs(r) <= 0.2 + 1e-6 for r in turn_rewards), turn_rewards  # w = 0.2
+            num_turns += len(starts)
+    assert metrics["data/num_turns_with_rewards"] == num_turns
+
+
+SWE_TURN_CREDIT_FLAGS = (
+    "--swe-agent-tool-call-reward", "0.2", "--trainer-turn-credit-enabled", "true",
+    "--trainer-turn-credit-discount", "0.9",
+)  # fmt: skip
+
+
+def _segment_rows(run_dir: Path) -> list[tuple[str, str, list[dict]]]:
+    import pyarrow.parquet as pq
+
+    return [
+        (row["harness"], row["status"], row["segments"])
+        for path in (run_dir / "trajectories").glob("*.parquet")
+        for row in pq.read_table(path, columns=["harness", "status", "segments"]).to_pylist()
+    ]
 
 
 def _trajectory_rows(run_dir: Path) -> list[dict]:
