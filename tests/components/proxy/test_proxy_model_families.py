@@ -527,6 +527,34 @@ def test_a_malformed_call_stays_content_and_is_counted(tokenizer):
     assert reply.num_malformed_tool_calls == 1 and tito.num_malformed_tool_calls == 1
 
 
+def test_a_malformed_call_reaches_the_trajectory_and_the_step_metrics(tokenizer):
+    """Through the proxy (openai SDK, Hermes' real template): a botched call is served as content, the finalized
+    trajectory carries the session's count, and the step's rollout metrics report it."""
+    from components.protocols import SessionOutcome
+    from components.trajectory import MALFORMED_TOOL_CALLS_METRIC
+    from monitoring.rollout_stats import rollout_metrics
+
+    broken = 'Trying.\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"\n</tool_call>'
+    replies = [broken, "Giving up."]
+    with family_proxy(tokenizer, FAMILIES["hermes"], replies) as proxy:
+        client = proxy.openai()
+        messages = [{"role": "user", "content": "List files."}]
+        first = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
+        assert first.tool_calls is None and first.content == broken
+        messages += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "Again?"}]
+        client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
+        assert proxy.describe()["num_malformed_tool_calls"] == 1
+        outcome = SessionOutcome(reward=0.0, metrics={"num_policy_calls": 2.0})
+        trajectory = proxy.server.call(lambda: proxy.registry.finalize(proxy.session_id, outcome))
+    assert trajectory.metrics[MALFORMED_TOOL_CALLS_METRIC] == 1.0
+    assert trajectory.metrics["num_policy_calls"] == 2.0  # the harness's metrics are kept beside it
+    step = rollout_metrics([trajectory])
+    assert step["tool_format/malformed_calls_total"] == 1.0
+    assert step["tool_format/trajectories_with_malformed_calls"] == 1.0
+    assert step["tool_format/malformed_calls_per_turn"] == 0.5
+    assert "agent/num_malformed_tool_calls" not in step  # one home: its own section
+
+
 def test_recipes_name_the_formats_on_their_proxy_brick(capsys):
     from components.recipe_config import parse_config
     from recipes.swe_grpo import SweGrpoConfig
