@@ -20,12 +20,12 @@ TEMPLATES_DIR := .templates
 VLLM_SDIST := vllm-0.34.0.tar.gz
 VLLM_SDIST_URL := https://files.pythonhosted.org/packages/92/21/6e0b077dc4a0b28f5a8ce8bb352a38d7196650d681fd4faa87f8dc622eff/$(VLLM_SDIST)
 VLLM_SDIST_SHA256 := fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113
-# GLM-4.6 (GLM-4.5's format), Kimi K2 and gpt-oss templates: llama.cpp's models/templates, vendored in
+# GLM-4.6 (GLM-4.5's format), Kimi K2, gpt-oss and Qwen3 templates: llama.cpp's models/templates, vendored in
 # llama-cpp-python's sdist on PyPI (pinned).
 LLAMA_CPP_SDIST := llama_cpp_python-0.3.36.tar.gz
 LLAMA_CPP_SDIST_URL := https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/$(LLAMA_CPP_SDIST)
 LLAMA_CPP_SDIST_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
-LLAMA_CPP_TEMPLATES := GLM-4.6.jinja moonshotai-Kimi-K2.jinja openai-gpt-oss-120b.jinja
+LLAMA_CPP_TEMPLATES := GLM-4.6.jinja moonshotai-Kimi-K2.jinja openai-gpt-oss-120b.jinja Qwen-Qwen3-0.6B.jinja
 
 .PHONY: run test setup setup-test lint clean
 

@@ -52,6 +52,9 @@ TRAINABLE_STATUSES = frozenset(
 INFRASTRUCTURE_STATUSES = frozenset(
     {TrajectoryStatus.SANDBOX_ERROR, TrajectoryStatus.ENGINE_ERROR, TrajectoryStatus.GRADING_ERROR}
 )
+# A trajectory metric the proxy sets on every trajectory it finalizes: call-like text the model wrote that the
+# tool format could not parse (broken JSON, cut short), served to the agent as content.
+MALFORMED_TOOL_CALLS_METRIC = "num_malformed_tool_calls"
 
 
 class SegmentReason(StrEnum):
@@ -362,7 +365,8 @@ def with_turn_rewards(segments: Sequence[Segment], turn_rewards: Sequence[float]
             f"turn_rewards: {len(rewards)} rewards for {bounds[-1]} turns (one per model call the session recorded)"
         )
     return tuple(
-        replace(segment, turn_rewards=rewards[bounds[i] : bounds[i + 1]]) for i, segment in enumerate(segments)
+        replace(segment, turn_rewards=rewards[bounds[i] : bounds[i + 1]])
+        for i, segment in enumerate(segments)
     )
 
 

@@ -16,6 +16,9 @@ Keys (every count key is present even when zero, so charts line up across steps)
   ``num_trajectories``, ``reward_mean``, ``pass_rate``, ``turns_mean`` and ``failures`` (non-ok count).
 - ``groups/num``, ``groups/zero_variance_fraction`` (GRPO groups whose rewards are all equal: no signal).
 - ``drift/tokens_total``, ``drift/trajectories_with_drift`` when trajectories report ``drift_tokens``.
+- ``tool_format/malformed_calls_total``, ``tool_format/trajectories_with_malformed_calls`` and
+  ``tool_format/malformed_calls_per_turn`` when trajectories report ``num_malformed_tool_calls`` (the proxy sets
+  it on every trajectory: calls the model botched, served as content).
 - ``throughput/rollouts_per_min``, ``throughput/sampled_tokens_per_s`` when ``wall_time_s`` is given;
   ``throughput/sandbox_wait_s_mean|total`` from the trajectories' ``sandbox_wait_s`` / ``sandbox_acquire_s``
   metric, or the argument.
@@ -31,13 +34,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from components.errors import GRADING_ERROR_KINDS, grading_error_kind
-from components.trajectory import SegmentReason, Trajectory, TrajectoryStatus
+from components.trajectory import MALFORMED_TOOL_CALLS_METRIC, SegmentReason, Trajectory, TrajectoryStatus
 
 PASS_REWARD = 1.0
 TOOL_CALL_PREFIX = "tool_calls/"
 DRIFT_METRIC = "drift_tokens"
 # How long a rollout waited for its sandbox: the harness's own figure, or the rollout runner's.
 SANDBOX_WAIT_METRICS = ("sandbox_wait_s", "sandbox_acquire_s")
+# trajectory metrics with a section of their own, not averaged under agent/
+OWN_SECTION_METRICS = frozenset({DRIFT_METRIC, MALFORMED_TOOL_CALLS_METRIC, *SANDBOX_WAIT_METRICS})
 DURATION_SUFFIX = "_s"  # trajectory metrics ending in _s are durations: reported under time/
 
 
@@ -58,6 +63,7 @@ def rollout_metrics(
     metrics.update(harness_metrics(trajectories))
     metrics.update(group_metrics(trajectories))
     metrics.update(drift_metrics(trajectories))
+    metrics.update(malformed_tool_call_metrics(trajectories))
     metrics.update(throughput_metrics(trajectories, wall_time_s=wall_time_s, sandbox_wait_s=sandbox_wait_s))
     return metrics
 
@@ -162,7 +168,7 @@ def agent_behaviour_metrics(trajectories: Sequence[Trajectory]) -> dict[str, flo
             reported["response_tokens"] = float(sum(s.num_sampled_tokens for s in trajectory.segments))
         tool_calls_per_trajectory.append(reported_tools)
         for key, value in reported.items():
-            if key.startswith(TOOL_CALL_PREFIX) or key == DRIFT_METRIC or key in SANDBOX_WAIT_METRICS:
+            if key.startswith(TOOL_CALL_PREFIX) or key in OWN_SECTION_METRICS:
                 continue
             if math.isfinite(value):
                 per_key[key].append(value)
@@ -218,6 +224,21 @@ def drift_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     return {
         "drift/tokens_total": float(sum(drift)),
         "drift/trajectories_with_drift": float(sum(d > 0 for d in drift)),
+    }
+
+
+def malformed_tool_call_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Tool calls the model botched (served as content), when trajectories report them: the step's total, how
+    many trajectories had one, and the total per policy call."""
+    reporting = [t for t in trajectories if MALFORMED_TOOL_CALLS_METRIC in t.metrics]
+    if not reporting:
+        return {}
+    counts = [t.metrics[MALFORMED_TOOL_CALLS_METRIC] for t in reporting]
+    num_calls = sum(t.metrics.get("num_policy_calls", 0.0) for t in reporting)
+    return {
+        "tool_format/malformed_calls_total": float(sum(counts)),
+        "tool_format/trajectories_with_malformed_calls": float(sum(c > 0 for c in counts)),
+        "tool_format/malformed_calls_per_turn": sum(counts) / num_calls if num_calls else math.nan,
     }
 
 

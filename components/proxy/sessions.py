@@ -57,7 +57,13 @@ from components.sampling import SamplingDistribution
 from components.tito import AssistantReply, TitoSession
 from components.tito.formats import ReplyDelta
 from components.tito.messages import ChatMessage, ToolSpec
-from components.trajectory import Segment, Trajectory, TrajectoryStatus, with_turn_rewards
+from components.trajectory import (
+    MALFORMED_TOOL_CALLS_METRIC,
+    Segment,
+    Trajectory,
+    TrajectoryStatus,
+    with_turn_rewards,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -467,7 +473,11 @@ class LocalSessionRegistry:
                 failure_reason=failure_reason,
                 reward=outcome.reward,
                 step=info.step if outcome.step is None else outcome.step,
-                metrics=dict(outcome.metrics),
+                # the proxy's own count: call-like text the tool format could not parse (served as content)
+                metrics={
+                    **outcome.metrics,
+                    MALFORMED_TOOL_CALLS_METRIC: float(session.tito.num_malformed_tool_calls),
+                },
                 segments=tuple(segments),
                 messages_json=self._final_messages_json(session, segments),
                 log=outcome.log,

@@ -188,9 +188,25 @@ def test_drift_report_metrics():
     assert drift_report_metrics([])["drift/mismatch_rate"] == 0.0
 
 
+def test_malformed_tool_calls_are_a_step_figure_of_their_own():
+    batch = [
+        trajectory(
+            "a", segments=[segment(2, 2)], metrics={"num_malformed_tool_calls": 3, "num_policy_calls": 4}
+        ),
+        trajectory(
+            "b", segments=[segment(2, 2)], metrics={"num_malformed_tool_calls": 0, "num_policy_calls": 2}
+        ),
+    ]
+    metrics = rollout_metrics(batch)
+    assert metrics["tool_format/malformed_calls_total"] == 3
+    assert metrics["tool_format/trajectories_with_malformed_calls"] == 1
+    assert metrics["tool_format/malformed_calls_per_turn"] == pytest.approx(3 / 6)
+    assert "agent/num_malformed_tool_calls" not in metrics
+
+
 def test_without_wall_time_or_drift_those_keys_are_absent():
     metrics = rollout_metrics([trajectory("x", segments=[segment(2, 2)])], sandbox_wait_s=3.0)
-    assert not any(k.startswith(("drift/", "throughput/rollouts")) for k in metrics)
+    assert not any(k.startswith(("drift/", "throughput/rollouts", "tool_format/")) for k in metrics)
     assert metrics["throughput/sandbox_wait_s_total"] == 3.0
 
 

@@ -1,8 +1,8 @@
-"""Model families end to end: multi-turn tool conversations through the proxy with the official openai SDK,
-for each family under its real chat template, downloaded by ``make setup-test`` into ``.templates/``: vLLM's
-``examples/tool_chat_template_*.jinja`` (its sdist on PyPI) and llama.cpp's ``models/templates`` for GLM-4.6
-(GLM-4.5's format), Kimi K2 and gpt-oss (vendored in llama-cpp-python's sdist on PyPI), with a scripted policy
-writing that family's tool-call format.
+"""Model families end to end: multi-turn tool conversations through the proxy with every official SDK (openai
+Chat Completions and Responses, anthropic Messages, google-genai), for each family under its real chat template,
+downloaded by ``make setup-test`` into ``.templates/``: vLLM's ``examples/tool_chat_template_*.jinja`` (its sdist
+on PyPI) and llama.cpp's ``models/templates`` for GLM-4.6 (GLM-4.5's format), Kimi K2, gpt-oss and Qwen3
+(vendored in llama-cpp-python's sdist on PyPI), with a scripted policy writing that family's tool-call format.
 
 Each conversation checks: the format is detected from the template (or the named one is used); every turn's
 prompt extends the previous prompt + sampled ids exactly (one segment); the sampled ids are exactly the
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from components.engine.scripted import ScriptedEngine
 from components.proxy.config import ProxyConfig
 from components.proxy.server import ProxyServer
 from components.proxy.sessions import LocalSessionRegistry
-from components.tito.drift_audit import audit_session
+from components.tito.drift_audit import audit_session, drift_audit
 from components.tito.formats import tool_format_named
 from components.tito.messages import ToolCall
 from tests.components.proxy.proxy_helpers import assert_one_segment_record, streamed_tool_calls
@@ -96,6 +97,7 @@ KIMI = (
 HARMONY = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
 FAMILIES = {
     "hermes": Family("hermes", "tool_chat_template_hermes.jinja"),
+    "qwen3": Family("hermes", "Qwen-Qwen3-0.6B.jinja"),
     "qwen3_coder": Family("qwen3_coder", "tool_chat_template_qwen3coder.jinja"),
     "llama3_json": Family(
         "llama3_json",
@@ -173,23 +175,81 @@ def policy_texts(family: Family) -> list[str]:
     return [fmt.render_calls(content, calls) for content, calls in scripted_turns(family)]
 
 
-def run_conversation(
-    client: OpenAI, family: Family, *, stream: bool
-) -> list[tuple[str, list[tuple[str, dict]]]]:
-    """Three policy turns with tool results between them; what the SDK returned each turn."""
+@dataclass
+class FamilyProxy:
+    """A proxy over a scripted engine under a family's tokenizer, with one session open."""
+
+    server: ProxyServer
+    registry: LocalSessionRegistry
+    config: ProxyConfig
+    engine: ScriptedEngine
+    tokenizer: object
+    session_id: str
+
+    @property
+    def base_url(self) -> str:
+        return self.server.session_url(self.session_id)
+
+    @property
+    def api_key(self) -> str:
+        return self.config.session_keys.session_token(self.session_id)
+
+    def openai(self) -> OpenAI:
+        return OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key, max_retries=0)
+
+    def describe(self) -> dict:
+        return self.server.call(lambda: self.registry.describe(self.session_id))
+
+    @property
+    def tito(self):
+        return self.registry._sessions[self.session_id].tito
+
+    def audit(self):
+        return audit_session(self.tito)
+
+
+@contextmanager
+def family_proxy(tokenizer, family: Family, replies: list[str], *, tool_format: str | None = None):
+    """Serve ``replies`` under the family's real template (or SmolLM2's ChatML with the format named)."""
+    family_tok = family_tokenizer(tokenizer, family)
+    engine = ScriptedEngine(family_tok, replies)
+    if family.template_file is None:
+        tool_format = family.tool_format
+    config = ProxyConfig(port=0, tool_format=tool_format)
+    registry = LocalSessionRegistry(engine, family_tok, config)
+    server = ProxyServer(registry, config)
+    server.start_in_thread()
+    try:
+        session_id = server.call(lambda: registry.open_session())
+        yield FamilyProxy(server, registry, config, engine, family_tok, session_id)
+    finally:
+        server.stop_thread()
+
+
+# What an SDK returned for one turn: its content and its calls as (name, arguments).
+SeenTurn = tuple[str, list[tuple[str, dict]]]
+
+
+def openai_chat_conversation(proxy: FamilyProxy, num_turns: int, *, stream: bool) -> list[SeenTurn]:
+    """The OpenAI Chat Completions SDK: policy turns with tool results between them."""
+    client = proxy.openai()
     messages: list[dict] = [
         {"role": "system", "content": "You are a coding agent."},
         {"role": "user", "content": "Fix the failing test."},
     ]
     seen = []
-    for _ in scripted_turns(family):
+    for _ in range(num_turns):
         if stream:
             chunks = list(
                 client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stream=True)
             )
-            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+            content = "".join(texts)
+            assert len(texts) != 1 or len(content) < 3  # the text came as its tokens wrote it
             pieces = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
             tool_calls = streamed_tool_calls(chunks)
+            if tool_calls:
+                assert len(pieces) > 2 * len(tool_calls)  # the arguments came as their tokens wrote them
         else:
             message = (
                 client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
@@ -201,8 +261,6 @@ def run_conversation(
         seen.append(
             (content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in tool_calls])
         )
-        if stream and tool_calls:
-            assert len(pieces) > 2 * len(tool_calls)  # the arguments came as their tokens wrote them
         assistant = {"role": "assistant", "content": content}
         if tool_calls:
             assistant["tool_calls"] = tool_calls
@@ -214,26 +272,164 @@ def run_conversation(
     return seen
 
 
+def anthropic_conversation(proxy: FamilyProxy, num_turns: int, *, stream: bool) -> list[SeenTurn]:
+    """The Anthropic Messages SDK (Claude Code's protocol): tool_use blocks, tool_result blocks back."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=proxy.api_key, max_retries=0)
+    tools = [{"name": "bash", "description": "Run.", "input_schema": TOOLS[0]["function"]["parameters"]}]
+    messages: list[dict] = [{"role": "user", "content": "Fix the failing test."}]
+    seen = []
+    for _ in range(num_turns):
+        request = dict(
+            model="claude-x", system="You are a coding agent.", max_tokens=256, messages=messages, tools=tools
+        )
+        if stream:
+            events = list(client.messages.create(**request, stream=True))
+            texts = [
+                e.delta.text
+                for e in events
+                if e.type == "content_block_delta" and e.delta.type == "text_delta"
+            ]
+            text = "".join(texts)
+            assert len(texts) != 1 or len(text) < 3  # the text came as its tokens wrote it
+            uses = [
+                e.content_block
+                for e in events
+                if e.type == "content_block_start" and e.content_block.type == "tool_use"
+            ]
+            json_pieces: dict[int, list[str]] = {}  # per tool_use block: its input as the tokens wrote it
+            for e in events:
+                if e.type == "content_block_delta" and e.delta.type == "input_json_delta":
+                    json_pieces.setdefault(e.index, []).append(e.delta.partial_json)
+            assert len(json_pieces) == len(uses) and all(len(p) > 2 for p in json_pieces.values())
+            inputs = [json.loads("".join(json_pieces[index])) for index in sorted(json_pieces)]
+            calls = [(u.id, u.name, i) for u, i in zip(uses, inputs, strict=True)]
+        else:
+            message = client.messages.create(**request)
+            text = "".join(b.text for b in message.content if b.type == "text")
+            calls = [(b.id, b.name, b.input) for b in message.content if b.type == "tool_use"]
+            assert message.stop_reason == ("tool_use" if calls else "end_turn")
+        seen.append((text, [(name, arguments) for _, name, arguments in calls]))
+        content: list[dict] = [{"type": "text", "text": text}] if text else []
+        content += [{"type": "tool_use", "id": i, "name": n, "input": a} for i, n, a in calls]
+        messages.append({"role": "assistant", "content": content})
+        if calls:
+            results = [
+                {"type": "tool_result", "tool_use_id": i, "content": f"output {k}: ok"}
+                for k, (i, _, _) in enumerate(calls)
+            ]
+            messages.append({"role": "user", "content": results})
+    return seen
+
+
+def responses_conversation(proxy: FamilyProxy, num_turns: int, *, stream: bool) -> list[SeenTurn]:
+    """The OpenAI Responses SDK (Codex's protocol): function_call items, function_call_output items back."""
+    client = proxy.openai()
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    items: list[dict] = [{"role": "user", "content": "Fix the failing test."}]
+    seen = []
+    for _ in range(num_turns):
+        request = dict(model="policy", instructions="You are a coding agent.", input=items, tools=tools)
+        if stream:
+            events = list(client.responses.create(**request, stream=True))
+            texts = [e.delta for e in events if e.type == "response.output_text.delta"]
+            text = "".join(texts)
+            assert len(texts) != 1 or len(text) < 3  # the text came as its tokens wrote it
+            output = [e.item for e in events if e.type == "response.output_item.done"]
+            pieces = [e for e in events if e.type == "response.function_call_arguments.delta"]
+            num_calls = sum(item.type == "function_call" for item in output)
+            if num_calls:
+                assert len(pieces) > 2 * num_calls  # the arguments came as their tokens wrote them
+        else:
+            response = client.responses.create(**request)
+            text, output = response.output_text, response.output
+        calls = [item for item in output if item.type == "function_call"]
+        seen.append((text, [(c.name, json.loads(c.arguments)) for c in calls]))
+        if text:
+            items.append({"role": "assistant", "content": text})
+        items += [
+            {"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+            for c in calls
+        ]
+        items += [
+            {"type": "function_call_output", "call_id": c.call_id, "output": f"output {k}: ok"}
+            for k, c in enumerate(calls)
+        ]
+    return seen
+
+
+def gemini_conversation(proxy: FamilyProxy, num_turns: int, *, stream: bool) -> list[SeenTurn]:
+    """The google-genai SDK (Gemini CLI's protocol): functionCall parts, functionResponse parts back."""
+    from google import genai
+    from google.genai import types
+
+    client = genai.Client(
+        api_key=proxy.api_key,
+        http_options=types.HttpOptions(base_url=proxy.base_url, api_version="v1beta"),
+    )
+    declaration = types.FunctionDeclaration(
+        name="bash",
+        description="Run a shell command.",
+        parameters=types.Schema(type="OBJECT", properties={"cmd": types.Schema(type="STRING")}),
+    )
+    generation = types.GenerateContentConfig(
+        system_instruction="You are a coding agent.",
+        tools=[types.Tool(function_declarations=[declaration])],
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+    )
+    contents: list[types.Content] = [
+        types.Content(role="user", parts=[types.Part(text="Fix the failing test.")])
+    ]
+    seen = []
+    for _ in range(num_turns):
+        if stream:
+            chunks = list(
+                client.models.generate_content_stream(model="m", contents=contents, config=generation)
+            )
+            parts = [part for chunk in chunks for part in chunk.candidates[0].content.parts or []]
+            texts = [part.text for part in parts if part.text and not part.thought]
+            assert len(texts) != 1 or len("".join(texts)) < 3  # the text came as its tokens wrote it
+        else:
+            response = client.models.generate_content(model="m", contents=contents, config=generation)
+            parts = response.candidates[0].content.parts or []
+        text = "".join(part.text for part in parts if part.text and not part.thought)
+        calls = [part.function_call for part in parts if part.function_call]
+        seen.append((text, [(c.name, c.args) for c in calls]))
+        model_parts = [types.Part(text=text)] if text else []
+        model_parts += [types.Part(function_call=c) for c in calls]
+        contents.append(types.Content(role="model", parts=model_parts))
+        if calls:
+            responses = [
+                types.Part(
+                    function_response=types.FunctionResponse(
+                        id=c.id, name=c.name, response={"output": f"output {k}: ok"}
+                    )
+                )
+                for k, c in enumerate(calls)
+            ]
+            contents.append(types.Content(role="user", parts=responses))
+    return seen
+
+
+SDK_CONVERSATIONS = {
+    "openai_chat": openai_chat_conversation,
+    "anthropic": anthropic_conversation,
+    "responses": responses_conversation,
+    "gemini": gemini_conversation,
+}
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_family_conversation_keeps_tito_exact(tokenizer, name, stream):
+@pytest.mark.parametrize("sdk", list(SDK_CONVERSATIONS))
+def test_family_conversation_keeps_tito_exact(tokenizer, sdk, name, stream):
+    """Every official SDK × every family under its real template, whole and streamed: one exact segment."""
     family = FAMILIES[name]
-    family_tok = family_tokenizer(tokenizer, family)
     replies = policy_texts(family)
-    engine = ScriptedEngine(family_tok, replies)
-    config = ProxyConfig(port=0, tool_format=family.tool_format if family.template_file is None else None)
-    registry = LocalSessionRegistry(engine, family_tok, config)
-    server = ProxyServer(registry, config)
-    server.start_in_thread()
-    try:
-        session_id = server.call(lambda: registry.open_session())
-        client = OpenAI(
-            base_url=server.session_url(session_id) + "/v1",
-            api_key=config.session_keys.session_token(session_id),
-            max_retries=0,
-        )
-        seen = run_conversation(client, family, stream=stream)
-        record = server.call(lambda: registry.describe(session_id))
+    with family_proxy(tokenizer, family, replies) as proxy:
+        seen = SDK_CONVERSATIONS[sdk](proxy, len(replies), stream=stream)
+        record = proxy.describe()
         assert record["tool_format"] == family.tool_format  # detected from the real template (or named)
         assert record["num_malformed_tool_calls"] == 0
         expected = [
@@ -241,39 +437,27 @@ def test_family_conversation_keeps_tito_exact(tokenizer, name, stream):
             for content, calls in scripted_turns(family)
         ]
         assert [calls for _, calls in seen] == [calls for _, calls in expected]
-        assert seen[-1][0] == expected[-1][0]
-        # every prompt extends the previous prompt + sampled ids; the sampled ids are exactly the policy's
-        assert_one_segment_record(record, engine, replies, family_tok)
-        reports = audit_session(registry._sessions[session_id].tito)
+        assert [content.strip() for content, _ in seen] == [content for content, _ in expected]
+        # every prompt extends the previous prompt + sampled ids; the sampled ids (the parsed calls' tokens
+        # among them) are exactly the policy's
+        assert_one_segment_record(record, proxy.engine, replies, proxy.tokenizer)
+        reports = proxy.audit()
         assert [r.segment_reason for r in reports] == ["start"]
         if name in ("hermes", "mistral"):
             # hermes' template drops the content next to calls, mistral's moves the system prompt: a naive
             # re-render of the history differs from what the model saw; TITO's ids do not
             assert reports[0].num_mismatched > 0
-    finally:
-        server.stop_thread()
 
 
 def test_a_template_that_moves_history_starts_a_segment_with_its_reason(tokenizer):
     """Mistral's template writes the system prompt and the tool list into the LAST user turn: a new user turn
     rewrites the earlier ones, so TITO starts a ``prefix_mismatch`` segment and the drift audit reports both."""
     family = FAMILIES["mistral"]
-    family_tok = family_tokenizer(tokenizer, family)
     fmt = tool_format_named("mistral")
     call = ToolCall(id="callAAAA00001", name="bash", arguments='{"cmd": "ls"}')
     replies = [fmt.render_calls("", [call]), " Listed.", " Bye."]
-    engine = ScriptedEngine(family_tok, replies)
-    config = ProxyConfig(port=0)
-    registry = LocalSessionRegistry(engine, family_tok, config)
-    server = ProxyServer(registry, config)
-    server.start_in_thread()
-    try:
-        session_id = server.call(lambda: registry.open_session())
-        client = OpenAI(
-            base_url=server.session_url(session_id) + "/v1",
-            api_key=config.session_keys.session_token(session_id),
-            max_retries=0,
-        )
+    with family_proxy(tokenizer, family, replies) as proxy:
+        client = proxy.openai()
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List files."}]
         first = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
         assert first.tool_calls[0].id == "AAAA00001"  # the 9 characters the model wrote are the call's id
@@ -283,19 +467,17 @@ def test_a_template_that_moves_history_starts_a_segment_with_its_reason(tokenize
         ]
         second = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
         assert second.content == "Listed."
-        record = server.call(lambda: registry.describe(session_id))
+        record = proxy.describe()
         assert record["num_segments"] == 1  # tool results extend the conversation exactly
         messages += [{"role": "assistant", "content": second.content}, {"role": "user", "content": "Thanks."}]
         client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
-        record = server.call(lambda: registry.describe(session_id))
+        record = proxy.describe()
         assert [s["reason"] for s in record["segments"]] == ["start", "prefix_mismatch"]
-        reports = audit_session(registry._sessions[session_id].tito)
+        reports = proxy.audit()
         assert [r.segment_reason for r in reports] == ["start", "prefix_mismatch"]
         # a naive re-render of either segment's history differs from the ids the model saw (its system prompt
         # and tools sit in whichever user turn is last); the segments' TITO ids are what was sampled on
         assert all(report.num_mismatched > 0 for report in reports)
-    finally:
-        server.stop_thread()
 
 
 def test_an_unknown_tool_template_is_refused_naming_the_formats(tokenizer):
@@ -323,110 +505,6 @@ def test_the_cli_flags_name_formats_and_refuse_unknown_ones(capsys):
     assert "reasoning_format" in capsys.readouterr().err
 
 
-def test_anthropic_streams_a_family_reply_as_its_tokens_arrive(tokenizer):
-    """Claude Code's protocol: under Qwen3-Coder's real template, the text block grows delta by delta and the
-    tool_use block's input arrives as its XML parameters are written; the conversation stays one exact
-    segment."""
-    import anthropic
-
-    family = FAMILIES["qwen3_coder"]
-    family_tok = family_tokenizer(tokenizer, family)
-    replies = policy_texts(family)[:1] + policy_texts(family)[2:]
-    engine = ScriptedEngine(family_tok, replies)
-    config = ProxyConfig(port=0)
-    registry = LocalSessionRegistry(engine, family_tok, config)
-    server = ProxyServer(registry, config)
-    server.start_in_thread()
-    try:
-        session_id = server.call(lambda: registry.open_session())
-        client = anthropic.Anthropic(
-            base_url=server.session_url(session_id),
-            api_key=config.session_keys.session_token(session_id),
-            max_retries=0,
-        )
-        tools = [{"name": "bash", "description": "Run.", "input_schema": TOOLS[0]["function"]["parameters"]}]
-        messages: list[dict] = [{"role": "user", "content": "Fix the failing test."}]
-        turns = []
-        for _ in range(2):
-            events = list(
-                client.messages.create(
-                    model="claude-x", max_tokens=256, messages=messages, tools=tools, stream=True
-                )
-            )
-            text_deltas = [
-                e.delta.text
-                for e in events
-                if e.type == "content_block_delta" and e.delta.type == "text_delta"
-            ]
-            uses = [
-                e.content_block
-                for e in events
-                if e.type == "content_block_start" and e.content_block.type == "tool_use"
-            ]
-            json_pieces: dict[int, list[str]] = {}  # per tool_use block: its input as the tokens wrote it
-            for e in events:
-                if e.type == "content_block_delta" and e.delta.type == "input_json_delta":
-                    json_pieces.setdefault(e.index, []).append(e.delta.partial_json)
-            assert all(len(pieces) > 2 for pieces in json_pieces.values())
-            inputs = [json.loads("".join(json_pieces[index])) for index in sorted(json_pieces)]
-            turns.append((text_deltas, [(u.name, i) for u, i in zip(uses, inputs, strict=True)]))
-            content: list[dict] = [{"type": "text", "text": "".join(text_deltas)}]
-            content += [
-                {"type": "tool_use", "id": u.id, "name": u.name, "input": i}
-                for u, i in zip(uses, inputs, strict=True)
-            ]
-            messages.append({"role": "assistant", "content": content})
-            if uses:
-                messages.append(
-                    {
-                        "role": "user",
-                        "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "ok"}],
-                    }
-                )
-        (first_text, first_calls), (final_text, final_calls) = turns
-        assert "".join(first_text) == "Let me look." and len(first_text) > 1  # sent as the tokens came
-        assert first_calls == [("bash", {"cmd": "ls -la"})] and final_calls == []
-        assert "".join(final_text) == "All tests pass: é 中 🙂." and len(final_text) > 1
-        record = server.call(lambda: registry.describe(session_id))
-        assert_one_segment_record(record, engine, replies, family_tok)
-    finally:
-        server.stop_thread()
-
-
-def test_responses_streams_text_deltas_as_tokens_arrive(tokenizer):
-    """Codex's protocol: the message text comes as one ``output_text.delta`` per settled piece, the call as a
-    ``function_call`` item whose arguments arrive as ``function_call_arguments.delta`` pieces (GLM-4.5 format,
-    named, on SmolLM2's ChatML)."""
-    family = FAMILIES["glm45"]
-    fmt = tool_format_named("glm45")
-    call = ToolCall(id="c1", name="bash", arguments='{"cmd": "ls -la"}')
-    replies = [fmt.render_calls("Looking at the files first.", [call])]
-    engine = ScriptedEngine(tokenizer, replies)
-    config = ProxyConfig(port=0, tool_format=family.tool_format)
-    registry = LocalSessionRegistry(engine, tokenizer, config)
-    server = ProxyServer(registry, config)
-    server.start_in_thread()
-    try:
-        session_id = server.call(lambda: registry.open_session())
-        client = OpenAI(
-            base_url=server.session_url(session_id) + "/v1",
-            api_key=config.session_keys.session_token(session_id),
-            max_retries=0,
-        )
-        tools = [{"type": "function", **TOOLS[0]["function"]}]
-        events = list(client.responses.create(model="m", input="Fix it.", tools=tools, stream=True))
-        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
-        assert "".join(deltas) == "Looking at the files first." and len(deltas) > 1
-        done = [
-            e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
-        ]
-        assert [(item.name, json.loads(item.arguments)) for item in done] == [("bash", {"cmd": "ls -la"})]
-        pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
-        assert len(pieces) > 2 and "".join(pieces) == done[0].arguments  # as the XML parameters were written
-    finally:
-        server.stop_thread()
-
-
 def test_a_malformed_call_stays_content_and_is_counted(tokenizer):
     """A call the policy botched (broken JSON) is served as content, counted per turn and per session."""
     from components.protocols import FinishReason, GenerationResult
@@ -449,41 +527,32 @@ def test_a_malformed_call_stays_content_and_is_counted(tokenizer):
     assert reply.num_malformed_tool_calls == 1 and tito.num_malformed_tool_calls == 1
 
 
-def test_gemini_streams_text_chunks_as_tokens_arrive(tokenizer):
-    """Gemini CLI's protocol: one text chunk per settled piece, then the calls (Kimi K2 format on ChatML)."""
-    from google import genai
-    from google.genai import types
+def test_a_malformed_call_reaches_the_trajectory_and_the_step_metrics(tokenizer):
+    """Through the proxy (openai SDK, Hermes' real template): a botched call is served as content, the finalized
+    trajectory carries the session's count, and the step's rollout metrics report it."""
+    from components.protocols import SessionOutcome
+    from components.trajectory import MALFORMED_TOOL_CALLS_METRIC
+    from monitoring.rollout_stats import rollout_metrics
 
-    fmt = tool_format_named("kimi_k2")
-    call = ToolCall(id="functions.bash:0", name="bash", arguments='{"cmd": "ls -la"}')
-    engine = ScriptedEngine(tokenizer, [fmt.render_calls("Checking the tree.", [call])])
-    config = ProxyConfig(port=0, tool_format="kimi_k2")
-    registry = LocalSessionRegistry(engine, tokenizer, config)
-    server = ProxyServer(registry, config)
-    server.start_in_thread()
-    try:
-        session_id = server.call(lambda: registry.open_session())
-        client = genai.Client(
-            api_key=config.session_keys.session_token(session_id),
-            http_options=types.HttpOptions(base_url=server.session_url(session_id), api_version="v1beta"),
-        )
-        declaration = types.FunctionDeclaration(
-            name="bash",
-            description="Run.",
-            parameters=types.Schema(type="OBJECT", properties={"cmd": types.Schema(type="STRING")}),
-        )
-        generation = types.GenerateContentConfig(
-            tools=[types.Tool(function_declarations=[declaration])],
-            automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
-        )
-        chunks = list(client.models.generate_content_stream(model="m", contents="Fix it.", config=generation))
-        parts = [part for chunk in chunks for part in chunk.candidates[0].content.parts]
-        texts = [part.text for part in parts if part.text]
-        assert "".join(texts) == "Checking the tree." and len(texts) > 1
-        calls = [part.function_call for part in parts if part.function_call]
-        assert [(c.name, c.args, c.id) for c in calls] == [("bash", {"cmd": "ls -la"}, "functions.bash:0")]
-    finally:
-        server.stop_thread()
+    broken = 'Trying.\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"\n</tool_call>'
+    replies = [broken, "Giving up."]
+    with family_proxy(tokenizer, FAMILIES["hermes"], replies) as proxy:
+        client = proxy.openai()
+        messages = [{"role": "user", "content": "List files."}]
+        first = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
+        assert first.tool_calls is None and first.content == broken
+        messages += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "Again?"}]
+        client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
+        assert proxy.describe()["num_malformed_tool_calls"] == 1
+        outcome = SessionOutcome(reward=0.0, metrics={"num_policy_calls": 2.0})
+        trajectory = proxy.server.call(lambda: proxy.registry.finalize(proxy.session_id, outcome))
+    assert trajectory.metrics[MALFORMED_TOOL_CALLS_METRIC] == 1.0
+    assert trajectory.metrics["num_policy_calls"] == 2.0  # the harness's metrics are kept beside it
+    step = rollout_metrics([trajectory])
+    assert step["tool_format/malformed_calls_total"] == 1.0
+    assert step["tool_format/trajectories_with_malformed_calls"] == 1.0
+    assert step["tool_format/malformed_calls_per_turn"] == 0.5
+    assert "agent/num_malformed_tool_calls" not in step  # one home: its own section
 
 
 def test_recipes_name_the_formats_on_their_proxy_brick(capsys):
@@ -501,12 +570,18 @@ def test_recipes_name_the_formats_on_their_proxy_brick(capsys):
 
 
 @pytest.mark.parametrize(
-    ("name", "expected_segments"), [("harmony", ["start", "prefix_mismatch"]), ("glm45", ["start"])]
+    ("name", "expected_segments"),
+    [
+        ("qwen3", ["start", "prefix_mismatch"]),
+        ("harmony", ["start", "prefix_mismatch"]),
+        ("glm45", ["start"]),
+    ],
 )
 def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(
     tokenizer, name, expected_segments
 ):
-    """gpt-oss' template drops a tool-call turn's analysis once a final answer follows it: the next user turn
+    """Qwen3's template (llama.cpp's ``Qwen-Qwen3-0.6B.jinja``) drops the ``<think>`` of turns before the last
+    user turn, and gpt-oss' drops a tool-call turn's analysis once a final answer follows it: the next user turn
     rewrites what the model saw (the new messages render differently after it), so TITO starts a
     ``prefix_mismatch`` segment and the drift audit reports it. GLM-4.6's drops the reasoning of turns before the
     last user turn, but the new messages render the same after the held ids: TITO keeps extending the ids the
@@ -523,18 +598,8 @@ def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(
         thinking.render("The listing is short.", fmt.render_calls("Listed.", [])),
         fmt.render_calls("Bye.", []),
     ]
-    engine = ScriptedEngine(family_tok, replies)
-    config = ProxyConfig(port=0)
-    registry = LocalSessionRegistry(engine, family_tok, config)
-    server = ProxyServer(registry, config)
-    server.start_in_thread()
-    try:
-        session_id = server.call(lambda: registry.open_session())
-        client = OpenAI(
-            base_url=server.session_url(session_id) + "/v1",
-            api_key=config.session_keys.session_token(session_id),
-            max_retries=0,
-        )
+    with family_proxy(tokenizer, family, replies) as proxy:
+        client = proxy.openai()
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List files."}]
         first = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
         assert [(c.function.name, json.loads(c.function.arguments)) for c in first.tool_calls] == [
@@ -553,19 +618,27 @@ def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(
         ]
         second = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
         assert second.content == "Listed."
-        record = server.call(lambda: registry.describe(session_id))
+        record = proxy.describe()
         assert record["num_segments"] == 1  # the tool result extends the conversation exactly
         messages += [
             {"role": "assistant", "content": second.content, "reasoning_content": "The listing is short."},
             {"role": "user", "content": "Thanks."},
         ]
         client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
-        record = server.call(lambda: registry.describe(session_id))
-        reports = audit_session(registry._sessions[session_id].tito)
+        record = proxy.describe()
+        reports = proxy.audit()
         assert [s["reason"] for s in record["segments"]] == expected_segments
         assert [r.segment_reason for r in reports] == expected_segments
-        assert (
-            reports[0].num_mismatched > 0
-        )  # a re-render without the dropped reasoning is not what was sampled
-    finally:
-        server.stop_thread()
+        # what a framework without TITO trains on, the final history re-rendered, drops reasoning the model saw
+        # in the first segment's turns: the audit of those ids against it counts the dropped tokens
+        tito = proxy.tito
+        last = len(reports) - 1
+        naive = drift_audit(
+            tito.tokenizer,
+            tito.segments()[0].token_ids,
+            tito.segment_messages(last),
+            tito.segment_tools(last),
+            native_tools=tito.renderer.native_tools,
+            tool_format=tito.renderer.tool_format,
+        )
+        assert naive.num_mismatched > 0
