@@ -30,7 +30,7 @@ observer starts trusted and stays out of the reach of what it then runs:
    message with its sender's pid, and only the test process's own messages count (a process it forked cannot
    speak for it); a ``done`` event closes its session, nothing after it counts, and a session without one
    earns 0. Its stdout/stderr go to the observer, never to the exec's output, and it is given nothing else.
-   Before the tests run it fingerprints pytest, pluggy, builtins and its registered plugins
+   Before the tests run it fingerprints pytest, pluggy, builtins, unittest and its registered plugins
    (every callable's identity and code, every class's attributes); after each test's teardown and at the end
    of the session a change is reported (reward 0).
 5. When the session is done, the test process is gone, or at the deadline, the observer SIGKILLs every process
@@ -1177,7 +1177,7 @@ def code_under_test_process(bridge_fd, workspace):
 # -- the test process ---------------------------------------------------------------------------------------
 
 
-_WATCHED_PREFIXES = ("pytest", "_pytest", "pluggy", "builtins")
+_WATCHED_PREFIXES = ("pytest", "_pytest", "pluggy", "builtins", "unittest")  # unittest: its checked asserts
 _PLAIN_DATA = (bool, int, float, str, bytes, type(None))
 
 
@@ -1191,7 +1191,7 @@ _repository_mode = False  # set by the test process in repository mode (see runn
 
 def runner_fingerprint(plugin_manager):
     """What code under test would have to change to forge outcomes from inside the test process: every
-    callable and class of pytest/pluggy/builtins (their identity, their code, every class's own attributes),
+    callable and class of pytest/pluggy/builtins/unittest (their identity, their code, every class's own attributes),
     the registered plugins, and the tracing hooks. Taken before any code of the agent runs, compared after
     every test phase. In repository mode the repository's own ``conftest.py`` modules, which pytest registers as
     plugins while it collects (the host restored them to the base), do not count as a change."""
