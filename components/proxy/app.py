@@ -93,6 +93,8 @@ class _Protocol:
     stream_error_frame: Callable[[str, str], bytes]
     keepalive_frame: bytes
     messages_field: str  # the body field listing the conversation (bounded by ProxyConfig.max_messages)
+    # The tool definitions ProxyConfig.max_tools / max_tool_bytes bound, as the body lists them
+    tool_definitions: Callable[[dict[str, Any]], Any] = lambda body: body.get("tools")
 
 
 CHAT = _Protocol(
@@ -138,6 +140,7 @@ GEMINI = _Protocol(
     stream_error_frame=gemini_generate_content.stream_error_frame,
     keepalive_frame=gemini_generate_content.KEEPALIVE_FRAME,
     messages_field="contents",
+    tool_definitions=gemini_generate_content.tool_definitions,
 )
 
 
@@ -247,6 +250,7 @@ class _ProxyHandlers:
         check_turn_shape(
             body,
             protocol.messages_field,
+            protocol.tool_definitions(body),
             max_messages=config.max_messages,
             max_tools=config.max_tools,
             max_tool_bytes=config.max_tool_bytes,
@@ -354,6 +358,9 @@ class _ProxyHandlers:
             try:
                 session_id = self._authorized_session_id(request)
                 body = self._bounded(parse_json_object(await request.body()), GEMINI)
+                inner = body.get("generateContentRequest", body.get("generate_content_request"))
+                if isinstance(inner, dict):  # the request counted is bounded as one sent whole
+                    self._bounded(inner, GEMINI)
                 messages, tools = gemini_generate_content.parse_count_tokens(body)
                 num_tokens = await self.registry.count_tokens(session_id, messages, tools)
             except Exception as error:

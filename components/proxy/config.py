@@ -53,7 +53,8 @@ class ProxyConfig:
     max_request_body_bytes: int = 16 * 1024 * 1024  # Content-Length checked first, chunked bodies counted
     # The rest of a refused body is read and dropped (never held) up to this, so the client gets its 413
     max_discarded_body_bytes: int = 256 * 1024 * 1024
-    max_header_bytes: int = 64 * 1024  # all request headers together
+    # All request headers together (ProxyServer's HTTP parser stops reading a head at twice this)
+    max_header_bytes: int = 64 * 1024
     max_messages: int = 4096  # messages (Responses: input items) in one request
     max_tools: int = 256  # tool definitions in one request
     max_tool_bytes: int = 64 * 1024  # one tool definition, as JSON

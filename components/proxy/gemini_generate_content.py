@@ -302,6 +302,19 @@ def schema_to_json_schema(schema: Any, where: str) -> dict[str, Any]:
     return out
 
 
+def tool_definitions(body: dict[str, Any]) -> Any:
+    """What ``ProxyConfig.max_tools`` counts: each function declaration of ``body.tools`` (one ``Tool`` may list
+    any number) and each other tool entry; ``body.tools`` itself when it is not a list."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return tools
+    definitions: list[Any] = []
+    for tool in tools:
+        declarations = _field(tool, "functionDeclarations") if isinstance(tool, dict) else None
+        definitions.extend(declarations if isinstance(declarations, list) else [tool])
+    return definitions
+
+
 def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
     """``tools[].functionDeclarations`` → tool specs (built-in tools such as ``googleSearch`` are skipped)."""
     if value is None:

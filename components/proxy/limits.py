@@ -1,7 +1,9 @@
 """What one request may send the proxy: header and body bytes, messages, tools (issue #28.5).
 
-An agent's session is untrusted input. ``RequestSizeLimits`` is an ASGI middleware in front of every route: it
-refuses headers larger than ``max_header_bytes`` as they arrive, a ``Content-Length`` over
+An agent's session is untrusted input. The HTTP parser itself (uvicorn's h11, ``ProxyServer``) stops buffering a
+request's head at ``request_head_limit_bytes`` - an ASGI middleware only sees headers once they are all parsed
+and held. ``RequestSizeLimits`` is an ASGI middleware in front of every route: it
+refuses headers larger than ``max_header_bytes``, a ``Content-Length`` over
 ``max_request_body_bytes`` before reading a byte of the body, and a body sent without one (chunked) as soon as
 the bytes received pass the limit — so the proxy never holds more than the limit (plus one network chunk) of a
 request in memory. The rest of a refused body is read and dropped, up to ``max_discarded_body_bytes``, so that
@@ -26,6 +28,13 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # (request path, HTTP status, error type, message) → the JSON error body in that route's protocol's shape
 ErrorBody = Callable[[str, int, str, str], dict[str, Any]]
+
+
+def request_head_limit_bytes(max_header_bytes: int) -> int:
+    """What the HTTP parser may buffer of one request's head (request line and headers) before it refuses the
+    request (400, connection closed): twice ``max_header_bytes``, so that a head up to that size still reaches
+    ``RequestSizeLimits`` and is refused in the protocol's own error shape."""
+    return 2 * max_header_bytes
 
 
 class RequestTooLargeError(InvalidRequestError):
@@ -124,26 +133,32 @@ class RequestSizeLimits:
 
 
 def check_turn_shape(
-    body: dict[str, Any], messages_field: str, *, max_messages: int, max_tools: int, max_tool_bytes: int
+    body: dict[str, Any],
+    messages_field: str,
+    tools: Any,
+    *,
+    max_messages: int,
+    max_tools: int,
+    max_tool_bytes: int,
 ) -> None:
-    """Refuse (400) a parsed turn request with too many messages or tools, or a tool definition too large."""
+    """Refuse (400) a parsed turn request with too many messages or tool definitions (``tools``: as the
+    protocol lists them, e.g. each of Gemini's function declarations), or a tool definition too large."""
     messages = body.get(messages_field)
     if isinstance(messages, list) and len(messages) > max_messages:
         raise InvalidRequestError(
             f"{messages_field}: {len(messages)} items, over the proxy's limit of {max_messages} "
             "(ProxyConfig.max_messages)"
         )
-    tools = body.get("tools")
     if not isinstance(tools, list):
         return
     if len(tools) > max_tools:
         raise InvalidRequestError(
-            f"tools: {len(tools)} tools, over the proxy's limit of {max_tools} (ProxyConfig.max_tools)"
+            f"tools: {len(tools)} tool definitions, over the proxy's limit of {max_tools} (ProxyConfig.max_tools)"
         )
     for index, tool in enumerate(tools):
         size = len(json.dumps(tool, ensure_ascii=False).encode())
         if size > max_tool_bytes:
             raise InvalidRequestError(
-                f"tools[{index}]: {size} bytes, over the proxy's limit of {max_tool_bytes} per tool "
+                f"tool definition {index}: {size} bytes, over the proxy's limit of {max_tool_bytes} per tool "
                 "(ProxyConfig.max_tool_bytes)"
             )

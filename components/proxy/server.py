@@ -11,6 +11,7 @@ import uvicorn
 
 from components.proxy.app import build_app
 from components.proxy.config import ProxyConfig
+from components.proxy.limits import request_head_limit_bytes
 from components.proxy.sessions import SessionRegistry
 
 T = TypeVar("T")
@@ -48,6 +49,10 @@ class ProxyServer:
             lifespan="off",
             timeout_keep_alive=60,
             ws="none",
+            # h11, not httptools: httptools holds a request's headers, however large, before any ASGI code runs;
+            # h11 refuses a head past this many bytes while it arrives (400, connection closed).
+            http="h11",
+            h11_max_incomplete_event_size=request_head_limit_bytes(self.config.max_header_bytes),
         )
 
     async def start(self) -> str:

@@ -19,8 +19,9 @@ observer starts trusted and stays out of the reach of what it then runs:
    the sources over a pipe it reads (and closes) before it imports anything of the agent's, then compiles
    them from memory (with pytest's assertion rewriting).
 4. The agent's code never runs in the test process: the observer starts a *code-under-test process* (``python
-   -I``, workspace appended to ``sys.path``) that holds one socket to the test process and nothing else, and
-   imports and runs the agent's modules at the test process's request; the test process sees each workspace
+   -I``, workspace appended to ``sys.path``) that holds its end of one socket to the test process and, as
+   stdout/stderr, the write end of the output pipe (shared with the test process; the observer keeps only its
+   tail, for the log: text there decides nothing), and nothing else, and imports and runs the agent's modules at the test process's request; the test process sees each workspace
    module as a ``RemoteModule``, each value as a plain builtin value rebuilt by its own JSON decoder or a
    ``Remote`` handle (see "the code under test, in a process of its own" below). The test process is
    non-dumpable, imports nothing from the workspace (no ``conftest.py``, no package ``__init__.py``) and runs
@@ -29,7 +30,7 @@ observer starts trusted and stays out of the reach of what it then runs:
    message with its sender's pid, and only the test process's own messages count (a process it forked cannot
    speak for it); a ``done`` event closes its session, nothing after it counts, and a session without one
    earns 0. Its stdout/stderr go to the observer, never to the exec's output, and it is given nothing else.
-   Before the tests run it fingerprints pytest, pluggy, builtins and its registered plugins
+   Before the tests run it fingerprints pytest, pluggy, builtins, unittest and its registered plugins
    (every callable's identity and code, every class's attributes); after each test's teardown and at the end
    of the session a change is reported (reward 0).
 5. When the session is done, the test process is gone, or at the deadline, the observer SIGKILLs every process
@@ -102,12 +103,14 @@ def sign(nonce, kind, payload):
 
 
 def is_test_file(relative):
+    """Whether ``relative`` is a test file by its name: ``test_*.py``, ``*_test.py``, ``tests.py`` (Django's
+    layout) or anything under a ``tests``, ``test`` or ``testing`` directory."""
     name = relative.rsplit("/", 1)[-1]
     return (
         (name.startswith("test_") and name.endswith(".py"))
         or name.endswith("_test.py")
-        or "/tests/" in f"/{relative}"
-        or "/test/" in f"/{relative}"
+        or name == "tests.py"
+        or any(f"/{directory}/" in f"/{relative}" for directory in ("tests", "test", "testing"))
     )
 
 
@@ -636,13 +639,20 @@ class HonestComparisons:
 class ProbingComparisons(HonestComparisons):
     """Honest comparisons for a repository's own tests (SWE-bench rows, repository mode), whose types compare with
     builtin values legitimately: nothing is refused or copied. A value is the agent's when its type (or a class of
-    its MRO) was defined, or has a method compiled, in a file the agent's patch changed. When such a value is said
-    to equal a value that is not the agent's (``==``, or found ``in`` a container that is not the agent's), it is
-    asked again against two *probes* of the same shape as that value: every leaf changed (``"x"`` becomes
-    ``"x\\0rein-probe"``, ``3`` becomes ``7922``, ...) and every leaf a fresh object. An honest ``__eq__`` says no
-    to both; one that says yes to either cannot tell values apart, and the test fails. A liar that recognises the
-    probes (it reads the test's frame: it shares the test's process) is not caught; nor is ``!=``, ordering,
-    or a comparison nested in a call (``(a == b).all()``), which is not rewritten."""
+    its MRO) was defined, or has a method compiled, in a file the agent's patch changed. When such a value is
+    compared with a value that is not the agent's, its answer is checked:
+
+    - ``==`` (or ``in`` a container that is not the agent's): asked again against two *probes* of the other side's
+      shape - every leaf changed (``"x"`` becomes ``"x\\0rein-probe"``, ``3`` becomes ``7922``, ...), every leaf a
+      fresh object. An honest ``__eq__`` says no to both; one that says yes cannot tell values apart.
+    - ``!=``: it must say "unequal" to both probes, agree with ``==`` (``a != b`` is ``not a == b``), and not be
+      unequal to itself.
+    - ``<``, ``<=``, ``>``, ``>=``: it must not say yes to a fresh object, nor to the operator's complement
+      (``a < b`` and ``a >= b`` both true).
+
+    A failed check fails the test. A comparison it cannot answer (an exception, an array's truth) is no lie. A
+    liar that recognises the probes (it reads the test's frame: it shares the test's process) is not caught; nor
+    is a comparison nested in a call (``(a == b).all()``, ``assertTrue(a == b)``), which is not rewritten."""
 
     def __init__(self, own_files):
         super().__init__(os.sep)
@@ -656,29 +666,58 @@ class ProbingComparisons(HonestComparisons):
 
     def dishonesty(self, operator, left, right):
         own_left, own_right = self.holds_own(left), self.holds_own(right)
-        if operator == "==" and own_left != own_right:
-            own, other = (left, right) if own_left else (right, left)
-
-            def says_equal(probe):
-                return own == probe if own_left else probe == own
-        elif operator in ("in", "not in") and own_left and not own_right:
-            own, other = left, right
-
-            def says_equal(probe):
-                return own in probe
-        else:
+        if operator in ("in", "not in"):
+            if own_left and not own_right:
+                return self._equal_to_a_probe(left, lambda probe: left in probe, right)
             return ""
+        if own_left == own_right or operator in ("is", "is not"):
+            return ""
+        own, other = (left, right) if own_left else (right, left)
+
+        def asked(op, probe):  # the comparison with ``probe`` in the other side's place
+            return _COMPARISONS[op](own, probe) if own_left else _COMPARISONS[op](probe, own)
+
+        if operator == "==":
+            return self._equal_to_a_probe(own, lambda probe: asked("==", probe), other)
+        if operator == "!=":
+            for probe in (_probe_of(other, False), _probe_of(other, True)):
+                if _answer(asked, "!=", probe) is False:
+                    return self._lie(own, "says it is not unequal to a probe of the other side")
+            unequal, equal = _answer(asked, "!=", other), _answer(asked, "==", other)
+            if unequal is not None and equal is not None and unequal == equal:
+                return self._lie(own, "says != and == alike for the same value")
+            if _answer(_COMPARISONS["!="], own, own) and _answer(_COMPARISONS["=="], own, own) is False:
+                return self._lie(own, "is unequal to itself")
+            return ""
+        if _answer(asked, operator, _Probe()) is True:
+            return self._lie(own, f"says {operator!r} holds against a fresh object")
+        if _answer(asked, operator, other) and _answer(asked, _COMPLEMENT[operator], other):
+            return self._lie(own, f"says both {operator!r} and {_COMPLEMENT[operator]!r} hold")
+        return ""
+
+    def _equal_to_a_probe(self, own, says_equal, other):
         for fresh in (False, True):
-            try:
-                said_yes = bool(says_equal(_probe_of(other, fresh)))
-            except Exception:  # noqa: BLE001 - a probe it cannot compare with is not a lie
-                continue
-            if said_yes:
-                return (
-                    f"the value of the agent's type {type(own).__name__} also equals a probe of the other side "
-                    "(every leaf changed or replaced): its equality cannot be trusted"
+            if _answer(says_equal, _probe_of(other, fresh)):
+                return self._lie(
+                    own, "also equals a probe of the other side (every leaf changed or replaced)"
                 )
         return ""
+
+    @staticmethod
+    def _lie(own, what):
+        return f"the value of the agent's type {type(own).__name__} {what}: its comparisons cannot be trusted"
+
+
+_COMPLEMENT = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+
+
+def _answer(compare, *operands):
+    """``bool(compare(*operands))``, or None when there is no plain answer (it raised, or its result has no
+    truth)."""
+    try:
+        return bool(compare(*operands))
+    except Exception:  # noqa: BLE001 - a comparison it cannot answer is not a lie
+        return None
 
 
 class _Probe:
@@ -773,14 +812,43 @@ def honest_repository_asserts(comparisons):
 
     rewrite.rewrite_asserts = rewrite_honestly
     setattr(builtins, COMPARE_NAME, comparisons)
+    honest_unittest_asserts(comparisons)
+
+
+# unittest's comparison asserts and the operator each one tests (aliases included: they hold the original)
+_UNITTEST_COMPARISONS = {
+    "assertEqual": "==", "assertEquals": "==", "failUnlessEqual": "==", "assertAlmostEqual": "==",
+    "assertNotEqual": "!=", "assertNotEquals": "!=", "failIfEqual": "!=",
+    "assertLess": "<", "assertLessEqual": "<=", "assertGreater": ">", "assertGreaterEqual": ">=",
+    "assertIn": "in", "assertNotIn": "not in",
+}  # fmt: skip
+
+
+def honest_unittest_asserts(comparisons):
+    """``unittest.TestCase``'s comparison asserts first put their two operands through ``comparisons`` (as an
+    ``assert a == b`` would), then run as before."""
+    import unittest
+
+    def checked(method, operator):
+        def assert_method(self, first, second, *args, **kwargs):
+            comparisons((operator,), first, second)
+            return method(self, first, second, *args, **kwargs)
+
+        assert_method.__name__ = assert_method.__qualname__ = method.__name__
+        return assert_method
+
+    for name, operator in _UNITTEST_COMPARISONS.items():
+        method = vars(unittest.TestCase).get(name)
+        if method is not None:
+            setattr(unittest.TestCase, name, checked(method, operator))
 
 
 # -- the code under test, in a process of its own -----------------------------------------------------------
 #
 # In built-in mode no code of the agent runs in the test process. Every module of the workspace the hidden tests
 # import is a ``RemoteModule``: the *code-under-test process* (started by the observer, holding nothing but its
-# end of one socket) imports and runs the agent's code, and the test process sees only plain values copied by
-# its own JSON decoder (exact builtin types: a ``str`` subclass arrives as a ``str``) or ``Remote`` handles,
+# end of one socket and the output pipe) imports and runs the agent's code, and the test process sees only plain
+# values copied by its own JSON decoder (exact builtin types: a ``str`` subclass arrives as a ``str``) or ``Remote`` handles,
 # whose every operation is a request to that process. The test process lends it only callables the tests pass
 # in (a ``key=`` function), which it may call, test for truth, hash, compare and print, and nothing else.
 
@@ -1109,7 +1177,7 @@ def code_under_test_process(bridge_fd, workspace):
 # -- the test process ---------------------------------------------------------------------------------------
 
 
-_WATCHED_PREFIXES = ("pytest", "_pytest", "pluggy", "builtins")
+_WATCHED_PREFIXES = ("pytest", "_pytest", "pluggy", "builtins", "unittest")  # unittest: its checked asserts
 _PLAIN_DATA = (bool, int, float, str, bytes, type(None))
 
 
@@ -1123,7 +1191,7 @@ _repository_mode = False  # set by the test process in repository mode (see runn
 
 def runner_fingerprint(plugin_manager):
     """What code under test would have to change to forge outcomes from inside the test process: every
-    callable and class of pytest/pluggy/builtins (their identity, their code, every class's own attributes),
+    callable and class of pytest/pluggy/builtins/unittest (their identity, their code, every class's own attributes),
     the registered plugins, and the tracing hooks. Taken before any code of the agent runs, compared after
     every test phase. In repository mode the repository's own ``conftest.py`` modules, which pytest registers as
     plugins while it collects (the host restored them to the base), do not count as a change."""

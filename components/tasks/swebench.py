@@ -441,34 +441,82 @@ def _materialise(task_id: str, source: Path, cache_dir: Path, *, keep_history: b
 
 def _require_self_contained_git(task_id: str, git_dir: Path) -> None:
     """The host runs git on a copy of an image's repository: its git directory must be a plain directory that
-    names no other place (a symlink, ``commondir`` or ``objects/info/alternates`` would have the host's git read
-    or rewrite a repository outside the image)."""
+    names no other place (a symlink anywhere in it, ``commondir`` or ``objects/info/alternates`` would have the
+    host's git read or rewrite files outside the image)."""
     outside = [
         str(path)
         for path in (git_dir, git_dir / "commondir", git_dir / "objects" / "info" / "alternates")
         if path.is_symlink() or (path != git_dir and path.exists())
     ]
+    outside += [str(path) for path in git_dir.rglob("*") if path.is_symlink()]
     if outside:
         raise ImageLayoutError(
-            f"{task_id}: the repository's git directory points outside the image: {outside}"
+            f"{task_id}: the repository's git directory points outside the image: {outside[:5]}"
         )
+
+
+# Options for git run by the host in a repository the image wrote: no hook, fsmonitor, attributes file or
+# ownership check applies (with ``_own_git_config`` nothing else in the image names a command git would run).
+UNTRUSTED_REPO_GIT_OPTIONS = (
+    "-c", "safe.directory=*",
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "core.fsmonitor=false",
+    "-c", "core.attributesFile=/dev/null",
+    "-c", "core.pager=cat",
+)  # fmt: skip
+
+
+def _own_git_config(git_dir: Path) -> None:
+    """Replace the image's ``.git/config`` (and the files git reads beside it) by one the host wrote.
+
+    The repository's config is where commands live (``core.fsmonitor``, ``filter.*.smudge``/``clean``,
+    ``core.sshCommand``, ``diff.external``, ``alias.*``, ``include.path``, ``core.worktree``...): none of it
+    is the image's to say. Only the object format is kept (a SHA-256 repository stays readable)."""
+    object_format = subprocess.run(
+        ["git", "config", "--file", str(git_dir / "config"), "--get", "extensions.objectformat"],
+        cwd="/", env=_untrusted_git_env(), capture_output=True, text=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    if object_format not in ("", "sha1", "sha256"):
+        raise ImageLayoutError(f"{git_dir}: unknown extensions.objectformat {object_format!r}")
+    version = 1 if object_format else 0
+    config = f"[core]\n\trepositoryformatversion = {version}\n\tfilemode = true\n\tbare = false\n"
+    if object_format:
+        config += f"[extensions]\n\tobjectformat = {object_format}\n"
+    for name in ("config", "config.worktree", "info/attributes"):
+        (git_dir / name).unlink(missing_ok=True)
+    (git_dir / "config").write_text(config)
+
+
+def _untrusted_git_env() -> dict[str, str]:
+    """``_git_env`` without the host's system attributes, prompts, pagers or editors."""
+    return {
+        **_git_env(),
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_PAGER": "cat",
+        "GIT_EDITOR": "true",
+        "GIT_NO_REPLACE_OBJECTS": "1",
+    }
 
 
 def _prune_to_head(workspace: Path) -> str:
     """Keep HEAD's history and nothing else (no remotes, other branches, tags, stashes or reflog), so that no
-    later commit - the fix - is reachable. Returns HEAD's commit."""
-    env = _git_env()
+    later commit - the fix - is reachable. Returns HEAD's commit.
+
+    The repository came from an image: its config is replaced by the host's before git reads it, and git runs
+    with hooks, fsmonitor and attributes off (``UNTRUSTED_REPO_GIT_OPTIONS``)."""
+    _own_git_config(workspace / ".git")
+    env = _untrusted_git_env()
 
     def git(*args: str) -> str:
         return subprocess.run(
-            ["git", "-c", "safe.directory=*", *args],
+            ["git", *UNTRUSTED_REPO_GIT_OPTIONS, *args],
             cwd=workspace, env=env, check=True, capture_output=True, text=True, timeout=1800,
+            stdin=subprocess.DEVNULL,
         ).stdout  # fmt: skip
 
     head = git("rev-parse", "HEAD").strip()
     git("checkout", "-q", "--detach")
-    for remote in git("remote").split():
-        git("remote", "remove", remote)
     for ref in git("for-each-ref", "--format=%(refname)").split():
         git("update-ref", "-d", ref)
     git("update-ref", "refs/heads/main", head)
@@ -571,11 +619,13 @@ def _check_patches(task: SweBenchTask) -> None:
             handle.write(diff if diff.endswith("\n") else diff + "\n")
         try:
             result = subprocess.run(
-                ["git", "apply", "--check", "--whitespace=nowarn", handle.name],
+                ["git", *UNTRUSTED_REPO_GIT_OPTIONS, "apply", "--check", "--whitespace=nowarn", handle.name],
                 cwd=workspace,
+                env=_untrusted_git_env(),
                 capture_output=True,
                 text=True,
                 timeout=60,
+                stdin=subprocess.DEVNULL,
             )
         finally:
             os.unlink(handle.name)

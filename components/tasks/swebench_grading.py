@@ -83,6 +83,12 @@ _REMOVE_BYTECODE = (
     "find . -path ./.git -prune -o \\( -name __pycache__ -o -name '*.py[co]' \\) -prune -exec rm -rf -- {} +"
 )
 _NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
+# The test command, and each script it names, may name repository files (``bash run_tests.sh``, ``bin/test``,
+# ``.venv/bin/python``): words split at blanks, shell punctuation, quotes and ``=``.
+_COMMAND_WORD = re.compile(r"[^\s;&|<>()`'\"=,]+")
+_MAX_SCRIPT_BYTES = 256 * 1024  # a named file longer than this is not read for further names
+_MAX_SCRIPTS_READ = 32
+_HARNESS_NAMES = frozenset({"setup.py"})  # not test files by name, but the test harness's to run
 
 
 # Repositories whose own library code is the test runner: referencing pytest there is the fix, not tampering.
@@ -121,6 +127,18 @@ _SUMMARY_STATUS = {
     "incomplete": "FAILED",
 }
 PASSED = "PASSED"  # the only status that passes (swebench also counts XFAIL, and a skipped PASS_TO_PASS)
+
+
+def _repository_path(word: str) -> str | None:
+    """The repository path a command word may name (``./bin/test`` → ``bin/test``, a pytest node id → its
+    file), or None for an option, an absolute path or one that leaves the repository."""
+    word = word.split("::", 1)[0]
+    if not word or word.startswith(("-", "/", "$", "~")):
+        return None
+    path = PurePosixPath(word)
+    if ".." in path.parts or not path.parts or str(path) == ".":
+        return None
+    return str(path)
 
 
 def pytest_invocation(task: SweBenchTask) -> tuple[str, list[str]] | None:
@@ -338,17 +356,22 @@ class SweBenchGrader:
         # data set's own fix touches are the agent's to change, test files or not.
         agent_paths = await self._patched_paths(sandbox, grader_dir) if patch.strip() else []
         owned = {match.group(2) for match in _DIFF_PATHS.finditer(task.instance.patch)}
+        base = task.snapshot().base_commit
+        run_by_the_tests = await self._run_by_the_tests(sandbox, task, base) if agent_paths else set()
         infrastructure = [
             path
             for path in agent_paths
-            if read_by_the_test_runner(path) or (is_test_file(path) and path not in owned)
+            if read_by_the_test_runner(path)
+            or (
+                (is_test_file(path) or path in run_by_the_tests or PurePosixPath(path).name in _HARNESS_NAMES)
+                and path not in owned
+            )
         ]
         if infrastructure:
             log.append(
                 "FLAGGED: test infrastructure and test files in the diff restored to the base: "
                 + ", ".join(infrastructure[:20])
             )
-        base = task.snapshot().base_commit
         await self._checked(sandbox, ["bash", "-c", _REMOVE_BYTECODE], "removing bytecode caches")
         if task.instance.eval_script:
             await self._restore_paths(sandbox, base, infrastructure)
@@ -519,6 +542,38 @@ class SweBenchGrader:
                 paths.extend([path] if path else fields[:2])  # a rename: "a\td\t", then old and new
                 del fields[: 0 if path else 2]
         return list(dict.fromkeys(path for path in paths if path))
+
+    async def _run_by_the_tests(self, sandbox: Sandbox, task: SweBenchTask, base: str) -> set[str]:
+        """Every repository path the test command (or the eval script) names, the paths named by each such file
+        as ``base`` holds it (``run_tests.sh`` → ``.venv/bin/python``), and their parent directories: what the
+        tests run besides the code under test, restored to the base when the agent changed it."""
+        named: set[str] = set()
+        pending, read = [task.instance.eval_script or task.test_command], 0
+        while pending:
+            words = {
+                path for word in _COMMAND_WORD.findall(pending.pop()) if (path := _repository_path(word))
+            }
+            fresh = sorted(words - named)
+            named |= words
+            if read >= _MAX_SCRIPTS_READ or not fresh:
+                continue
+            listed = await self._step(
+                sandbox, [*_SAFE_GIT, "ls-tree", "-r", "-z", "--name-only", base, "--", *fresh]
+            )
+            if listed.exit_code != 0:
+                raise GradingError(f"listing the base commit failed: {listed.stderr[-500:]}")
+            for path in sorted(set(listed.stdout.split("\0")) & set(fresh))[: _MAX_SCRIPTS_READ - read]:
+                read += 1
+                shown = await self._step(sandbox, [*_SAFE_GIT, "cat-file", "blob", f"{base}:{path}"])
+                if (
+                    shown.exit_code == 0
+                    and len(shown.stdout) <= _MAX_SCRIPT_BYTES
+                    and "\0" not in shown.stdout
+                ):
+                    pending.append(shown.stdout)
+        return named | {
+            str(parent) for path in named for parent in PurePosixPath(path).parents if parent.parts
+        }
 
     async def _restore_paths(self, sandbox: Sandbox, base: str, paths: list[str]) -> None:
         """Each of ``paths`` back to its state in ``base``, or removed when ``base`` has no such path."""

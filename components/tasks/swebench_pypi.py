@@ -33,7 +33,9 @@ from pathlib import Path
 
 from components.tasks.swe import _git_env
 
-_NOISE = re.compile(r"(^|/)(PKG-INFO|[^/]+\.egg-info(/.*)?|\.gitignore|setup\.cfg|MANIFEST\.in)$")
+# What an sdist ships that is no release's source; a ``.git`` directory would hand its hooks and config to the
+# host's git (``release_diff`` commits in the extracted tree).
+_NOISE = re.compile(r"(^|/)(PKG-INFO|[^/]+\.egg-info(/.*)?|\.git(/.*)?|\.gitignore|setup\.cfg|MANIFEST\.in)$")
 _TEST_PATH = re.compile(r"(^|/)(tests?|testing)(/|$)|(^|/)test_[^/]*\.py$|_test\.py$|(^|/)conftest\.py$")
 
 

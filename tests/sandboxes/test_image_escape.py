@@ -193,3 +193,63 @@ def test_an_image_repository_whose_git_dir_points_at_a_host_repository_is_refuse
         "host-only-branch"
         in subprocess.run(["git", "branch"], cwd=host, capture_output=True, text=True).stdout
     )
+
+
+def _weakened_host_git(monkeypatch):
+    """``unsanitised-git``: the weakened variant, the host's git reading the image's config and hooks (the
+    command ``_prune_to_head`` ran before: ``git -c safe.directory=*`` and nothing else)."""
+    import components.tasks.swebench as swebench
+
+    monkeypatch.setattr(swebench, "_own_git_config", lambda git_dir: None)
+    monkeypatch.setattr(swebench, "UNTRUSTED_REPO_GIT_OPTIONS", ("-c", "safe.directory=*"))
+    monkeypatch.setattr(swebench, "_untrusted_git_env", swebench._git_env)
+
+
+@pytest.mark.parametrize("sanitised", [True, False], ids=["real", "unsanitised-git"])
+def test_an_image_repository_runs_no_command_on_the_host(tmp_path, monkeypatch, sanitised):
+    """The host prunes its copy of an image's repository (rows with an ``eval_script`` keep history). The image
+    names commands git would run on the host - a ``post-checkout`` hook, ``core.fsmonitor``, a clean/smudge
+    filter, ``core.sshCommand`` - each writing a marker on the host; on the real code none runs."""
+    import os
+    import subprocess
+
+    import components.tasks.swebench as swebench
+
+    markers = tmp_path / "host-markers"
+    markers.mkdir()
+    image_repo = tmp_path / "image-rootfs" / "testbed"
+    image_repo.mkdir(parents=True)
+
+    def git(*args):
+        subprocess.run(["git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null", *args],
+                       cwd=image_repo, check=True, capture_output=True)  # fmt: skip
+
+    git("init", "-q", "-b", "main")
+    (image_repo / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("-c", "user.name=i", "-c", "user.email=i@i", "commit", "-qm", "base")
+    (image_repo / ".gitattributes").write_text("* filter=evil\n")
+    script = image_repo / ".git" / "evil.sh"
+    script.write_text(f'#!/bin/sh\ntouch "{markers}/$1"\ncat\n')
+    script.chmod(0o755)
+    hook = image_repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text(f'#!/bin/sh\ntouch "{markers}/post-checkout"\n')
+    hook.chmod(0o755)
+    with (image_repo / ".git" / "config").open("a") as config:
+        config.write(
+            f"[core]\n\tfsmonitor = {script} fsmonitor\n\tsshCommand = {script} ssh\n"
+            f'[filter "evil"]\n\tclean = {script} clean\n\tsmudge = {script} smudge\n'
+        )
+    os.utime(image_repo / "code.py", (0, 0))  # stat-dirty: git re-reads the file through its filter
+    if not sanitised:
+        _weakened_host_git(monkeypatch)
+    snapshot = swebench._materialise("t", image_repo, tmp_path / "cache", keep_history=True)
+    ran = sorted(path.name for path in markers.iterdir())
+    if not sanitised:
+        assert {"post-checkout", "fsmonitor", "clean"} <= set(
+            ran
+        )  # the attack lands: the image ran code on the host
+        return
+    assert ran == []
+    assert (snapshot.workspace_dir / "code.py").read_text() == "x = 1\n"
+    assert "evil" not in (snapshot.workspace_dir / ".git" / "config").read_text()

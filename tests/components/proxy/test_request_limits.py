@@ -2,10 +2,13 @@
 
 An agent holding its own session's token sends, over real HTTP through the sandbox's proxy path: a body far
 over the limit with a ``Content-Length`` and the same body chunked (no length), oversized headers, too many
-messages (OpenAI Chat), too many tools (Anthropic Messages), one huge tool (OpenAI Responses), and a stream the
-engine would hold open for long. Against the default proxy each is refused in its protocol's own error shape
-and the host's peak memory grows by far less than the body sent; against the weakened variant ``limits-off``
-(every limit out of reach) the same requests land: served, or read whole into the host's memory.
+messages (OpenAI Chat, Gemini), too many tools (Anthropic Messages; Gemini function declarations in one
+``Tool``), one huge tool (OpenAI Responses, Gemini), a Gemini ``countTokens`` nesting too many contents, and a
+stream the engine would hold open for long. Against the default proxy each is refused in its protocol's own
+error shape and the host's peak memory grows by far less than the body sent; against the weakened variant
+``limits-off`` (every limit out of reach) the same requests land: served, or read whole into the host's memory.
+A second phase floods one request's head with 64 MiB of headers: the default proxy's HTTP parser refuses it
+while it arrives (400 or a closed connection, the host's peak memory flat), ``limits-off`` holds all of it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from components.tasks.swe import python_tool_paths
 pytestmark = pytest.mark.timeout(600)
 
 BODY_BYTES = 32 * 1024 * 1024  # what the attacker sends; the host may keep at most a few MB of it
+HEADER_FLOOD_BYTES = 64 * 1024 * 1024  # one request's head: 64 header lines of 1 MiB
 LIMITS = dict(
     max_request_body_bytes=1024 * 1024,
     max_header_bytes=8 * 1024,
@@ -50,6 +54,26 @@ base, token, body_bytes = os.environ["BASE"], os.environ["TOKEN"], int(os.enviro
 auth = {"Authorization": f"Bearer {token}"}
 results = {}
 
+if os.environ["PHASE"] == "header_flood":  # one request whose head never ends within any sane limit
+    import socket
+    from urllib.parse import urlsplit
+
+    url, reply = urlsplit(base), b""
+    sock = socket.create_connection((url.hostname, url.port), timeout=120)
+    try:
+        sock.sendall(f"POST {url.path}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                     "Content-Length: 0\r\nConnection: close\r\n".encode())
+        for i in range(int(os.environ["HEADER_FLOOD_BYTES"]) >> 20):
+            sock.sendall(b"X-Flood-%d: " % i + b"f" * (1 << 20) + b"\r\n")
+        sock.sendall(b"\r\n")
+        while chunk := sock.recv(65536):
+            reply += chunk
+    except OSError as error:  # the server closed the connection while the head was still arriving
+        reply += repr(error).encode()
+    status = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else None
+    print(json.dumps({"header_flood": {"status": status, "body": reply[-500:].decode(errors="replace")}}))
+    sys.exit(0)
+
 def chunks():
     for _ in range(body_bytes // (1 << 20)):
         yield b"x" * (1 << 20)
@@ -68,7 +92,7 @@ def raw(name, headers, content):
 raw("body_with_length", {"Content-Length": str(body_bytes)}, chunks())
 raw("body_chunked", {}, chunks())
 chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-raw("headers", {"X-Padding": "p" * 32768}, json.dumps(chat).encode())
+raw("headers", {"X-Padding": "p" * 12288}, json.dumps(chat).encode())  # over 8 KiB, under the parser's bound
 
 def sdk(name, call):
     started = time.monotonic()
@@ -95,6 +119,29 @@ def stream():
                                         messages=[{"role": "user", "content": "slow"}]):
         pass
 sdk("stream", stream)
+
+from google import genai
+from google.genai import errors as genai_errors, types as genai_types
+
+def gemini(name, call):
+    try:
+        call()
+        results[name] = {"status": 200}
+    except genai_errors.APIError as error:
+        results[name] = {"status": error.code, "body": error.details}
+
+gm = genai.Client(api_key=token, http_options=genai_types.HttpOptions(base_url=base, api_version="v1beta"))
+contents = [genai_types.Content(role="user", parts=[genai_types.Part(text=f"m{i}")]) for i in range(100)]
+gemini("gemini_messages", lambda: gm.models.generate_content(model="g", contents=contents))
+declarations = [genai_types.FunctionDeclaration(name=f"t{i}", description="d") for i in range(20)]
+one_tool = genai_types.GenerateContentConfig(tools=[genai_types.Tool(function_declarations=declarations)])
+gemini("gemini_tools", lambda: gm.models.generate_content(model="g", contents="hi", config=one_tool))
+big_tool = genai_types.Tool(function_declarations=[genai_types.FunctionDeclaration(name="big", description="d" * 8192)])
+gemini("gemini_tool_bytes", lambda: gm.models.generate_content(
+    model="g", contents="hi", config=genai_types.GenerateContentConfig(tools=[big_tool])))
+nested = {"generateContentRequest": {"model": "models/g", "contents": [{"role": "user", "parts": [{"text": "m"}]}] * 100}}
+response = httpx.post(f"{base}/v1beta/models/g:countTokens", headers={"x-goog-api-key": token}, json=nested, timeout=120)
+results["gemini_count_tokens"] = {"status": response.status_code, "body": response.json()}
 print(json.dumps(results))
 """
 
@@ -128,7 +175,8 @@ def _status_kb(field: str) -> int:
     return int(line.split()[1])
 
 
-async def _attack(start_proxy, tokenizer, limits: dict) -> tuple[dict, int]:
+async def _attack(start_proxy, tokenizer, limits: dict) -> tuple[dict, dict[str, int]]:
+    """Each phase's results and the host's peak memory growth during it."""
     from components.engine.scripted import ScriptedEngine
     from sandboxes.bwrap import BwrapSandbox
 
@@ -139,24 +187,36 @@ async def _attack(start_proxy, tokenizer, limits: dict) -> tuple[dict, int]:
     sandbox = await BwrapSandbox.create(SandboxSpec(proxy_url=proxy.url, read_only_paths=python_tool_paths()))
     try:
         await sandbox.write_file("attack.py", ATTACK_SCRIPT)
-        rss_before_kb = _status_kb("VmRSS:")
-        _peak_rss_reset()
-        result = await sandbox.exec(
-            [sys.executable, "attack.py"],
-            env={"BASE": proxy.session_url(session_id), "TOKEN": token, "BODY_BYTES": str(BODY_BYTES)},
-            timeout_s=300,
-        )
-        peak_growth = (_status_kb("VmHWM:") - rss_before_kb) * 1024
+        results, peak_growth = {}, {}
+        for phase in ("requests", "header_flood"):
+            rss_before_kb = _status_kb("VmRSS:")
+            _peak_rss_reset()
+            result = await sandbox.exec(
+                [sys.executable, "attack.py"],
+                env={
+                    "BASE": proxy.session_url(session_id),
+                    "TOKEN": token,
+                    "BODY_BYTES": str(BODY_BYTES),
+                    "HEADER_FLOOD_BYTES": str(HEADER_FLOOD_BYTES),
+                    "PHASE": phase,
+                },
+                timeout_s=300,
+            )
+            peak_growth[phase] = (_status_kb("VmHWM:") - rss_before_kb) * 1024
+            assert result.exit_code == 0, result.stdout + result.stderr
+            results |= json.loads(result.stdout.strip().splitlines()[-1])
     finally:
         await sandbox.close()
-    assert result.exit_code == 0, result.stdout + result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1]), peak_growth
+    return results, peak_growth
 
 
 def _error_type(result: dict, shape: str) -> str:
     body = result["body"]
     if shape == "anthropic":
         assert body["type"] == "error", body
+    if shape == "gemini":  # google.rpc.Status, the proxy's error type as its ErrorInfo reason
+        assert body["error"]["code"] == result["status"], body
+        return body["error"]["details"][0]["reason"].lower()
     return body["error"]["type"]
 
 
@@ -168,16 +228,26 @@ async def test_oversized_requests_are_refused_before_the_host_holds_them(start_p
     )
     print(json.dumps(results)[:3000])
     print(
-        f"{variant}: host peak memory +{peak_growth / 2**20:.1f} MiB for 2 x {BODY_BYTES / 2**20:.0f} MiB sent"
+        f"{variant}: host peak memory +{peak_growth['requests'] / 2**20:.1f} MiB for 2 x "
+        f"{BODY_BYTES / 2**20:.0f} MiB of bodies, +{peak_growth['header_flood'] / 2**20:.1f} MiB for "
+        f"{HEADER_FLOOD_BYTES / 2**20:.0f} MiB of headers"
     )
-    if variant == "limits-off":  # the weakened proxy reads the bodies whole and serves everything else
-        assert peak_growth >= BODY_BYTES, peak_growth
+    gemini_cases = ("gemini_messages", "gemini_tools", "gemini_tool_bytes", "gemini_count_tokens")
+    if variant == "limits-off":  # the weakened proxy reads the bodies and the head whole, serves the rest
+        assert peak_growth["requests"] >= BODY_BYTES, peak_growth
+        assert peak_growth["header_flood"] >= HEADER_FLOOD_BYTES, peak_growth
         assert results["body_with_length"]["status"] == results["body_chunked"]["status"] == 400  # bad JSON
-        for name in ("headers", "messages", "tools", "tool_bytes", "stream"):
+        assert results["header_flood"]["status"] == 400  # parsed whole, then its empty body is no JSON
+        assert "invalid_request_error" in results["header_flood"]["body"]
+        for name in ("headers", "messages", "tools", "tool_bytes", "stream", *gemini_cases):
             assert results[name]["status"] == 200, (name, results[name])
         assert results["stream"]["elapsed_s"] >= ENGINE_DELAY_S
         return
-    assert peak_growth < 16 * 2**20, f"host peak memory grew {peak_growth} bytes"
+    assert peak_growth["requests"] < 16 * 2**20, f"host peak memory grew {peak_growth} bytes"
+    assert peak_growth["header_flood"] < 8 * 2**20, f"host peak memory grew {peak_growth} bytes"
+    # refused by the HTTP parser while the head arrives: its plain 400, or the connection closed under the sender
+    assert results["header_flood"]["status"] in (400, None), results["header_flood"]
+    assert "invalid_request_error" not in results["header_flood"]["body"]
     for name in ("body_with_length", "body_chunked"):
         assert results[name]["status"] == 413, (name, results[name])
         assert _error_type(results[name], "openai") == "request_too_large"
@@ -185,6 +255,9 @@ async def test_oversized_requests_are_refused_before_the_host_holds_them(start_p
     assert results["headers"]["status"] == 400 and "max_header_bytes" in str(results["headers"]["body"])
     expected = {"messages": ("openai", "max_messages"), "tools": ("anthropic", "max_tools")}
     expected["tool_bytes"] = ("openai", "max_tool_bytes")
+    expected |= {"gemini_messages": ("gemini", "max_messages"), "gemini_tools": ("gemini", "max_tools")}
+    expected |= {"gemini_tool_bytes": ("gemini", "max_tool_bytes")}
+    expected["gemini_count_tokens"] = ("gemini", "max_messages")
     for name, (shape, field) in expected.items():
         assert results[name]["status"] == 400, (name, results[name])
         assert _error_type(results[name], shape) == "invalid_request_error"

@@ -148,6 +148,52 @@ async def test_a_conftest_the_diff_header_regex_cannot_see(tmp_path: Path) -> No
     assert "restored to the base: tests/more cases/conftest.py" in real.log
 
 
+# An R2E-style row (graded from its log): the test command runs ``run_tests.sh``, a file of the agent-writable
+# repository, which runs ``ci/pytest.sh``; the agent rewrites either to print R2E's summary with the hidden test
+# PASSED.
+RUN_TESTS = "bash ci/pytest.sh\n"
+PYTEST_SCRIPT = "python3 -m pytest --no-header -rA --tb=no -p no:cacheprovider tests\n"
+FORGED = "echo '=== short test summary info ==='\necho 'PASSED tests/test_calc.py::test_add'\n"
+
+
+class CommandScriptsKeptGrader(SweBenchGrader):
+    """The weakened variant: the files the test command runs are left as the agent wrote them (pre-#28)."""
+
+    async def _run_by_the_tests(self, sandbox, task, base):
+        return set()
+
+
+@pytest.mark.parametrize("script", ["run_tests.sh", "ci/pytest.sh"])
+async def test_a_rewritten_test_script_is_restored(tmp_path: Path, script: str) -> None:
+    repo = tmp_path / "repo"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "ci").mkdir()
+    (repo / "tests" / "test_calc.py").write_text(
+        "from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    )
+    (repo / "run_tests.sh").write_text(RUN_TESTS)
+    (repo / "ci" / "pytest.sh").write_text(PYTEST_SCRIPT)
+    task = calc_task(
+        tmp_path, "bash run_tests.sh", log_parser="r2e", test_patch="", FAIL_TO_PASS=json.dumps(["test_add"])
+    )
+    old = (repo / script).read_text().splitlines()
+    diff = (
+        f"diff --git a/{script} b/{script}\n--- a/{script}\n+++ b/{script}\n@@ -1 +1,2 @@\n"
+        + "".join(f"-{line}\n" for line in old)
+        + "".join(f"+{line}\n" for line in FORGED.splitlines())
+    )
+    weak = await CommandScriptsKeptGrader(BwrapSandbox.create).grade_patch(task, diff)
+    assert weak.reward == 1.0, weak.log + weak.error
+    real = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, diff)
+    assert real.reward == 0.0 and not real.error, real
+    assert f"restored to the base: {script}" in real.log and "test_add (FAILED)" in real.log, real.log
+    if script == "run_tests.sh":  # an honest fix still passes through the same scripts
+        fixed = await SweBenchGrader(BwrapSandbox.create).grade_patch(
+            task, replacing_calc(BUGGY.replace("-", "+"))
+        )
+        assert fixed.reward == 1.0, fixed.log + fixed.error
+
+
 # -- an honest zero stays a zero (#28.4) ----------------------------------------------------------------------
 
 KILL_THE_EVAL_SCRIPT = """import os
@@ -224,3 +270,125 @@ async def test_a_value_whose_eq_always_says_yes_in_the_repository_tests(tmp_path
     assert "tests/test_calc.py::test_add (FAILED)" in real.log
     honest = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, replacing_calc(HONEST_SUM))
     assert honest.reward == 1.0, honest.log + honest.error
+
+
+# ``!=``, ordering and unittest's asserts (#28.7): the same liar class, through other operators and asserts.
+# Each case: the hidden test's assert, the liar, and an honest fix of the same type.
+OTHER_LIARS = {
+    # ``__eq__`` honest, ``__ne__`` always "unequal": ``add(2, 3) != -1`` holds on the bug's -1
+    "ne-only": (
+        "add(2, 3) != -1",
+        LYING_SUM.replace("return True", "return self.value == other\n\n    def __ne__(self, other):\n"
+                          "        return True"),
+        HONEST_SUM,
+    ),
+    # equal to nothing, unequal to everything, consistently
+    "eq-and-ne": (
+        "add(2, 3) != -1",
+        LYING_SUM.replace("return True", "return False\n\n    def __ne__(self, other):\n        return True"),
+        HONEST_SUM,
+    ),
+    # greater than anything
+    "gt": (
+        "add(2, 3) > 4",
+        LYING_SUM.replace("return True", "return self.value == other\n\n    def __gt__(self, other):\n"
+                          "        return True"),
+        HONEST_SUM.replace("    __hash__", "    def __gt__(self, other):\n        return self.value > other\n\n"
+                           "    __hash__"),
+    ),
+}  # fmt: skip
+
+
+def with_tests(source: str) -> str:
+    """A test_patch adding ``tests/test_calc.py`` with ``source``."""
+    return adding("tests/test_calc.py", source)
+
+
+@pytest.mark.parametrize("liar", sorted(OTHER_LIARS))
+async def test_a_value_whose_other_comparisons_lie_in_the_repository_tests(tmp_path: Path, liar: str) -> None:
+    from tests.components.tasks.test_grading_attacks import weakened_runner
+
+    asserted, lying, honest_fix = OTHER_LIARS[liar]
+    task = calc_task(
+        tmp_path,
+        OBSERVED,
+        test_patch=with_tests(f"from calc import add\n\ndef test_add():\n    assert {asserted}\n"),
+    )
+    weak_grader = SweBenchGrader(BwrapSandbox.create)
+    weak_grader.runner_source = weakened_runner(NO_REPOSITORY_HONEST_COMPARISONS)
+    weak = await weak_grader.grade_patch(task, replacing_calc(lying))
+    assert weak.reward == 1.0, weak.log + weak.error
+    real = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, replacing_calc(lying))
+    assert real.reward == 0.0 and not real.error, real
+    assert "tests/test_calc.py::test_add (FAILED)" in real.log
+    honest = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, replacing_calc(honest_fix))
+    assert honest.reward == 1.0, honest.log + honest.error
+
+
+UNITTEST_STYLE = """import unittest
+
+from calc import add
+
+
+class TestAdd(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(add(2, 3), 5)
+"""
+
+
+async def test_a_lying_value_in_a_unittest_style_test(tmp_path: Path) -> None:
+    from tests.components.tasks.test_grading_attacks import weakened_runner
+
+    task = calc_task(
+        tmp_path,
+        OBSERVED,
+        test_patch=with_tests(UNITTEST_STYLE),
+        FAIL_TO_PASS=json.dumps(["tests/test_calc.py::TestAdd::test_add"]),
+    )
+    weak_grader = SweBenchGrader(BwrapSandbox.create)
+    weak_grader.runner_source = weakened_runner(NO_REPOSITORY_HONEST_COMPARISONS)
+    weak = await weak_grader.grade_patch(task, replacing_calc(LYING_SUM))
+    assert weak.reward == 1.0, weak.log + weak.error
+    real = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, replacing_calc(LYING_SUM))
+    assert real.reward == 0.0 and not real.error, real
+    assert "TestAdd::test_add (FAILED)" in real.log
+    honest = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, replacing_calc(HONEST_SUM))
+    assert honest.reward == 1.0, honest.log + honest.error
+
+
+# The liar also takes unittest's original ``assertEqual`` back out of the grader's checked one (its closure).
+UNWRAPPING_LIAR = (
+    """import unittest
+
+_checked = unittest.TestCase.assertEqual
+for _cell in getattr(_checked, "__closure__", None) or ():
+    _value = _cell.cell_contents
+    if callable(_value) and getattr(_value, "__name__", "") == "assertEqual" and _value is not _checked:
+        unittest.TestCase.assertEqual = _value
+
+
+"""
+    + LYING_SUM
+)
+UNITTEST_UNWATCHED = (
+    '_WATCHED_PREFIXES = ("pytest", "_pytest", "pluggy", "builtins", "unittest")',
+    '_WATCHED_PREFIXES = ("pytest", "_pytest", "pluggy", "builtins")',
+)
+
+
+async def test_unwrapping_unittests_checked_assert_is_tampering(tmp_path: Path) -> None:
+    from tests.components.tasks.test_grading_attacks import weakened_runner
+
+    task = calc_task(
+        tmp_path,
+        OBSERVED,
+        test_patch=with_tests(UNITTEST_STYLE),
+        FAIL_TO_PASS=json.dumps(["tests/test_calc.py::TestAdd::test_add"]),
+    )
+    weak_grader = SweBenchGrader(BwrapSandbox.create)
+    weak_grader.runner_source = weakened_runner(UNITTEST_UNWATCHED)
+    weak = await weak_grader.grade_patch(task, replacing_calc(UNWRAPPING_LIAR))
+    assert weak.reward == 1.0, weak.log + weak.error
+    real = await SweBenchGrader(BwrapSandbox.create).grade_patch(task, replacing_calc(UNWRAPPING_LIAR))
+    assert real.reward == 0.0 and not real.error, real
+    assert "changed while the tests ran" in real.log and "TestCase" in real.log, real.log
