@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import ray
 
     from components.engine.embedded import EmbeddedEngineConfig
+    from components.engine.ray_actor import RayEngineClient
     from components.engine.sglang_fleet import SGLangFleet
     from components.engine.vllm_fleet import VLLMFleet
     from components.training.weight_sync import WeightSync
@@ -79,11 +80,14 @@ class EmbeddedEngineBrickConfig:
     threads: int = option(1, "torch threads of the embedded engine")
     max_batch_size: int = option(8, "requests the embedded engine decodes together")
     kv_cache_gb: float = option(1.0, "GiB of the embedded engine's prefix cache (KV of past turns); 0 = off")
+    max_restarts: int = option(
+        3, "times Ray restarts the engine actor after it dies (the run's weights are pushed to it again)"
+    )
 
     def __post_init__(self) -> None:
         for name in ("threads", "max_batch_size"):
             require_positive(getattr(self, name), name)
-        for name in ("num_cpus", "num_gpus", "kv_cache_gb"):
+        for name in ("num_cpus", "num_gpus", "kv_cache_gb", "max_restarts"):
             require_non_negative(getattr(self, name), name)
 
     @property
@@ -202,6 +206,7 @@ class EmbeddedEngineProvider:
     def __init__(self, config: EmbeddedEngineBrickConfig) -> None:
         self.config = config
         self._actor: ray.actor.ActorHandle | None = None
+        self._engine: RayEngineClient | None = None
 
     def engine_config(self, *, model_path: Path, weight_version: int) -> EmbeddedEngineConfig:
         """The config the engine actor runs with."""
@@ -227,11 +232,16 @@ class EmbeddedEngineProvider:
             self.engine_config(model_path=model_path, weight_version=weight_version),
             num_cpus=self.config.num_cpus,
             num_gpus=self.config.num_gpus,
+            max_restarts=self.config.max_restarts,
         )
-        engine = await RayEngineClient.connect(self._actor)
+        engine = self._engine = await RayEngineClient.connect(self._actor)
+        engine.start_watching()  # a restarted actor gets the run's weights back (``RayEngineClient.restore``)
         return engine, WeightSync(WeightSyncConfig(mode="memory"), engine)
 
     async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.aclose()
+            self._engine = None
         if self._actor is not None:
             self._actor.close.remote()
             self._actor = None

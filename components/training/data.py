@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from components.config import option, require_positive
 from components.protocols import Algorithm
+from components.remote_waits import PENDING_WAITS
 from components.training.distillation import DistillationConfig, token_advantages
 from components.training.overlong import OverlongConfig, length_penalty, overlong_trajectories
 from components.training.turn_credit import TurnCreditConfig, spread_over_turns, turn_advantages
@@ -656,6 +657,10 @@ class RayStepBatches:
         return shards, per_rank
 
 
+# Selecting the summary columns of the materialized blocks (no compute; a wait past it is a stalled cluster).
+SUMMARY_DEADLINE_S = 600.0
+
+
 def _summary_columns(block: pa.Table) -> pa.Table:
     return block.select(SUMMARY_COLUMNS)
 
@@ -697,7 +702,13 @@ def build_micro_batches_with_ray(
     segments = dataset.materialize()
     # the summary columns of each materialized block, by plain tasks (a Ray Data execution costs more here)
     select = ray.remote(num_cpus=0.25)(_summary_columns)
-    summaries = ray.get([select.remote(block) for block in segments.to_arrow_refs()])
+    selections = [select.remote(block) for block in segments.to_arrow_refs()]
+    summaries = PENDING_WAITS.get_within(
+        selections,
+        deadline_s=SUMMARY_DEADLINE_S,
+        component="batching tasks",
+        request=f"summary columns of {len(selections)} blocks",
+    )
     summary = (
         pa.concat_tables(summaries) if summaries else SEGMENT_SCHEMA.empty_table().select(SUMMARY_COLUMNS)
     )

@@ -32,7 +32,7 @@ import numpy as np
 from components.errors import ReinError
 from components.lora import AdapterGatherer, LoraAdapter, LoraSettings
 from components.protocols import Algorithm
-from components.remote_waits import PENDING_WAITS
+from components.remote_waits import PENDING_WAITS, RemoteStalledError
 from components.training.checkpoint import (
     Checkpoint,
     TrainerState,
@@ -52,6 +52,10 @@ COORDINATOR_DEADLINE_S = 120.0  # handing a command to the workers' coordinator 
 
 class TrainerError(ReinError):
     """The trainer's worker group failed or did not answer in time."""
+
+
+class TrainerStalledError(TrainerError, RemoteStalledError):
+    """A wait on the trainer's workers (or on an object they produced) passed its deadline."""
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -455,7 +459,9 @@ class Trainer:
         self.resumed_from = resumed.path if resumed else None
         # a control-plane actor of the driver's: on the driver's node, whose loss ends the run anyway, never on a
         # node that can be lost under a running step (tests/chaos/test_node_loss.py)
-        on_this_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        on_this_node = NodeAffinitySchedulingStrategy(
+            node_id=ray.get_runtime_context().get_node_id(), soft=False
+        )
         self._coordinator = (
             ray.remote(num_cpus=0)(_Coordinator)
             .options(scheduling_strategy=on_this_node)
@@ -635,15 +641,21 @@ class Trainer:
 
     def adapter(self) -> LoraAdapter:
         """LoRA: the current adapter."""
-        import ray
-
-        return ray.get(self.adapter_ref())
+        return self._fetch(self.adapter_ref(), "adapter")
 
     def full_state_dict(self) -> dict[str, Any]:
         """The full (unsharded, CPU) state dict of the current policy."""
-        import ray
+        return self._fetch(self.full_state_dict_ref(), "full state dict")
 
-        return ray.get(self.full_state_dict_ref())
+    def _fetch(self, reference: Any, what: str) -> Any:
+        """``ray.get`` of an object rank 0 produced, within the step deadline (``TrainerStalledError`` past it)."""
+        return PENDING_WAITS.get_within(
+            reference,
+            deadline_s=self.config.step_timeout_s,
+            component="trainer workers",
+            request=f"fetch the {what}",
+            error=TrainerStalledError,
+        )
 
     def save_checkpoint(self) -> Path:
         """Write a complete checkpoint of the current step now; returns its folder."""
@@ -669,8 +681,14 @@ class Trainer:
         try:
             if self._fit_thread.is_alive():
                 command_id = f"StopWorkers-{next(self._ids)}"
-                ray.get(self._coordinator.submit.remote(command_id, StopWorkers()))
                 try:
+                    PENDING_WAITS.get_within(
+                        self._coordinator.submit.remote(command_id, StopWorkers()),
+                        deadline_s=COORDINATOR_DEADLINE_S,
+                        component="trainer coordinator",
+                        request=f"submit {command_id}",
+                        error=TrainerStalledError,
+                    )
                     self._wait(command_id, timeout_s=60)
                 except TrainerError as error:
                     logger.warning("trainer workers did not stop cleanly: %s", error)
