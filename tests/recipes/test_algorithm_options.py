@@ -50,16 +50,16 @@ def test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run(tmp_path, 
                 assert f"train/{key}" in row, key
             assert row["train/rollout_kl_k3"] >= 0 and 0 <= row["train/is_masked_fraction"] <= 1
             assert row["data/overlong_penalty_mean"] <= 0
-    scored, teacher_of = 0, {}
+    scored = 0
     for path in sorted((run_dir / "trajectories").glob("shard-*.parquet")):
         for trajectory in pq.read_table(path).to_pylist():
             for segment in trajectory["segments"]:
                 teacher_logprobs, mask = segment["teacher_logprobs"], segment["loss_mask"]
                 assert len(teacher_logprobs) == len(mask)  # every stored rollout was scored
                 assert all(lp < 0 for lp, m in zip(teacher_logprobs, mask, strict=True) if m)
-                # ... by the teacher its task's rule names (odd seeds: teacher 1), not by the other one
+                # ... by the teacher its task's rule names (odd seeds: teacher 1), not by the other one (which
+                # teachers appear depends on the groups dynamic sampling kept: a step keeping none stores both)
                 named = int(trajectory["task_id"][-1]) % 2
-                teacher_of[trajectory["task_id"]] = named
                 assert_scored_by(teachers[named], segment, other=teachers[1 - named])
                 scored += 1
         groups: dict[str, set] = {}
@@ -69,7 +69,6 @@ def test_distillation_dynamic_sampling_overlong_and_icepop_in_one_run(tmp_path, 
             assert all(len(rewards) > 1 for rewards in groups.values()), groups
     assert latest_trainer_state(run_dir)["step"] == 2
     assert scored > 0 or all(row["dynamic_sampling/kept_groups"] == 0 for row in rows)
-    assert scored == 0 or set(teacher_of.values()) == {0, 1} or len(teacher_of) == 1, teacher_of
 
 
 ALGORITHM_FLAGS = ("--algorithm-loss-importance-sampling", "icepop")
@@ -87,7 +86,9 @@ def assert_scored_by(teacher: Path, segment: dict, *, other: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     ids = torch.tensor([segment["token_ids"]])
-    positions = sampled_positions(segment)
+    positions = [i for i in sampled_positions(segment) if i > 0]  # a first token has no teacher-forced score
+    if not positions:
+        return
     stored = torch.tensor([segment["teacher_logprobs"][i] for i in positions])
 
     def logprobs(folder: Path) -> torch.Tensor:
