@@ -1203,10 +1203,12 @@ def runner_fingerprint(plugin_manager):
             if isinstance(value, type) and value.__module__.split(".", 1)[0] in _WATCHED_PREFIXES:
                 if id(value) not in classes:  # a class re-exported by several modules is read once
                     # Plain data attributes are flags pytest sets on classes; instances shadow them anyway.
+                    # ``__pytest_*`` are the xunit-setup fixtures pytest injects into every class it collects
+                    # as a test class (``unittest.TestCase`` itself, when a test module imports it).
                     classes[id(value)] = {
                         key: (id(item), _code_of(item))
                         for key, item in list(vars(value).items())
-                        if not isinstance(item, _PLAIN_DATA)
+                        if not isinstance(item, _PLAIN_DATA) and "__pytest_" not in key
                     }
                 fingerprint[f"{module_name}.{name}"] = (id(value), classes[id(value)])
             elif callable(value) and not isinstance(value, type(sys)):

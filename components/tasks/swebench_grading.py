@@ -557,12 +557,25 @@ class SweBenchGrader:
             named |= words
             if read >= _MAX_SCRIPTS_READ or not fresh:
                 continue
-            listed = await self._step(
-                sandbox, [*_SAFE_GIT, "ls-tree", "-r", "-z", "--name-only", base, "--", *fresh]
-            )
-            if listed.exit_code != 0:
-                raise GradingError(f"listing the base commit failed: {listed.stderr[-500:]}")
-            for path in sorted(set(listed.stdout.split("\0")) & set(fresh))[: _MAX_SCRIPTS_READ - read]:
+            files = []  # the named paths that are files of the base (not directories: never listed whole)
+            for start in range(0, len(fresh), 500):
+                listed = await self._step(
+                    sandbox,
+                    [
+                        *_SAFE_GIT,
+                        "--literal-pathspecs",
+                        "ls-tree",
+                        "-z",
+                        base,
+                        "--",
+                        *fresh[start : start + 500],
+                    ],
+                )
+                if listed.exit_code != 0:
+                    raise GradingError(f"listing the base commit failed: {listed.stderr[-500:]}")
+                entries = (entry.split("\t", 1) for entry in listed.stdout.split("\0") if "\t" in entry)
+                files += [path for meta, path in entries if meta.split()[1] == "blob"]
+            for path in sorted(set(files) & set(fresh))[: _MAX_SCRIPTS_READ - read]:
                 read += 1
                 shown = await self._step(sandbox, [*_SAFE_GIT, "cat-file", "blob", f"{base}:{path}"])
                 if (

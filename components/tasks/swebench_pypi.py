@@ -130,6 +130,9 @@ def release_diff(old_tree: Path, new_tree: Path) -> tuple[str, str]:
         for child in new_tree.iterdir():
             target = repo / child.name
             shutil.copytree(child, target, symlinks=True) if child.is_dir() else shutil.copy2(child, target)
+        # Staged from content, not stat data: a new file of the old one's size and (sdist) mtime, on a reused
+        # inode, would look unchanged to the old index.
+        (repo / ".git" / "index").unlink()
         git("add", "-A")
         changed = [
             line for line in git("diff", "--cached", "--name-only", "--no-renames").splitlines() if line
