@@ -63,13 +63,13 @@ class KilledRun:
     duration_s: float
 
 
-def run_with_a_process_killed(run_dir: Path, model_dir: Path, title: str) -> KilledRun:
-    """Run ``tictactoe_grpo`` (sync, ``NUM_STEPS`` steps); once step 0 is done, at a random point, SIGKILL one
+def run_with_a_process_killed(run_dir: Path, model_dir: Path, title: str, *, mode: str = "sync") -> KilledRun:
+    """Run ``tictactoe_grpo`` (``mode``, ``NUM_STEPS`` steps); once step 0 is done, at a random point, SIGKILL one
     process of the run titled ``title``. Asserts the run then finishes within ``RUN_BOUND_S`` and leaves no
     process of its own behind within ``GONE_WITHIN_S``."""
     flags = (
         "--model", str(model_dir), "--run-dir", str(run_dir), "--num-steps", str(NUM_STEPS),
-        "--group-size", "2", "--games-per-step", "2", "--rollout-mode", "sync", "--wandb-mode", "offline",
+        "--group-size", "2", "--games-per-step", "2", "--rollout-mode", mode, "--wandb-mode", "offline",
     )  # fmt: skip
     started = time.monotonic()
     driver = subprocess.Popen(
@@ -133,3 +133,18 @@ def assert_every_step_trained_once_with_its_version(run_dir: Path) -> list:
             versions = set(segment.weight_versions[segment.loss_mask == 1].tolist())
             assert versions <= {trajectory.step}, (trajectory.step, versions)
     return trajectories
+
+
+def assert_every_committed_group_trained_at_most_once(run_dir: Path) -> None:
+    """Async: the ledger of the last checkpoint trains every step, no committed group twice, and accounts for
+    every committed group (trained, or dropped as stale or lost to infrastructure); no trajectory repeats."""
+    shards = shard_steps(run_dir)
+    ids = [i for _, names in shards.values() for i in names]
+    assert len(ids) == len(set(ids)), "a trajectory was committed twice"
+    ledger = latest_trainer_state(run_dir)["extra"]["trajectory_ledger"]
+    trained = [name for names in ledger["step_shards"].values() for name in names]
+    assert sorted(int(step) for step in ledger["step_shards"]) == list(range(NUM_STEPS))
+    assert len(trained) == len(set(trained)), "a group was trained twice"
+    assert sorted(trained + list(ledger["dropped"])) == sorted(shards), "a committed group went missing"
+    assert set(ledger["dropped"].values()) <= {"stale", "lost_to_infrastructure"}
+    assert metric_steps(run_dir) == list(range(NUM_STEPS))

@@ -32,6 +32,7 @@ from components.rollout.failures import classify_exception
 from components.trajectory import TrajectoryStatus
 from tests.chaos.recipe_faults import (
     NUM_STEPS,
+    assert_every_committed_group_trained_at_most_once,
     assert_every_step_trained_once_with_its_version,
     run_with_a_process_killed,
 )
@@ -134,3 +135,15 @@ def test_a_run_whose_engine_actor_is_killed_finishes_with_the_trainers_weights(t
         f"rollouts lost and replaced {num_lost:g}, kept as engine_error {len(lost)}; restored at versions "
         f"{restores}; run {run.duration_s:.0f} s"
     )
+
+
+def test_an_async_run_whose_engine_actor_is_killed_finishes(tmp_path, tiny_model_dir):
+    """Async (rollouts overlap training): the same fault; every committed group trained at most once, none lost,
+    and the restarted actor was given a version the trainer had reached."""
+    run = run_with_a_process_killed(tmp_path / "run", tiny_model_dir, "ray::EngineActor", mode="async")
+    assert run.started_again, "Ray did not restart the engine actor"
+    assert_every_committed_group_trained_at_most_once(run.run_dir)
+    log = (run.run_dir / "logs" / "driver.log").read_text()
+    restores = [int(v) for v in re.findall(r"the run's weights at version (\d+) pushed again", log)]
+    assert all(1 <= version <= NUM_STEPS for version in restores), restores
+    print(f"restored at versions {restores}; run {run.duration_s:.0f} s")
