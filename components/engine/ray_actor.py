@@ -446,3 +446,7 @@ class RayEngineClient:
             raise EngineError(
                 f"the engine actor died during {request} and is not restarted (max_restarts spent): {error}"
             ) from error
+        except (
+            ray.exceptions.ObjectLostError
+        ) as error:  # e.g. remembered weights whose owner (a trainer rank) died
+            raise EngineError(f"engine actor call {request}: an argument was lost: {error}") from error

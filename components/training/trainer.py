@@ -126,21 +126,67 @@ WorkerCommand = (
 
 
 class _Coordinator:
-    """Per-rank command queues and per-command result slots."""
+    """Per-rank command queues and per-command result slots; the restore point of a restarted worker group.
 
-    def __init__(self, world_size: int) -> None:
+    When Ray Train restarts the worker group (a worker died), its new workers start from ``restore_from`` (the
+    newest checkpoint the driver wrote) and report ``worker_ready`` again; once all of them have, the queues are
+    emptied and every command still pending is answered ``None`` ("the group restarted"): the driver trains the
+    steps since that checkpoint again and re-sends the command (``Trainer._call``)."""
+
+    def __init__(self, world_size: int, restore_from: str | None) -> None:
         self.world_size = world_size
         self.queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(world_size)]
         self.results: dict[str, dict[int, Any]] = {}
         self.complete: dict[str, asyncio.Event] = {}
+        self.restore_from = restore_from
+        self.num_restarts = 0
+        self._ready: set[int] = set()
+        self._group_ready = asyncio.Event()
+        self._restarted: set[str] = set()  # pending commands of a group that died
+        self._started = False  # a whole group has been ready once
+
+    async def set_restore_from(self, path: str) -> None:
+        self.restore_from = path
+
+    async def restore_point(self) -> str | None:
+        return self.restore_from
+
+    async def worker_ready(self, rank: int) -> None:
+        """A worker has built its model; returns once every worker of its group has (a rank that reports twice
+        is a worker of a new group: Ray Train restarted it)."""
+        if rank in self._ready:
+            self._ready, self._group_ready = set(), asyncio.Event()
+            self.num_restarts += 1
+        group_ready = self._group_ready
+        self._ready.add(rank)
+        if len(self._ready) == self.world_size:
+            self.queues = [asyncio.Queue() for _ in range(self.world_size)]
+            for command_id, event in self.complete.items():
+                if not event.is_set() and command_id != "ready":
+                    self._restarted.add(command_id)
+                    event.set()
+            if not self._started:  # the driver's start waits for the first complete group
+                self._started = True
+                self.results["ready"] = {}
+                self._event("ready").set()
+            group_ready.set()
+        await group_ready.wait()
 
     def _event(self, command_id: str) -> asyncio.Event:
         return self.complete.setdefault(command_id, asyncio.Event())
 
-    async def submit(self, command_id: str, command: WorkerCommand) -> None:
+    async def submit(self, command_id: str, command: WorkerCommand, restarts_seen: int) -> int:
+        """Queue ``command`` for every rank, unless the group restarted since the driver last looked
+        (``restarts_seen``): then it is answered None at once (its restored workers lack the steps since the
+        checkpoint). Returns the number of restarts so far."""
         self._event(command_id)
-        for queue in self.queues:
-            queue.put_nowait((command_id, command))
+        if restarts_seen != self.num_restarts:
+            self._restarted.add(command_id)
+            self._event(command_id).set()
+        else:
+            for queue in self.queues:
+                queue.put_nowait((command_id, command))
+        return self.num_restarts
 
     async def next_command(self, rank: int) -> tuple[str, WorkerCommand]:
         return await self.queues[rank].get()
@@ -151,11 +197,15 @@ class _Coordinator:
         if len(slot) == self.world_size:
             self._event(command_id).set()
 
-    async def wait(self, command_id: str) -> list[Any]:
+    async def wait(self, command_id: str) -> list[Any] | None:
+        """One reply per rank; None when the worker group restarted before every rank replied."""
         await self._event(command_id).wait()
-        slot = self.results.pop(command_id)
+        slot = self.results.pop(command_id, {})
         self.complete.pop(command_id, None)
-        return [slot[rank] for rank in range(self.world_size)]
+        if command_id in self._restarted:
+            self._restarted.discard(command_id)
+            return None
+        return [slot.get(rank) for rank in range(self.world_size)]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -251,7 +301,9 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
     config: TrainerConfig = loop_config["config"]
     algorithm: Algorithm = loop_config["algorithm"]
     coordinator = loop_config["coordinator"]
-    resume_from: Path | None = loop_config["resume_from"]
+    # the newest checkpoint the driver wrote (a restarted group resumes there), else the run's start point
+    restore_point = ray.get(coordinator.restore_point.remote())
+    resume_from = Path(restore_point) if restore_point is not None else None
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     torch.set_num_threads(config.torch_threads_per_worker)
@@ -296,7 +348,7 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
         adapter_gatherer=adapter_gatherer,
         model_config=AutoConfig.from_pretrained(config.model_path),
     )
-    ray.get(coordinator.report.remote("ready", rank, {"rank": rank}))
+    ray.get(coordinator.worker_ready.remote(rank))
     while True:
         command_id, command = ray.get(coordinator.next_command.remote(rank))
         handler = _HANDLERS.get(type(command))
@@ -444,7 +496,7 @@ class Trainer:
 
     def __init__(self, config: TrainerConfig, *, algorithm: Algorithm) -> None:
         import ray
-        from ray.train import RunConfig, ScalingConfig
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -465,15 +517,18 @@ class Trainer:
         self._coordinator = (
             ray.remote(num_cpus=0)(_Coordinator)
             .options(scheduling_strategy=on_this_node)
-            .remote(config.num_workers)
+            .remote(config.num_workers, None if self.resumed_from is None else str(self.resumed_from))
         )
+        # TrainOnShards sent since the restore point: a restarted worker group trains them again (the same
+        # shards, from the same weights, optimizer and RNG state) before the interrupted command is sent again
+        self._since_restore_point: list[TrainOnShards] = []
+        self._restarts_seen = 0  # the worker-group restarts the commands sent since have accounted for
         torch_trainer = TorchTrainer(
             _train_loop,
             train_loop_config={
                 "config": config,
                 "algorithm": algorithm,
                 "coordinator": self._coordinator,
-                "resume_from": self.resumed_from,
             },
             scaling_config=ScalingConfig(
                 num_workers=config.num_workers,
@@ -485,7 +540,9 @@ class Trainer:
             ),
             torch_config=TorchConfig(backend="nccl" if config.use_gpu else "gloo"),
             run_config=RunConfig(
-                name=f"trainer-{uuid.uuid4().hex[:8]}", storage_path=str(config.run_dir / "ray_train")
+                name=f"trainer-{uuid.uuid4().hex[:8]}",
+                storage_path=str(config.run_dir / "ray_train"),
+                failure_config=FailureConfig(max_failures=config.max_worker_restarts),
             ),
         )
         self._fit_error: BaseException | None = None
@@ -506,7 +563,7 @@ class Trainer:
         except BaseException as error:  # surfaced to the caller by _wait
             self._fit_error = error
 
-    def _wait(self, command_id: str, *, timeout_s: float) -> list[Any]:
+    def _wait(self, command_id: str, *, timeout_s: float) -> list[Any] | None:
         import ray
 
         reply = self._coordinator.wait.remote(command_id)
@@ -522,12 +579,28 @@ class Trainer:
                     raise TrainerError(f"trainer command {command_id} did not finish within {timeout_s:.0f}s")
 
     def _call(self, command: WorkerCommand, *, timeout_s: float | None = None) -> list[Any]:
-        """Run ``command`` on every worker; one reply per rank."""
+        """Run ``command`` on every worker; one reply per rank. When Ray Train restarted the worker group
+        meanwhile (a worker died), the new group, restored from the newest checkpoint, first trains the steps
+        sent since again, then gets ``command`` again."""
+        replies = self._send(command, timeout_s=timeout_s)
+        while replies is None:
+            logger.warning(
+                "the trainer's worker group was restarted during %s: training the %d step(s) since the newest "
+                "checkpoint again, then sending it again",
+                type(command).__name__,
+                len(self._since_restore_point),
+            )
+            if all(self._send(step) is not None for step in self._since_restore_point):
+                replies = self._send(command, timeout_s=timeout_s)
+        return replies
+
+    def _send(self, command: WorkerCommand, *, timeout_s: float | None = None) -> list[Any] | None:
+        """Submit ``command`` and wait for it: one reply per rank, or None when the group restarted meanwhile."""
         if self._closed:
             raise TrainerError("the trainer was shut down")
         command_id = f"{type(command).__name__}-{next(self._ids)}"
-        PENDING_WAITS.get_within(
-            self._coordinator.submit.remote(command_id, command),
+        self._restarts_seen = PENDING_WAITS.get_within(
+            self._coordinator.submit.remote(command_id, command, self._restarts_seen),
             deadline_s=COORDINATOR_DEADLINE_S,
             component="trainer coordinator",
             request=f"submit {command_id}",
@@ -559,7 +632,9 @@ class Trainer:
         # Materialized contiguous shards, one per rank (``streaming_split`` would start a coordinator actor
         # per step: ≈ 3 s here); every rank runs ``per_rank`` micro-batches (FSDP collectives).
         shards, per_rank = batches.split_for_ranks(self.config.num_workers)
-        results = self._call(TrainOnShards(shards=shards, micro_batches_per_rank=per_rank))
+        command = TrainOnShards(shards=shards, micro_batches_per_rank=per_rank)
+        results = self._call(command)
+        self._since_restore_point.append(command)
         metrics.update({f"train/{key}": value for key, value in results[0].items()})
         self.state = replace(
             self.state, step=self.state.step + 1, weight_version=current_version + 1, consumed_shards=consumed
@@ -659,7 +734,16 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write a complete checkpoint of the current step now; returns its folder."""
-        return Path(self._call(WriteCheckpoint(state=self.state))[0])
+        folder = self._call(WriteCheckpoint(state=self.state))[0]
+        PENDING_WAITS.get_within(
+            self._coordinator.set_restore_from.remote(folder),
+            deadline_s=COORDINATOR_DEADLINE_S,
+            component="trainer coordinator",
+            request="set_restore_from",
+            error=TrainerStalledError,
+        )
+        self._since_restore_point.clear()
+        return Path(folder)
 
     def score(
         self, sequences: Sequence[Sequence[int]], routed_experts: Sequence[Any] | None = None
@@ -683,7 +767,7 @@ class Trainer:
                 command_id = f"StopWorkers-{next(self._ids)}"
                 try:
                     PENDING_WAITS.get_within(
-                        self._coordinator.submit.remote(command_id, StopWorkers()),
+                        self._coordinator.submit.remote(command_id, StopWorkers(), self._restarts_seen),
                         deadline_s=COORDINATOR_DEADLINE_S,
                         component="trainer coordinator",
                         request=f"submit {command_id}",

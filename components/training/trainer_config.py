@@ -50,6 +50,11 @@ class TrainerBrickConfig:
     keep_checkpoints: int = option(2, "newest complete checkpoints kept (0: all)")
     start_timeout_s: float = option(600.0, "bound on the worker group's start")
     step_timeout_s: float = option(3600.0, "bound on one trainer command (a step, a checkpoint)")
+    max_worker_restarts: int = option(
+        2,
+        "times Ray Train restarts the worker group after a worker dies (from the newest checkpoint; the steps "
+        "since are trained again, then the interrupted command is sent again)",
+    )
 
     def __post_init__(self) -> None:
         require_positive(self.num_workers, "num_workers")
@@ -58,6 +63,7 @@ class TrainerBrickConfig:
         require_positive(self.num_updates_per_step, "num_updates_per_step")
         require_non_negative(self.entropy_coef, "entropy_coef")
         require_non_negative(self.keep_checkpoints, "keep_checkpoints")
+        require_non_negative(self.max_worker_restarts, "max_worker_restarts")
         require_positive(self.start_timeout_s, "start_timeout_s")
         require_positive(self.step_timeout_s, "step_timeout_s")
 

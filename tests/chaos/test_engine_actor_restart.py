@@ -14,17 +14,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import random
 import re
 import signal
-import subprocess
 import time
 
 import numpy as np
-import psutil
 import pytest
 from safetensors.torch import load_file
 
@@ -34,21 +30,16 @@ from components.errors import EngineError
 from components.protocols import SamplingParams
 from components.rollout.failures import classify_exception
 from components.trajectory import TrajectoryStatus
-from components.trajectory_store import TrajectoryStore
-from tests.recipes.recipe_runs import (
-    REPO_ROOT,
-    latest_trainer_state,
-    metric_steps,
-    recipe_command,
-    recipe_env,
-    shard_steps,
+from tests.chaos.recipe_faults import (
+    NUM_STEPS,
+    assert_every_committed_group_trained_at_most_once,
+    assert_every_step_trained_once_with_its_version,
+    run_with_a_process_killed,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 PROMPT = [7, 8, 9, 10, 11]
-RUN_BOUND_S = 420
-GONE_WITHIN_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -124,109 +115,35 @@ async def test_weakened_without_a_pushing_client_the_restarted_actor_serves_noth
         ray_session.kill(handle)
 
 
-def _tree(pid: int) -> list[psutil.Process]:
-    with contextlib.suppress(psutil.NoSuchProcess):
-        return psutil.Process(pid).children(recursive=True)
-    return []
-
-
-def _engine_actors(processes: list[psutil.Process]) -> dict[int, psutil.Process]:
-    """The engine actor's worker processes among ``processes`` (Ray titles them ``ray::EngineActor...``)."""
-    found = {}
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            if "ray::EngineActor" in " ".join(process.cmdline()):
-                found[process.pid] = process
-    return found
-
-
-def _still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
-    left = []
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                left.append(process)
-    return left
-
-
 def test_a_run_whose_engine_actor_is_killed_finishes_with_the_trainers_weights(tmp_path, tiny_model_dir):
-    num_steps = 4
-    run_dir = tmp_path / "run"
-    flags = (
-        "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", str(num_steps),
-        "--group-size", "2", "--games-per-step", "2", "--rollout-mode", "sync", "--wandb-mode", "offline",
-    )  # fmt: skip
-    started = time.monotonic()
-    driver = subprocess.Popen(
-        recipe_command("tictactoe_grpo", *flags),
-        cwd=REPO_ROOT,
-        env=recipe_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # only for this test's own clean-up: the fault is the engine actor's SIGKILL
-    )
-    recorded: dict[int, psutil.Process] = {}
-    try:
-        metrics = run_dir / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().strip()):  # step 0 trained and pushed
-            assert driver.poll() is None, driver.communicate()[0][-4000:]
-            assert time.monotonic() - started < RUN_BOUND_S, "step 0 was not done in time"
-            time.sleep(0.2)
-        time.sleep(random.uniform(0.0, 2.0))  # a random point of step 1 (mostly rolling out) or later
-        recorded.update((p.pid, p) for p in _tree(driver.pid))
-        (killed,) = _engine_actors(list(recorded.values()))
-        os.kill(killed, signal.SIGKILL)  # the fault
-        restarted: set[int] = set()
-        while driver.poll() is None:  # every process the run starts from here on is checked at the end too
-            assert time.monotonic() - started < RUN_BOUND_S, "the run did not finish in time"
-            tree = _tree(driver.pid)
-            recorded.update((p.pid, p) for p in tree)
-            restarted |= set(_engine_actors(tree)) - {killed}
-            time.sleep(0.5)
-        output = driver.communicate()[0]
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait()
-    assert driver.returncode == 0, output[-6000:]
-    assert restarted, "Ray did not restart the engine actor"
-
-    # nothing of the run is left
-    ended_at = time.monotonic()
-    while (left := _still_running(list(recorded.values()))) and time.monotonic() - ended_at < GONE_WITHIN_S:
-        time.sleep(0.2)
-    assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
-
-    # every step done; every committed trajectory trained at most once and none lost
-    shards = shard_steps(run_dir)
-    assert sorted(step for step, _ in shards.values()) == list(range(num_steps))
-    ids = [i for _, names in shards.values() for i in names]
-    assert len(ids) == len(set(ids)), "a trajectory was committed twice"
-    consumed = latest_trainer_state(run_dir)["consumed_shards"]
-    assert sorted(consumed) == sorted(shards), "a committed shard was trained twice or not at all"
-    assert metric_steps(run_dir) == list(range(num_steps))
-
-    store = TrajectoryStore(run_dir)
-    trajectories = [t for path in store.shard_paths() for t in store.read_shard(path)]
+    run = run_with_a_process_killed(tmp_path / "run", tiny_model_dir, "ray::EngineActor")
+    assert run.started_again, "Ray did not restart the engine actor"
+    trajectories = assert_every_step_trained_once_with_its_version(run.run_dir)
+    # rollouts the death failed are engine_error (kept only as survivors' partners, never trained); the steps
+    # after the restart were sampled by the trainer's version (checked above: the actor's start weights say 0)
     lost = [t for t in trajectories if t.status == TrajectoryStatus.ENGINE_ERROR]
     assert all(not t.trainable and "engine actor" in t.failure_reason for t in lost), [
         t.failure_reason for t in lost
     ]
-    # what was trained was sampled by the trainer's version of its step (sync: step s by version s), the steps
-    # after the restart included: the restarted actor's own start weights would say 0
-    for trajectory in (t for t in trajectories if t.trainable):
-        for segment in trajectory.segments:
-            versions = set(segment.weight_versions[segment.loss_mask == 1].tolist())
-            assert versions <= {trajectory.step}, (trajectory.step, versions)
-    # the restarted actor was given the trainer's version of the moment (a push meeting the restart is re-sent)
-    log = (run_dir / "logs" / "driver.log").read_text()
+    # the restarted actor was given the run's version of the moment (a push meeting the restart is re-sent)
+    log = (run.run_dir / "logs" / "driver.log").read_text()
     restores = [int(v) for v in re.findall(r"the run's weights at version (\d+) pushed again", log)]
-    assert all(0 <= version < num_steps for version in restores), restores
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    assert all(0 <= version < NUM_STEPS for version in restores), restores
+    rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines() if line]
     num_lost = sum(row["rollout/num_trajectories"] - row["rollout/num_trainable"] for row in rows)
     print(
-        f"killed {killed}; rollouts lost and replaced {num_lost:g}, kept as engine_error {len(lost)}; ",
-        end="",
+        f"rollouts lost and replaced {num_lost:g}, kept as engine_error {len(lost)}; restored at versions "
+        f"{restores}; run {run.duration_s:.0f} s"
     )
-    print(f"restored at versions {restores}; run {time.monotonic() - started:.0f} s")
+
+
+def test_an_async_run_whose_engine_actor_is_killed_finishes(tmp_path, tiny_model_dir):
+    """Async (rollouts overlap training): the same fault; every committed group trained at most once, none lost,
+    and the restarted actor was given a version the trainer had reached."""
+    run = run_with_a_process_killed(tmp_path / "run", tiny_model_dir, "ray::EngineActor", mode="async")
+    assert run.started_again, "Ray did not restart the engine actor"
+    assert_every_committed_group_trained_at_most_once(run.run_dir)
+    log = (run.run_dir / "logs" / "driver.log").read_text()
+    restores = [int(v) for v in re.findall(r"the run's weights at version (\d+) pushed again", log)]
+    assert all(1 <= version <= NUM_STEPS for version in restores), restores
+    print(f"restored at versions {restores}; run {run.duration_s:.0f} s")

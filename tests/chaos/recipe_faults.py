@@ -1,0 +1,150 @@
+"""A short real run with one of its processes SIGKILLed (the chaos tests of the engine actor and the trainer's
+workers): ``tictactoe_grpo`` in sync mode, a process picked by its Ray title killed at a random point after step 0,
+and the checks every such run must pass afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from components.trajectory_store import TrajectoryStore
+from tests.recipes.recipe_runs import (
+    REPO_ROOT,
+    latest_trainer_state,
+    metric_steps,
+    recipe_command,
+    recipe_env,
+    shard_steps,
+)
+
+RUN_BOUND_S = 420
+GONE_WITHIN_S = 30.0
+NUM_STEPS = 4
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(pid).children(recursive=True)
+    return []
+
+
+def titled(processes: list[psutil.Process], title: str) -> set[int]:
+    """The pids among ``processes`` whose Ray title starts with ``title`` (e.g. ``ray::EngineActor``)."""
+    found = set()
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if " ".join(process.cmdline()).startswith(title):
+                found.add(process.pid)
+    return found
+
+
+def _still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    left = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                left.append(process)
+    return left
+
+
+@dataclass(frozen=True)
+class KilledRun:
+    run_dir: Path
+    killed: int  # the pid killed
+    started_again: set[int]  # pids with the same title started after the kill
+    duration_s: float
+
+
+def run_with_a_process_killed(run_dir: Path, model_dir: Path, title: str, *, mode: str = "sync") -> KilledRun:
+    """Run ``tictactoe_grpo`` (``mode``, ``NUM_STEPS`` steps); once step 0 is done, at a random point, SIGKILL one
+    process of the run titled ``title``. Asserts the run then finishes within ``RUN_BOUND_S`` and leaves no
+    process of its own behind within ``GONE_WITHIN_S``."""
+    flags = (
+        "--model", str(model_dir), "--run-dir", str(run_dir), "--num-steps", str(NUM_STEPS),
+        "--group-size", "2", "--games-per-step", "2", "--rollout-mode", mode, "--wandb-mode", "offline",
+    )  # fmt: skip
+    started = time.monotonic()
+    driver = subprocess.Popen(
+        recipe_command("tictactoe_grpo", *flags),
+        cwd=REPO_ROOT,
+        env=recipe_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # only for this test's own clean-up: the fault is one process's SIGKILL
+    )
+    recorded: dict[int, psutil.Process] = {}
+    started_again: set[int] = set()
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().strip()):  # step 0 trained and pushed
+            assert driver.poll() is None, driver.communicate()[0][-4000:]
+            assert time.monotonic() - started < RUN_BOUND_S, "step 0 was not done in time"
+            time.sleep(0.2)
+        time.sleep(random.uniform(0.0, 2.0))  # a random point of step 1 (rolling out or training) or later
+        recorded.update((p.pid, p) for p in _tree(driver.pid))
+        candidates = titled(list(recorded.values()), title)
+        assert candidates, f"no process titled {title} in the run"
+        killed = random.choice(sorted(candidates))
+        os.kill(killed, signal.SIGKILL)  # the fault
+        while driver.poll() is None:  # every process the run starts from here on is checked at the end too
+            assert time.monotonic() - started < RUN_BOUND_S, "the run did not finish in time"
+            tree = _tree(driver.pid)
+            recorded.update((p.pid, p) for p in tree)
+            started_again |= titled(tree, title) - candidates
+            time.sleep(0.5)
+        output = driver.communicate()[0]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert driver.returncode == 0, output[-6000:]
+    duration_s = time.monotonic() - started
+    ended_at = time.monotonic()
+    while (left := _still_running(list(recorded.values()))) and time.monotonic() - ended_at < GONE_WITHIN_S:
+        time.sleep(0.2)
+    assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
+    return KilledRun(run_dir=run_dir, killed=killed, started_again=started_again, duration_s=duration_s)
+
+
+def assert_every_step_trained_once_with_its_version(run_dir: Path) -> list:
+    """Every step done; every committed shard trained exactly once (the last checkpoint's consumed shards), no
+    trajectory committed twice; every trained token sampled by its step's version (sync: step s by version s).
+    Returns the stored trajectories."""
+    shards = shard_steps(run_dir)
+    assert sorted(step for step, _ in shards.values()) == list(range(NUM_STEPS))
+    ids = [i for _, names in shards.values() for i in names]
+    assert len(ids) == len(set(ids)), "a trajectory was committed twice"
+    consumed = latest_trainer_state(run_dir)["consumed_shards"]
+    assert sorted(consumed) == sorted(shards), "a committed shard was trained twice or not at all"
+    assert metric_steps(run_dir) == list(range(NUM_STEPS))
+    store = TrajectoryStore(run_dir)
+    trajectories = [t for path in store.shard_paths() for t in store.read_shard(path)]
+    for trajectory in (t for t in trajectories if t.trainable):
+        for segment in trajectory.segments:
+            versions = set(segment.weight_versions[segment.loss_mask == 1].tolist())
+            assert versions <= {trajectory.step}, (trajectory.step, versions)
+    return trajectories
+
+
+def assert_every_committed_group_trained_at_most_once(run_dir: Path) -> None:
+    """Async: the ledger of the last checkpoint trains every step, no committed group twice, and accounts for
+    every committed group (trained, or dropped as stale or lost to infrastructure); no trajectory repeats."""
+    shards = shard_steps(run_dir)
+    ids = [i for _, names in shards.values() for i in names]
+    assert len(ids) == len(set(ids)), "a trajectory was committed twice"
+    ledger = latest_trainer_state(run_dir)["extra"]["trajectory_ledger"]
+    trained = [name for names in ledger["step_shards"].values() for name in names]
+    assert sorted(int(step) for step in ledger["step_shards"]) == list(range(NUM_STEPS))
+    assert len(trained) == len(set(trained)), "a group was trained twice"
+    assert sorted(trained + list(ledger["dropped"])) == sorted(shards), "a committed group went missing"
+    assert set(ledger["dropped"].values()) <= {"stale", "lost_to_infrastructure"}
+    assert metric_steps(run_dir) == list(range(NUM_STEPS))
