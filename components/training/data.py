@@ -14,12 +14,9 @@ pyarrow path (tests, benchmarks, single-process training) built from the same th
    ``max_tokens_per_micro_batch`` tokens; positions restart at 0 for every segment, which HF models turn into
    a block-diagonal causal mask (segments never attend to each other).
 
-A micro-batch row holds per-token ``input_ids``, ``position_ids``, ``sequence_ids`` (segment index inside the
-row), ``loss_mask``, ``old_logprobs`` (rollout), ``advantages``, ``weights``, ``weight_versions``; per segment
-of the row its sampling distribution (``segment_temperature``, ``segment_top_p``, ``segment_top_k``: the
-trainer recomputes each segment's logprobs under the distribution it was sampled from); the R3 routes of the
-row's tokens when any segment has them (``routed_experts`` flattened, ``routed_experts_shape`` = [tokens,
-moe_layers, top_k], -1 where a token has no recorded route); and ``num_tokens`` / ``num_sampled_tokens``.
+A micro-batch row's layout is stated once, in ``MICRO_BATCH_COLUMNS``: each column's Arrow type, what it holds
+one value per (token, segment of the row, row), its value in a padding row and the ``MicroBatch`` tensor it
+becomes; ``MICRO_BATCH_SCHEMA``, ``padding_micro_batches`` and ``MicroBatch.from_row`` follow from it.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -106,25 +104,52 @@ SUMMARY_COLUMNS = [
     "turn_rewards",
 ]
 
-MICRO_BATCH_SCHEMA = pa.schema(
-    [
-        pa.field("input_ids", pa.list_(pa.int32())),
-        pa.field("position_ids", pa.list_(pa.int32())),
-        pa.field("sequence_ids", pa.list_(pa.int32())),
-        pa.field("loss_mask", pa.list_(pa.int8())),
-        pa.field("old_logprobs", pa.list_(pa.float32())),
-        pa.field("advantages", pa.list_(pa.float32())),
-        pa.field("weights", pa.list_(pa.float32())),
-        pa.field("weight_versions", pa.list_(pa.int32())),
-        pa.field("segment_temperature", pa.list_(pa.float64())),
-        pa.field("segment_top_p", pa.list_(pa.float64())),
-        pa.field("segment_top_k", pa.list_(pa.int32())),
-        pa.field("routed_experts", pa.list_(pa.int16())),
-        pa.field("routed_experts_shape", pa.list_(pa.int32())),
-        pa.field("num_tokens", pa.int32()),
-        pa.field("num_sampled_tokens", pa.int32()),
-    ]
+
+class Per(StrEnum):
+    """What a micro-batch column holds one value per."""
+
+    TOKEN = "token"
+    SEGMENT = "segment"  # segment of the row, indexed by ``sequence_ids``
+    ROW = "row"
+
+
+@dataclass(frozen=True)
+class MicroBatchColumn:
+    """One column of a packed micro-batch row."""
+
+    name: str
+    arrow_type: pa.DataType
+    per: Per
+    padding: object  # its value in a one-token padding row (nothing to learn)
+    tensor: str | None  # the ``MicroBatch`` field it becomes; None: not a tensor of its own
+    tensor_dtype: str = ""  # that field's torch dtype
+
+
+# The one statement of a micro-batch row's layout. ``loss_mask`` is 0 on a segment's first token (nothing
+# inside the segment predicts it); ``segment_*`` is the distribution each segment was sampled from (the trainer
+# recomputes its logprobs under it; top_k 0: none); ``routed_experts`` holds the row's R3 routes flattened
+# [tokens, moe_layers, top_k], -1 where a token has none, empty (and its shape []) when no segment has routes.
+# fmt: off
+MICRO_BATCH_COLUMNS = (
+    #                name                    Arrow type              per          padding MicroBatch field and dtype
+    MicroBatchColumn("input_ids",            pa.list_(pa.int32()),   Per.TOKEN,   [0],    "input_ids", "int64"),
+    MicroBatchColumn("position_ids",         pa.list_(pa.int32()),   Per.TOKEN,   [0],    "position_ids", "int64"),
+    MicroBatchColumn("sequence_ids",         pa.list_(pa.int32()),   Per.TOKEN,   [0],    "sequence_ids", "int64"),
+    MicroBatchColumn("loss_mask",            pa.list_(pa.int8()),    Per.TOKEN,   [0],    "loss_mask", "float32"),
+    MicroBatchColumn("old_logprobs",         pa.list_(pa.float32()), Per.TOKEN,   [0.0],  "old_logprobs", "float32"),
+    MicroBatchColumn("advantages",           pa.list_(pa.float32()), Per.TOKEN,   [0.0],  "advantages", "float32"),
+    MicroBatchColumn("weights",              pa.list_(pa.float32()), Per.TOKEN,   [0.0],  "weights", "float32"),
+    MicroBatchColumn("weight_versions",      pa.list_(pa.int32()),   Per.TOKEN,   [-1],   "weight_versions", "int64"),
+    MicroBatchColumn("segment_temperature",  pa.list_(pa.float64()), Per.SEGMENT, [1.0],  "temperature", "float32"),
+    MicroBatchColumn("segment_top_p",        pa.list_(pa.float64()), Per.SEGMENT, [1.0],  "top_p", "float32"),
+    MicroBatchColumn("segment_top_k",        pa.list_(pa.int32()),   Per.SEGMENT, [0],    "top_k", "int64"),
+    MicroBatchColumn("routed_experts",       pa.list_(pa.int16()),   Per.TOKEN,   [],     "routed_experts", "int64"),
+    MicroBatchColumn("routed_experts_shape", pa.list_(pa.int32()),   Per.ROW,     [],     None),
+    MicroBatchColumn("num_tokens",           pa.int32(),             Per.ROW,     1,      None),
+    MicroBatchColumn("num_sampled_tokens",   pa.int32(),             Per.ROW,     0,      None),
 )
+# fmt: on
+MICRO_BATCH_SCHEMA = pa.schema([pa.field(column.name, column.arrow_type) for column in MICRO_BATCH_COLUMNS])
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -573,23 +598,7 @@ def _packed_routes(
 
 def padding_micro_batches(count: int) -> pa.Table:
     """``count`` one-token micro-batches with nothing to learn (keep every rank's number of forwards equal)."""
-    one = {
-        "input_ids": [0],
-        "position_ids": [0],
-        "sequence_ids": [0],
-        "loss_mask": [0],
-        "old_logprobs": [0.0],
-        "advantages": [0.0],
-        "weights": [0.0],
-        "weight_versions": [-1],
-        "segment_temperature": [1.0],
-        "segment_top_p": [1.0],
-        "segment_top_k": [0],
-        "routed_experts": [],
-        "routed_experts_shape": [],
-        "num_tokens": 1,
-        "num_sampled_tokens": 0,
-    }
+    one = {column.name: column.padding for column in MICRO_BATCH_COLUMNS}
     return pa.Table.from_pylist([one] * count, schema=MICRO_BATCH_SCHEMA)
 
 
@@ -735,7 +744,8 @@ def build_micro_batches_with_ray(
 
 @dataclass(kw_only=True)
 class MicroBatch:
-    """One packed row as 1-D torch tensors (what a train step consumes)."""
+    """One packed row as torch tensors (what a train step consumes): the ``tensor`` fields of
+    ``MICRO_BATCH_COLUMNS``, each of its column's ``tensor_dtype``."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -757,30 +767,17 @@ class MicroBatch:
         """From a ``MICRO_BATCH_SCHEMA`` row (numpy arrays or lists)."""
         import torch
 
-        def tensor(name: str, dtype: torch.dtype) -> torch.Tensor:
-            return torch.as_tensor(np.asarray(row[name]), dtype=dtype)
-
+        tensors = {
+            column.tensor: torch.as_tensor(
+                np.asarray(row[column.name]), dtype=getattr(torch, column.tensor_dtype)
+            )
+            for column in MICRO_BATCH_COLUMNS
+            if column.tensor is not None
+        }
         shape = row.get("routed_experts_shape")
         route_shape = tuple(int(n) for n in shape) if shape is not None else ()
-
-        return cls(
-            input_ids=tensor("input_ids", torch.long),
-            position_ids=tensor("position_ids", torch.long),
-            sequence_ids=tensor("sequence_ids", torch.long),
-            loss_mask=tensor("loss_mask", torch.float32),
-            old_logprobs=tensor("old_logprobs", torch.float32),
-            advantages=tensor("advantages", torch.float32),
-            weights=tensor("weights", torch.float32),
-            weight_versions=tensor("weight_versions", torch.long),
-            routed_experts=(
-                torch.as_tensor(np.asarray(row["routed_experts"], dtype=np.int64).reshape(route_shape))
-                if route_shape
-                else None
-            ),
-            temperature=tensor("segment_temperature", torch.float32),
-            top_p=tensor("segment_top_p", torch.float32),
-            top_k=tensor("segment_top_k", torch.long),
-        )
+        tensors["routed_experts"] = tensors["routed_experts"].reshape(route_shape) if route_shape else None
+        return cls(**tensors)
 
     @property
     def num_tokens(self) -> int:

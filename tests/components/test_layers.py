@@ -1,10 +1,12 @@
-"""The import graph's layers: ``components/protocols.py`` (the seams) imports no implementation, and nothing
-below the run wing (``components/launch.py``, ``components/loop.py``) imports it. Imports are read from the
-source (every ``import``, under ``TYPE_CHECKING`` and inside functions too), so a lazy import counts."""
+"""The import graph's layers: ``components/protocols.py`` (the seams) imports no implementation, nothing
+below the run wing (``components/launch.py``, ``components/loop.py``) imports it, and no import cycle spans
+modules of two packages. Imports are read from the source (every ``import``, under ``TYPE_CHECKING`` and
+inside functions too), so a lazy import counts."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Container, Sequence
 from pathlib import Path
 
 import pytest
@@ -30,8 +32,13 @@ def imported_modules(path: Path) -> set[str]:
     return modules
 
 
-def module_name(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+def module_name(path: Path, root: Path = ROOT) -> str:
+    return ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+
+
+def package_name(path: Path, root: Path = ROOT) -> str:
+    """The package a module file belongs to: its folder (a package's ``__init__.py`` belongs to itself)."""
+    return ".".join(path.parent.relative_to(root).parts)
 
 
 def rein_modules(modules: set[str]) -> set[str]:
@@ -66,3 +73,70 @@ def test_nothing_below_the_run_wing_imports_it(package):
         if wing:
             offenders[name] = sorted(wing)
     assert not offenders, f"modules below the run wing import it: {offenders}"
+
+
+def owning_module(imported: str, modules: Container[str]) -> str | None:
+    """The longest of ``modules`` that ``imported`` names or starts with (``a.b.c`` is module ``a.b`` when ``c``
+    is a name in it); None for anything else (standard library, third party)."""
+    parts = imported.split(".")
+    return next((m for n in range(len(parts), 0, -1) if (m := ".".join(parts[:n])) in modules), None)
+
+
+def import_graph(root: Path, packages: Sequence[str]) -> tuple[dict[str, set[str]], dict[str, str]]:
+    """Per module of ``packages`` the modules of them it imports, and per module its package."""
+    paths = {
+        module_name(path, root): path
+        for package in packages
+        for path in sorted((root / package).rglob("*.py"))
+    }
+    graph = {
+        name: {owning_module(imported, paths) for imported in imported_modules(path)} - {None, name}
+        for name, path in paths.items()
+    }
+    return graph, {name: package_name(path, root) for name, path in paths.items()}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def cross_package_cycles(root: Path, packages: Sequence[str]) -> dict[str, list[str]]:
+    """Per module the modules of other packages on an import cycle with it (none: not listed)."""
+    graph, package = import_graph(root, packages)
+    reach = {module: reachable(graph, module) for module in graph}
+    cycles = {
+        module: sorted(
+            other for other in reach[module] if module in reach[other] and package[other] != package[module]
+        )
+        for module in graph
+    }
+    return {module: others for module, others in cycles.items() if others}
+
+
+def test_no_import_cycle_spans_two_packages():
+    cycles = cross_package_cycles(ROOT, BELOW_RUN_WING)
+    assert not cycles, f"import cycles between modules of different packages: {cycles}"
+
+
+def test_the_cycle_check_sees_a_lazy_cycle_through_a_third_module(tmp_path):
+    """The checker is not blind: ``a.x`` → ``b.y`` at import time, ``b.y`` → ``b.z`` (same package, allowed
+    alone), and ``b.z`` → ``a.x`` only inside a function is a cycle across ``a`` and ``b``."""
+    for package in ("a", "b"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "a" / "x.py").write_text("from b.y import helper\n")
+    (tmp_path / "b" / "y.py").write_text("import b.z\nhelper = 1\n")
+    (tmp_path / "b" / "z.py").write_text("def later():\n    from a import x\n")
+    assert cross_package_cycles(tmp_path, ("a", "b")) == {
+        "a.x": ["b.y", "b.z"],
+        "b.y": ["a.x"],
+        "b.z": ["a.x"],
+    }
+    (tmp_path / "b" / "z.py").write_text("def later():\n    from b import y\n")  # the same package: fine
+    assert cross_package_cycles(tmp_path, ("a", "b")) == {}
