@@ -24,14 +24,14 @@ way the distribution used is recorded per segment (``Segment.sampling``), and a 
 from the segment it extends starts a new segment. With ``record_routed_experts`` the engine is asked for the
 MoE routes of every position, recorded per segment for routing replay (R3).
 
-Policies (multi-LoRA): a registry may serve several named policies besides its default engine
-(``policies``: name → that policy's ``InferenceEngine``, e.g. ``EmbeddedEngine.policy(name)``, one LoRA adapter
-on a shared base). A session is bound to one policy when it is opened (``open_session(policy=...)``, or
+Policies (multi-LoRA): a registry may serve several named policies besides its default engine (``policies``:
+name → that policy's ``InferenceEngine``, e.g. ``EmbeddedEngine.policy(name)``, one LoRA adapter on a shared
+base). A session is bound to one policy when it is opened (``open_session(SessionOpen(policy=...))``, or
 ``"policy"`` in the ``POST /sessions`` body, both of which need the admin key in isolated mode) and every turn
 of it is sampled by that policy, whatever the agent sends: the protocols' ``model`` field is ignored, so an
 agent holding one session's token cannot reach another policy's adapter. Each token records its own policy's
-adapter version. A registry with policies writes no trajectories itself (``run_dir`` must be unset): one
-store would mix the policies' trajectories; each policy's runner keeps the trajectories ``finalize`` returns.
+adapter version. A registry with policies writes no trajectories itself (``run_dir`` must be unset): one store
+would mix the policies' trajectories; each policy's runner keeps the trajectories ``finalize`` returns.
 
 Finalize status rule: an explicit status other than ``ok`` wins; otherwise a session whose prompt outgrew the
 context window finalizes as ``context_overflow`` (trainable) and the rest as ``ok``.
