@@ -12,7 +12,14 @@ import pytest
 
 from components.engine.scripted import EchoEngine, ScriptedEngine
 from components.errors import ContextOverflowError
-from components.protocols import FinishReason, InferenceEngine, SamplingParams, SessionOpen, SessionOutcome
+from components.protocols import (
+    FinishReason,
+    InferenceEngine,
+    SamplingParams,
+    SessionDescription,
+    SessionOpen,
+    SessionOutcome,
+)
 from components.proxy.errors import InvalidRequestError, SessionNotFoundError
 from components.proxy.sessions import LocalSessionRegistry, TurnRequest
 from components.tito.messages import ChatMessage
@@ -33,6 +40,11 @@ def test_http_session_lifecycle_writes_trajectory(start_proxy, tokenizer, tmp_pa
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "do it"}])
     record = httpx.get(f"{session['base_url']}/trajectory").json()
     assert record["num_turns"] == 1 and record["num_segments"] == 1
+    assert list(record) == [  # the HTTP body of a SessionDescription, field by field
+        *("session_id", "policy", "status", "num_turns", "num_engine_errors", "num_malformed_tool_calls"),
+        *("tool_format", "reasoning_format", "last_engine_error", "num_segments", "segments"),
+    ]
+    assert SessionDescription.from_json(record) == proxy.describe(session["session_id"])
     finalized = httpx.post(
         f"{session['base_url']}/finalize", json={"reward": 1.0, "metrics": {"num_steps": 1}, "log": "fine"}
     )
