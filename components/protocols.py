@@ -8,7 +8,7 @@ suite under ``tests/`` that every implementation passes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -423,6 +423,65 @@ class SessionOutcome:
             object.__setattr__(self, "turn_rewards", tuple(float(r) for r in self.turn_rewards))
 
 
+@dataclass(frozen=True, kw_only=True)
+class SessionOpen:
+    """What a session is opened with (``SessionControl.open_session``): who it belongs to, the defaults for the
+    trajectory it becomes, and the policy that samples every turn ("": the registry's default engine)."""
+
+    session_id: str | None = None  # None: a fresh id
+    task_id: str = ""
+    group_id: str = ""
+    harness: str = ""
+    step: int = 0
+    policy: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionDescription:
+    """A session's record so far (``SessionControl.describe``); ``to_json`` is the proxy's
+    ``GET /s/{id}/trajectory`` body. ``segments`` are JSON objects (token ids, mask, logprobs, versions ...)."""
+
+    session_id: str
+    policy: str = ""
+    status: str = "open"  # "open", or ``context_overflow`` once the proxy refused an overlong prompt
+    num_turns: int = 0
+    num_engine_errors: int = 0  # engine calls that failed
+    num_malformed_tool_calls: int = 0
+    tool_format: str = ""
+    reasoning_format: str = ""
+    last_engine_error: str = ""
+    segments: tuple[Mapping[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "segments", tuple(self.segments))
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segments)
+
+    def to_json(self) -> dict[str, Any]:
+        """The HTTP body: every field, plus ``num_segments``."""
+        return {
+            "session_id": self.session_id,
+            "policy": self.policy,
+            "status": self.status,
+            "num_turns": self.num_turns,
+            "num_engine_errors": self.num_engine_errors,
+            "num_malformed_tool_calls": self.num_malformed_tool_calls,
+            "tool_format": self.tool_format,
+            "reasoning_format": self.reasoning_format,
+            "last_engine_error": self.last_engine_error,
+            "num_segments": self.num_segments,
+            "segments": [dict(segment) for segment in self.segments],
+        }
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> SessionDescription:
+        """Read back ``to_json``'s body (an HTTP client of the proxy)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in body.items() if key in names})
+
+
 @runtime_checkable
 class SessionControl(Protocol):
     """What the rollout runner needs of the proxy: open, describe, finalize or discard a recorded session
@@ -433,18 +492,9 @@ class SessionControl(Protocol):
     runner can tell an agent that gave up on a failing engine from one that failed by itself.
     """
 
-    async def open_session(
-        self,
-        *,
-        session_id: str | None = None,
-        task_id: str = "",
-        group_id: str = "",
-        harness: str = "",
-        step: int = 0,
-        policy: str = "",
-    ) -> str: ...
+    async def open_session(self, request: SessionOpen = SessionOpen()) -> str: ...
 
-    async def describe(self, session_id: str) -> dict[str, Any]: ...
+    async def describe(self, session_id: str) -> SessionDescription: ...
 
     async def finalize(self, session_id: str, outcome: SessionOutcome = SessionOutcome()) -> Trajectory: ...
 

@@ -63,7 +63,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from components.protocols import SessionOutcome
+from components.protocols import SessionOpen, SessionOutcome
 from components.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import (
@@ -418,7 +418,7 @@ class _ProxyHandlers:
             self._check_admin(request)
             raw = await request.body()
             body = parse_json_object(raw) if raw.strip() else {}
-            session_id = await self.registry.open_session(
+            opening = SessionOpen(
                 session_id=get_str(body, "session_id", "body", default=None),
                 task_id=get_str(body, "task_id", "body", default=""),
                 group_id=get_str(body, "group_id", "body", default=""),
@@ -426,12 +426,13 @@ class _ProxyHandlers:
                 step=get_int(body, "step", "body", default=0, minimum=0),
                 policy=get_str(body, "policy", "body", default=""),
             )
+            session_id = await self.registry.open_session(opening)
         except Exception as error:
             return self._error(CHAT, error)
         root = str(request.url).split("?", 1)[0].removesuffix("/").removesuffix("/sessions")
         opened = {
             "session_id": session_id,
-            "policy": get_str(body, "policy", "body", default=""),
+            "policy": opening.policy,
             "base_url": f"{root}/s/{session_id}",
         }
         keys = self.config.session_keys
@@ -442,7 +443,7 @@ class _ProxyHandlers:
     async def trajectory(self, request: Request) -> Response:
         try:
             self._check_admin(request)
-            return _json(await self.registry.describe(self._session_id(request)))
+            return _json((await self.registry.describe(self._session_id(request))).to_json())
         except Exception as error:
             return self._error(CHAT, error)
 

@@ -22,15 +22,14 @@ from typing import Any
 
 from components.config import require_positive
 from components.errors import EngineError
-from components.protocols import InferenceEngine, SessionOutcome
+from components.protocols import InferenceEngine, SessionDescription, SessionOpen, SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import RemoteCallError, SessionNotFoundError, from_remote, to_remote
 from components.proxy.sessions import (
     LocalSessionRegistry,
     TurnOutcome,
     TurnRequest,
-    new_session_id,
-    validate_session_id,
+    with_session_id,
 )
 from components.remote_waits import PENDING_WAITS, EngineStalledError
 from components.tito.messages import ChatMessage, ToolSpec
@@ -82,20 +81,12 @@ class SessionShard:
         except Exception as error:
             raise to_remote(error) from None
 
-    async def open_session(
-        self, *, session_id: str, task_id: str, group_id: str, harness: str, step: int, policy: str = ""
-    ) -> str:
+    async def open_session(self, request: SessionOpen) -> str:
+        session_id = str(request.session_id)  # the sharded registry names it: it picked this shard by it
         if self._restarted:
             self._opened_here.add(session_id)
         with self._remote_errors(session_id):
-            return await self.registry.open_session(
-                session_id=session_id,
-                task_id=task_id,
-                group_id=group_id,
-                harness=harness,
-                step=step,
-                policy=policy,
-            )
+            return await self.registry.open_session(request)
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
         with self._remote_errors(session_id):
@@ -107,7 +98,7 @@ class SessionShard:
         with self._remote_errors(session_id):
             return await self.registry.count_tokens(session_id, messages, tools)
 
-    async def describe(self, session_id: str) -> dict[str, Any]:
+    async def describe(self, session_id: str) -> SessionDescription:
         with self._remote_errors(session_id):
             return await self.registry.describe(session_id)
 
@@ -165,29 +156,12 @@ class ShardedSessionRegistry:
         except RayActorError as error:
             raise EngineError(f"{shard} died; session {session_id} was discarded with it: {error}") from None
 
-    async def open_session(
-        self,
-        *,
-        session_id: str | None = None,
-        task_id: str = "",
-        group_id: str = "",
-        harness: str = "",
-        step: int = 0,
-        policy: str = "",
-    ) -> str:
-        """Start recording a new session bound to ``policy`` on its shard; returns its id."""
-        session_id = validate_session_id(session_id) if session_id is not None else new_session_id()
+    async def open_session(self, request: SessionOpen = SessionOpen()) -> str:
+        """Start recording a new session bound to ``request.policy`` on its shard; returns its id."""
+        request = with_session_id(request)
+        session_id = str(request.session_id)
         return await self._result(
-            session_id,
-            "open_session",
-            self._shard(session_id).open_session.remote(
-                session_id=session_id,
-                task_id=task_id,
-                group_id=group_id,
-                harness=harness,
-                step=step,
-                policy=policy,
-            ),
+            session_id, "open_session", self._shard(session_id).open_session.remote(request)
         )
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome:
@@ -207,7 +181,7 @@ class ShardedSessionRegistry:
             shard.count_tokens.remote(session_id, tuple(messages), tuple(tools)),
         )
 
-    async def describe(self, session_id: str) -> dict[str, Any]:
+    async def describe(self, session_id: str) -> SessionDescription:
         """See ``LocalSessionRegistry.describe``."""
         return await self._result(session_id, "describe", self._shard(session_id).describe.remote(session_id))
 

@@ -24,14 +24,14 @@ way the distribution used is recorded per segment (``Segment.sampling``), and a 
 from the segment it extends starts a new segment. With ``record_routed_experts`` the engine is asked for the
 MoE routes of every position, recorded per segment for routing replay (R3).
 
-Policies (multi-LoRA): a registry may serve several named policies besides its default engine
-(``policies``: name → that policy's ``InferenceEngine``, e.g. ``EmbeddedEngine.policy(name)``, one LoRA adapter
-on a shared base). A session is bound to one policy when it is opened (``open_session(policy=...)``, or
+Policies (multi-LoRA): a registry may serve several named policies besides its default engine (``policies``:
+name → that policy's ``InferenceEngine``, e.g. ``EmbeddedEngine.policy(name)``, one LoRA adapter on a shared
+base). A session is bound to one policy when it is opened (``open_session(SessionOpen(policy=...))``, or
 ``"policy"`` in the ``POST /sessions`` body, both of which need the admin key in isolated mode) and every turn
 of it is sampled by that policy, whatever the agent sends: the protocols' ``model`` field is ignored, so an
 agent holding one session's token cannot reach another policy's adapter. Each token records its own policy's
-adapter version. A registry with policies writes no trajectories itself (``run_dir`` must be unset): one
-store would mix the policies' trajectories; each policy's runner keeps the trajectories ``finalize`` returns.
+adapter version. A registry with policies writes no trajectories itself (``run_dir`` must be unset): one store
+would mix the policies' trajectories; each policy's runner keeps the trajectories ``finalize`` returns.
 
 Finalize status rule: an explicit status other than ``ok`` wins; otherwise a session whose prompt outgrew the
 context window finalizes as ``context_overflow`` (trainable) and the rest as ``ok``.
@@ -50,7 +50,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from components.errors import ContextOverflowError
-from components.protocols import InferenceEngine, SamplingParams, SessionControl, SessionOutcome
+from components.protocols import (
+    InferenceEngine,
+    SamplingParams,
+    SessionControl,
+    SessionDescription,
+    SessionOpen,
+    SessionOutcome,
+)
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import InvalidRequestError, SessionNotFoundError
 from components.sampling import SamplingDistribution
@@ -103,18 +110,6 @@ class TurnOutcome:
     deltas: tuple[ReplyDelta, ...] | None = None  # with ``want_deltas``: content/reasoning/tool-call deltas
 
 
-@dataclass(frozen=True, kw_only=True)
-class SessionInfo:
-    """Who a session belongs to; defaults for the trajectory it becomes."""
-
-    session_id: str
-    task_id: str = ""
-    group_id: str = ""
-    harness: str = ""
-    step: int = 0
-    policy: str = ""  # the named policy that samples every turn; "": the registry's default engine
-
-
 class SessionRegistry(SessionControl, Protocol):
     """Owns proxy sessions: ``SessionControl`` (what the rollout runner uses) plus the proxy's own turn calls.
     Contract: every method is async; an unknown, finalized or discarded session id raises
@@ -126,6 +121,15 @@ class SessionRegistry(SessionControl, Protocol):
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> int: ...
+
+
+def with_session_id(request: SessionOpen) -> SessionOpen:
+    """``request`` with its session id validated, or a fresh one when it names none."""
+    session_id = request.session_id
+    return dataclasses.replace(
+        request,
+        session_id=validate_session_id(session_id) if session_id is not None else new_session_id(),
+    )
 
 
 def new_session_id() -> str:
@@ -216,7 +220,7 @@ def validate_tool_results(messages: Sequence[ChatMessage]) -> None:
 
 @dataclass(kw_only=True, eq=False)
 class _Session:
-    info: SessionInfo
+    info: SessionOpen  # as opened, with its session_id resolved
     engine: InferenceEngine  # the session's policy: fixed when it is opened
     tito: TitoSession
     lock: asyncio.Lock
@@ -296,32 +300,17 @@ class LocalSessionRegistry:
     def num_open_sessions(self) -> int:
         return len(self._sessions)
 
-    async def open_session(
-        self,
-        *,
-        session_id: str | None = None,
-        task_id: str = "",
-        group_id: str = "",
-        harness: str = "",
-        step: int = 0,
-        policy: str = "",
-    ) -> str:
-        """Start recording a new session bound to ``policy`` ("" = the default engine); returns its id (a fresh
-        one unless given)."""
-        session_id = validate_session_id(session_id) if session_id is not None else new_session_id()
-        engine = self._engine_of(policy)
+    async def open_session(self, request: SessionOpen = SessionOpen()) -> str:
+        """Start recording a new session bound to ``request.policy`` ("" = the default engine); returns its id
+        (a fresh one unless given)."""
+        info = with_session_id(request)
+        session_id = info.session_id
+        assert session_id is not None
+        engine = self._engine_of(info.policy)
         if session_id in self._sessions or session_id in self._closed:
             raise InvalidRequestError(
                 f"session_id: {session_id!r} is already in use; pick another or omit it"
             )
-        info = SessionInfo(
-            session_id=session_id,
-            task_id=task_id,
-            group_id=group_id,
-            harness=harness,
-            step=step,
-            policy=policy,
-        )
         self._sessions[session_id] = _Session(
             info=info, engine=engine, tito=self._new_tito(session_id, engine), lock=asyncio.Lock()
         )
@@ -413,23 +402,21 @@ class LocalSessionRegistry:
         session = self._get(session_id)
         return int(session.tito.count_tokens(messages, tools))
 
-    async def describe(self, session_id: str) -> dict[str, Any]:
+    async def describe(self, session_id: str) -> SessionDescription:
         """The session's record so far: segments (token ids, mask, logprobs, versions) and counters."""
         session = self._get(session_id)
-        segments = session.tito.segments()
-        return {
-            "session_id": session_id,
-            "policy": session.info.policy,
-            "status": TrajectoryStatus.CONTEXT_OVERFLOW.value if session.overflowed else "open",
-            "num_turns": session.num_turns,
-            "num_engine_errors": session.num_engine_errors,
-            "num_malformed_tool_calls": session.tito.num_malformed_tool_calls,
-            "tool_format": session.tito.renderer.tool_format.name,
-            "reasoning_format": session.tito.reply_parser.reasoning_format.name,
-            "last_engine_error": session.last_engine_error,
-            "num_segments": len(segments),
-            "segments": [segment_to_json(s) for s in segments],
-        }
+        return SessionDescription(
+            session_id=session_id,
+            policy=session.info.policy,
+            status=TrajectoryStatus.CONTEXT_OVERFLOW.value if session.overflowed else "open",
+            num_turns=session.num_turns,
+            num_engine_errors=session.num_engine_errors,
+            num_malformed_tool_calls=session.tito.num_malformed_tool_calls,
+            tool_format=session.tito.renderer.tool_format.name,
+            reasoning_format=session.tito.reply_parser.reasoning_format.name,
+            last_engine_error=session.last_engine_error,
+            segments=tuple(segment_to_json(s) for s in session.tito.segments()),
+        )
 
     def _final_messages_json(self, session: _Session, segments: Sequence[Segment]) -> str:
         """The conversation of the main segment (the longest one; side requests such as title generation

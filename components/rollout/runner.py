@@ -32,6 +32,7 @@ from components.protocols import (
     SandboxAwareHarness,
     SandboxProvider,
     SessionControl,
+    SessionOpen,
     SessionOutcome,
     Task,
     TaskWithSetup,
@@ -303,11 +304,13 @@ class RolloutRunner(GroupRollouts):
                     return self._local_trajectory(task, rollout, group_id=group_id, step=step)
             try:
                 session_id = await self.sessions.open_session(
-                    task_id=task.task_id,
-                    group_id=group_id,
-                    harness=self.harness.name,
-                    step=step,
-                    policy=self.config.policy,
+                    SessionOpen(
+                        task_id=task.task_id,
+                        group_id=group_id,
+                        harness=self.harness.name,
+                        step=step,
+                        policy=self.config.policy,
+                    )
                 )
             except Exception as exc:
                 rollout.fail(TrajectoryStatus.ENGINE_ERROR, f"could not open a proxy session: {exc}")
@@ -388,21 +391,21 @@ class RolloutRunner(GroupRollouts):
         except Exception as exc:
             logger.warning("describing session %s failed: %s", session_id, exc)
             return
-        rollout.metrics["num_policy_calls"] = float(described.get("num_turns", 0))
-        overflowed = described.get("status") == TrajectoryStatus.CONTEXT_OVERFLOW.value
+        rollout.metrics["num_policy_calls"] = float(described.num_turns)
+        overflowed = described.status == TrajectoryStatus.CONTEXT_OVERFLOW.value
         if overflowed and rollout.status in (
             TrajectoryStatus.OK,
             TrajectoryStatus.AGENT_ERROR,
             TrajectoryStatus.ENGINE_ERROR,
         ):
             rollout.fail(TrajectoryStatus.CONTEXT_OVERFLOW, "the conversation outgrew the context window")
-        elif described.get("num_engine_errors", 0) and rollout.status not in INFRASTRUCTURE_STATUSES:
+        elif described.num_engine_errors and rollout.status not in INFRASTRUCTURE_STATUSES:
             # A black-box agent only sees an HTTP 5xx and goes on (retries, changes course) or exits in its own
             # way; the proxy saw the cause. Either way the conversation is no clean sample of the policy.
             rollout.fail(
                 TrajectoryStatus.ENGINE_ERROR,
-                f"engine failed {described['num_engine_errors']} time(s) "
-                f"(last: {described.get('last_engine_error', '')}); the agent then ended with "
+                f"engine failed {described.num_engine_errors} time(s) "
+                f"(last: {described.last_engine_error}); the agent then ended with "
                 f"{rollout.status.value}: {rollout.failure_reason or 'ok'}",
             )
 
@@ -465,7 +468,9 @@ class RolloutRunner(GroupRollouts):
                 # number of model calls): their contract broken, not the infrastructure's. The session's
                 # tokens are kept, as an agent error (never trained, never replaced as an infrastructure loss).
                 rollout.reward = None
-                rollout.fail(TrajectoryStatus.AGENT_ERROR, f"the session refused the rollout's outcome: {refused}")
+                rollout.fail(
+                    TrajectoryStatus.AGENT_ERROR, f"the session refused the rollout's outcome: {refused}"
+                )
                 logger.warning("session %s refused the outcome: %s", session_id, refused)
                 outcome = dataclasses.replace(
                     outcome,

@@ -20,7 +20,7 @@ import pytest
 
 from components.engine.scripted import ScriptedEngine
 from components.errors import EngineError
-from components.protocols import SessionOutcome
+from components.protocols import SessionOpen, SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.rollout.failures import classify_exception
 from components.trajectory import TrajectoryStatus
@@ -87,7 +87,9 @@ async def test_a_killed_serve_replica_leaves_every_agents_next_request_to_the_ot
     import ray
 
     registry, url, token, app_name = proxy
-    sessions = [await registry.open_session(task_id=f"t{i}", group_id="g") for i in range(NUM_SESSIONS)]
+    sessions = [
+        await registry.open_session(SessionOpen(task_id=f"t{i}", group_id="g")) for i in range(NUM_SESSIONS)
+    ]
     histories = {sid: [{"role": "user", "content": f"hello {i}"}] for i, sid in enumerate(sessions)}
     kill_after = random.randrange(NUM_SESSIONS)  # a random point of the first turn's round
     replicas = _replica_actors(app_name)
@@ -101,7 +103,9 @@ async def test_a_killed_serve_replica_leaves_every_agents_next_request_to_the_ot
     replies = await asyncio.gather(*(_turn(url, token(sid), sid, histories[sid]) for sid in sessions))
     assert replies == ["ack turn 1"] * NUM_SESSIONS
     assert time.monotonic() - started < 30
-    trajectories = await asyncio.gather(*(registry.finalize(sid, SessionOutcome(reward=1.0)) for sid in sessions))
+    trajectories = await asyncio.gather(
+        *(registry.finalize(sid, SessionOutcome(reward=1.0)) for sid in sessions)
+    )
     assert all(len(t.segments) == 1 and t.status == TrajectoryStatus.OK for t in trajectories)
 
 
@@ -117,7 +121,9 @@ async def test_a_killed_session_shard_fails_its_sessions_by_name_and_comes_back_
     import ray
 
     registry, url, token, _ = proxy
-    sessions = [await registry.open_session(task_id=f"t{i}", group_id="g") for i in range(NUM_SESSIONS)]
+    sessions = [
+        await registry.open_session(SessionOpen(task_id=f"t{i}", group_id="g")) for i in range(NUM_SESSIONS)
+    ]
     on_dead = [sid for sid in sessions if registry.shard_index(sid) == 0]
     on_live = [sid for sid in sessions if registry.shard_index(sid) == 1]
     assert on_dead and on_live
@@ -139,7 +145,7 @@ async def test_a_killed_session_shard_fails_its_sessions_by_name_and_comes_back_
     while True:
         assert time.monotonic() < deadline, "the dead shard did not come back"
         try:
-            new = await registry.open_session(task_id="after", group_id="g2")
+            new = await registry.open_session(SessionOpen(task_id="after", group_id="g2"))
         except EngineError as restarting:
             assert "session shard 0" in str(restarting)
             await asyncio.sleep(0.5)

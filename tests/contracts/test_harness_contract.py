@@ -27,7 +27,15 @@ import pytest
 
 from components.engine.scripted import ScriptedEngine
 from components.errors import SandboxError
-from components.protocols import Harness, HarnessOutcome, SandboxAwareHarness, SandboxSpec, Task
+from components.protocols import (
+    Harness,
+    HarnessOutcome,
+    SandboxAwareHarness,
+    SandboxSpec,
+    SessionDescription,
+    SessionOpen,
+    Task,
+)
 from components.trajectory import TrajectoryStatus
 from tests.contracts.conftest import brick_params
 from tests.failing_bricks import DeadSandbox, FailingEngine
@@ -203,9 +211,13 @@ async def _run(harness: Harness, task: Task, sandbox, base_url: str, api_key: st
     return outcome
 
 
-async def _run_in_session(harness, task, engine, tokenizer, *, sandbox=None) -> tuple[HarnessOutcome, dict]:
+async def _run_in_session(
+    harness, task, engine, tokenizer, *, sandbox=None
+) -> tuple[HarnessOutcome, SessionDescription]:
     async with running_proxy(engine, tokenizer, admin_key=ADMIN_KEY) as proxy:
-        session_id = await proxy.registry.open_session(task_id=task.task_id, harness=harness.name)
+        session_id = await proxy.registry.open_session(
+            SessionOpen(task_id=task.task_id, harness=harness.name)
+        )
         token = proxy.server.config.session_keys.session_token(session_id)
         opened = sandbox or await _open_sandbox(harness, task, proxy.url)
         try:
@@ -221,14 +233,14 @@ async def test_a_run_talks_through_its_session_and_returns_an_outcome(harness_an
     outcome, session = await _run_in_session(
         harness, task, ScriptedEngine(tokenizer, lambda _: REPLY), tokenizer
     )
-    assert session["num_turns"] >= 1, f"the session recorded no model call: {outcome}"
+    assert session.num_turns >= 1, f"the session recorded no model call: {outcome}"
 
 
 async def test_a_failing_engine_is_reported_not_raised(harness_and_task, tokenizer):
     harness, task = harness_and_task
     outcome, session = await _run_in_session(harness, task, FailingEngine(), tokenizer)
     assert outcome.status != TrajectoryStatus.OK.value, outcome
-    assert session["num_engine_errors"] >= 1, "the harness never reached the (failing) engine"
+    assert session.num_engine_errors >= 1, "the harness never reached the (failing) engine"
 
 
 async def test_an_unreachable_proxy_is_reported_not_raised(harness_and_task, tmp_path):

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from components.engine.scripted_policies import first_hunk_edit, step_policy, tool_call
-from components.protocols import SessionOutcome
+from components.protocols import SessionDescription, SessionOpen, SessionOutcome
 from components.proxy.auth import SessionKeys
 from components.rollout import RolloutConfig, RolloutRunner
 from components.tasks.swe import SweTask
@@ -60,14 +60,15 @@ class ReinProxySessions:
         assert response.status_code == 200, response.text
         return response.json()
 
-    async def open_session(self, **fields: Any) -> str:
-        return (await self._post("/sessions", fields))["session_id"]
+    async def open_session(self, request: SessionOpen = SessionOpen()) -> str:
+        body = {key: value for key, value in dataclasses.asdict(request).items() if value is not None}
+        return (await self._post("/sessions", body))["session_id"]
 
-    async def describe(self, session_id: str) -> dict[str, Any]:
+    async def describe(self, session_id: str) -> SessionDescription:
         async with httpx.AsyncClient(timeout=60) as client:
             response = await client.get(f"{self.url}/s/{session_id}/trajectory", headers=self.headers)
         assert response.status_code == 200, response.text
-        return response.json()
+        return SessionDescription.from_json(response.json())
 
     async def finalize(self, session_id: str, outcome: SessionOutcome = SessionOutcome()) -> Trajectory:
         body = dataclasses.asdict(outcome)

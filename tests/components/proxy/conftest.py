@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from components.engine.scripted import ScriptedEngine
+from components.protocols import SessionDescription, SessionOpen
 from components.proxy.config import ProxyConfig
 from components.proxy.server import ProxyServer
 from components.proxy.sessions import LocalSessionRegistry
@@ -24,13 +25,13 @@ class RunningProxy:
     def url(self) -> str:
         return self.server.url
 
-    def open_session(self, **kwargs: Any) -> str:
-        return self.server.call(lambda: self.registry.open_session(**kwargs))
+    def open_session(self, **fields: Any) -> str:
+        return self.server.call(lambda: self.registry.open_session(SessionOpen(**fields)))
 
     def session_url(self, session_id: str) -> str:
         return self.server.session_url(session_id)
 
-    def describe(self, session_id: str) -> dict[str, Any]:
+    def describe(self, session_id: str) -> SessionDescription:
         return self.server.call(lambda: self.registry.describe(session_id))
 
 

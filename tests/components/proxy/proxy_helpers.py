@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from components.engine.scripted import ScriptedEngine
-from components.protocols import GenerationResult, SamplingParams
+from components.protocols import GenerationResult, SamplingParams, SessionDescription
 
 BASH_TOOL_OPENAI = {
     "type": "function",
@@ -57,12 +57,12 @@ def reply_ids(tokenizer, text: str) -> list[int]:
 
 
 def assert_one_segment_record(
-    record: dict[str, Any], engine: ScriptedEngine, replies: Sequence[str], tokenizer
+    record: SessionDescription, engine: ScriptedEngine, replies: Sequence[str], tokenizer
 ) -> None:
     """The session is one append-only segment: each prompt extends the last, the sampled ids are exactly the
     scripted replies' ids with loss mask 1 (logprob 0.0, weight version 0), everything else mask 0."""
-    assert record["num_segments"] == 1, record["num_segments"]
-    segment = record["segments"][0]
+    assert record.num_segments == 1, record.num_segments
+    segment = record.segments[0]
     token_ids = np.asarray(segment["token_ids"])
     mask = np.asarray(segment["loss_mask"])
     assert len(engine.prompts) == len(replies)

@@ -136,8 +136,8 @@ async def test_agent_with_its_session_token_reaches_only_its_own_model_routes(st
     assert results["own_chat"] == results["own_messages"] == 200, results
     assert {name: results[name] for name in CONTROL_ATTACKS} == dict.fromkeys(CONTROL_ATTACKS, 401), results
     # Nothing changed on the host: both sessions open and unfinalized, the other one untouched.
-    assert proxy.describe(own)["num_turns"] == 2
-    assert proxy.describe(other)["num_turns"] == 0
+    assert proxy.describe(own).num_turns == 2
+    assert proxy.describe(other).num_turns == 0
 
     # With a made-up key, or with the token of a third session, not even the own model routes answer.
     third_token = keys.session_token(proxy.open_session())
@@ -180,7 +180,7 @@ async def test_default_config_is_closed_to_an_agent_without_a_token(start_proxy,
             proxy.describe(own)  # finalized from inside the sandbox
     else:
         assert set(results.values()) == {401}, results
-        assert proxy.describe(own)["num_turns"] == 0 and proxy.describe(other)["num_turns"] == 0
+        assert proxy.describe(own).num_turns == 0 and proxy.describe(other).num_turns == 0
 
 
 def test_default_config_generates_a_host_only_admin_key():

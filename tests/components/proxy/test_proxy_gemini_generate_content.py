@@ -263,7 +263,7 @@ def test_sdk_errors_are_google_shaped(start_proxy, tokenizer):
         list(client.models.generate_content_stream(model="m", contents="word " * 300))
     assert (overflow.value.code, overflow.value.status) == (413, "INVALID_ARGUMENT")
     assert overflow.value.details["error"]["details"][0]["reason"] == "CONTEXT_OVERFLOW"
-    assert proxy.describe(session_id)["status"] == "context_overflow"
+    assert proxy.describe(session_id).status == "context_overflow"
 
 
 def test_keepalive_and_in_stream_error(start_proxy, tokenizer):

@@ -23,6 +23,7 @@ import pytest
 from openai import OpenAI
 
 from components.engine.scripted import ScriptedEngine
+from components.protocols import SessionDescription
 from components.proxy.config import ProxyConfig
 from components.proxy.server import ProxyServer
 from components.proxy.sessions import LocalSessionRegistry
@@ -197,7 +198,7 @@ class FamilyProxy:
     def openai(self) -> OpenAI:
         return OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key, max_retries=0)
 
-    def describe(self) -> dict:
+    def describe(self) -> SessionDescription:
         return self.server.call(lambda: self.registry.describe(self.session_id))
 
     @property
@@ -430,8 +431,8 @@ def test_family_conversation_keeps_tito_exact(tokenizer, sdk, name, stream):
     with family_proxy(tokenizer, family, replies) as proxy:
         seen = SDK_CONVERSATIONS[sdk](proxy, len(replies), stream=stream)
         record = proxy.describe()
-        assert record["tool_format"] == family.tool_format  # detected from the real template (or named)
-        assert record["num_malformed_tool_calls"] == 0
+        assert record.tool_format == family.tool_format  # detected from the real template (or named)
+        assert record.num_malformed_tool_calls == 0
         expected = [
             (content, [(c.name, json.loads(c.arguments)) for c in calls])
             for content, calls in scripted_turns(family)
@@ -468,11 +469,11 @@ def test_a_template_that_moves_history_starts_a_segment_with_its_reason(tokenize
         second = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
         assert second.content == "Listed."
         record = proxy.describe()
-        assert record["num_segments"] == 1  # tool results extend the conversation exactly
+        assert record.num_segments == 1  # tool results extend the conversation exactly
         messages += [{"role": "assistant", "content": second.content}, {"role": "user", "content": "Thanks."}]
         client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
         record = proxy.describe()
-        assert [s["reason"] for s in record["segments"]] == ["start", "prefix_mismatch"]
+        assert [s["reason"] for s in record.segments] == ["start", "prefix_mismatch"]
         reports = proxy.audit()
         assert [r.segment_reason for r in reports] == ["start", "prefix_mismatch"]
         # a naive re-render of either segment's history differs from the ids the model saw (its system prompt
@@ -543,7 +544,7 @@ def test_a_malformed_call_reaches_the_trajectory_and_the_step_metrics(tokenizer)
         assert first.tool_calls is None and first.content == broken
         messages += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "Again?"}]
         client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
-        assert proxy.describe()["num_malformed_tool_calls"] == 1
+        assert proxy.describe().num_malformed_tool_calls == 1
         outcome = SessionOutcome(reward=0.0, metrics={"num_policy_calls": 2.0})
         trajectory = proxy.server.call(lambda: proxy.registry.finalize(proxy.session_id, outcome))
     assert trajectory.metrics[MALFORMED_TOOL_CALLS_METRIC] == 1.0
@@ -619,7 +620,7 @@ def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(
         second = client.chat.completions.create(model="p", messages=messages, tools=TOOLS).choices[0].message
         assert second.content == "Listed."
         record = proxy.describe()
-        assert record["num_segments"] == 1  # the tool result extends the conversation exactly
+        assert record.num_segments == 1  # the tool result extends the conversation exactly
         messages += [
             {"role": "assistant", "content": second.content, "reasoning_content": "The listing is short."},
             {"role": "user", "content": "Thanks."},
@@ -627,7 +628,7 @@ def test_a_template_that_drops_past_reasoning_starts_a_segment_with_its_reason(
         client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
         record = proxy.describe()
         reports = proxy.audit()
-        assert [s["reason"] for s in record["segments"]] == expected_segments
+        assert [s["reason"] for s in record.segments] == expected_segments
         assert [r.segment_reason for r in reports] == expected_segments
         # what a framework without TITO trains on, the final history re-rendered, drops reasoning the model saw
         # in the first segment's turns: the audit of those ids against it counts the dropped tokens

@@ -134,7 +134,7 @@ def test_x_session_id_header_on_bare_path(start_proxy):
     )
     response = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert response.choices[0].message.content == "ok"
-    assert proxy.describe(session_id)["num_turns"] == 1
+    assert proxy.describe(session_id).num_turns == 1
 
 
 @pytest.mark.parametrize(

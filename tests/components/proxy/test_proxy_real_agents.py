@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from components.protocols import SessionOutcome
+from components.protocols import SessionDescription, SessionOpen, SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.server import ProxyServer
 from components.proxy.sessions import LocalSessionRegistry
@@ -67,10 +67,10 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.Complete
     )
 
 
-def _recorded(server: ProxyServer, session_id: str) -> dict:
+def _recorded(server: ProxyServer, session_id: str) -> SessionDescription:
     record = server.call(lambda: server.registry.describe(session_id))
-    assert record["num_turns"] >= 1, record
-    assert any(sum(segment["loss_mask"]) > 0 for segment in record["segments"])
+    assert record.num_turns >= 1, record
+    assert any(sum(segment["loss_mask"]) > 0 for segment in record.segments)
     trajectory = server.call(
         lambda: server.registry.finalize(
             session_id, SessionOutcome(reward=0.0, status="turn_limit", failure_reason="test bound")
@@ -82,7 +82,7 @@ def _recorded(server: ProxyServer, session_id: str) -> dict:
 
 def test_claude_code(tiny_proxy, tmp_path):
     claude = _binary("claude")
-    session_id = tiny_proxy.call(lambda: tiny_proxy.registry.open_session(harness="claude-code"))
+    session_id = tiny_proxy.call(lambda: tiny_proxy.registry.open_session(SessionOpen(harness="claude-code")))
     home = tmp_path / "home"
     home.mkdir()
     (home / ".claude.json").write_text(json.dumps({"hasCompletedOnboarding": True}))
@@ -105,13 +105,13 @@ def test_claude_code(tiny_proxy, tmp_path):
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result.get("subtype") in ("success", "error_max_turns"), output[-3000:]
     record = _recorded(tiny_proxy, session_id)
-    assert max(len(s["token_ids"]) for s in record["segments"]) > 5000  # Claude Code's long system prompt
-    print("claude-code segments:", [(s["reason"], len(s["token_ids"])) for s in record["segments"]])
+    assert max(len(s["token_ids"]) for s in record.segments) > 5000  # Claude Code's long system prompt
+    print("claude-code segments:", [(s["reason"], len(s["token_ids"])) for s in record.segments])
 
 
 def test_codex(tiny_proxy, tmp_path):
     codex = _binary("codex")
-    session_id = tiny_proxy.call(lambda: tiny_proxy.registry.open_session(harness="codex"))
+    session_id = tiny_proxy.call(lambda: tiny_proxy.registry.open_session(SessionOpen(harness="codex")))
     home = tmp_path / "home"
     (home / ".codex").mkdir(parents=True)
     (home / ".codex" / "config.toml").write_text(
@@ -146,7 +146,9 @@ def test_codex(tiny_proxy, tmp_path):
 
 def test_mini_swe_agent(tiny_proxy, tmp_path):
     mini = require_tool(Path(sys.prefix) / "bin" / "mini", "pip install mini-swe-agent (the test extra)")
-    session_id = tiny_proxy.call(lambda: tiny_proxy.registry.open_session(harness="mini-swe-agent"))
+    session_id = tiny_proxy.call(
+        lambda: tiny_proxy.registry.open_session(SessionOpen(harness="mini-swe-agent"))
+    )
     home = tmp_path / "home"
     trajectory_file = tmp_path / "mini.traj.json"
     env = _env(

@@ -79,7 +79,7 @@ async def test_agent_sampling_is_recorded_and_a_change_starts_a_segment(tokenize
         (1.1, 1.0, 7),
     ]
     description = await registry.describe(session)
-    assert [s["sampling"] for s in description["segments"]] == [
+    assert [s["sampling"] for s in description.segments] == [
         {"temperature": 0.2, "top_p": 0.5, "top_k": 0},
         {"temperature": 1.1, "top_p": 1.0, "top_k": 7},
     ]
@@ -115,7 +115,7 @@ def test_anthropic_top_k_reaches_the_engine_when_agents_choose(start_proxy, toke
     )
     assert [(p.temperature, p.top_p, p.top_k) for p in engine.params] == [(0.5, 1.0, 5)]
     record = proxy.server.call(lambda: proxy.registry.describe(session_id))
-    assert record["segments"][0]["sampling"] == {"temperature": 0.5, "top_p": 1.0, "top_k": 5}
+    assert record.segments[0]["sampling"] == {"temperature": 0.5, "top_p": 1.0, "top_k": 5}
 
 
 def test_recipe_options_name_the_run_distribution(capsys):

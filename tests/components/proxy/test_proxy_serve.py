@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from components.engine.scripted import ScriptedEngine
-from components.protocols import SessionOutcome
+from components.protocols import SessionOpen, SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import SessionNotFoundError
 from components.trajectory import TrajectoryStatus
@@ -96,7 +96,8 @@ async def test_32_sessions_through_two_serve_replicas(ray_session, tokenizer, de
         assert sum(d.replica_states.get("RUNNING", 0) for d in status.values()) == 2
 
         session_ids = [
-            await registry.open_session(task_id=f"task-{i}", group_id="g") for i in range(NUM_SESSIONS)
+            await registry.open_session(SessionOpen(task_id=f"task-{i}", group_id="g"))
+            for i in range(NUM_SESSIONS)
         ]
         assert {registry.shard_index(s) for s in session_ids} == {0, 1}
         results = await asyncio.gather(

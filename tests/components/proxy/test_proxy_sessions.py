@@ -12,7 +12,14 @@ import pytest
 
 from components.engine.scripted import EchoEngine, ScriptedEngine
 from components.errors import ContextOverflowError
-from components.protocols import FinishReason, InferenceEngine, SamplingParams, SessionOutcome
+from components.protocols import (
+    FinishReason,
+    InferenceEngine,
+    SamplingParams,
+    SessionDescription,
+    SessionOpen,
+    SessionOutcome,
+)
 from components.proxy.errors import InvalidRequestError, SessionNotFoundError
 from components.proxy.sessions import LocalSessionRegistry, TurnRequest
 from components.tito.messages import ChatMessage
@@ -33,6 +40,11 @@ def test_http_session_lifecycle_writes_trajectory(start_proxy, tokenizer, tmp_pa
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "do it"}])
     record = httpx.get(f"{session['base_url']}/trajectory").json()
     assert record["num_turns"] == 1 and record["num_segments"] == 1
+    assert list(record) == [  # the HTTP body of a SessionDescription, field by field
+        *("session_id", "policy", "status", "num_turns", "num_engine_errors", "num_malformed_tool_calls"),
+        *("tool_format", "reasoning_format", "last_engine_error", "num_segments", "segments"),
+    ]
+    assert SessionDescription.from_json(record) == proxy.describe(session["session_id"])
     finalized = httpx.post(
         f"{session['base_url']}/finalize", json={"reward": 1.0, "metrics": {"num_steps": 1}, "log": "fine"}
     )
@@ -74,7 +86,7 @@ async def test_python_registry_api(tokenizer, tmp_path):
 
     engine = ScriptedEngine(tokenizer, ["first", "second"])
     registry = LocalSessionRegistry(engine, tokenizer, ProxyConfig(run_dir=tmp_path, default_max_tokens=32))
-    session_id = await registry.open_session(task_id="t", group_id="g", harness="white-box")
+    session_id = await registry.open_session(SessionOpen(task_id="t", group_id="g", harness="white-box"))
     messages = (ChatMessage(role="user", content="hello"),)
     outcome = await registry.run_turn(session_id, TurnRequest(messages=messages))
     assert outcome.reply.content == "first" and outcome.reply.finish_reason == "stop"
@@ -131,7 +143,7 @@ def test_context_overflow_is_413_and_keeps_a_trainable_record(start_proxy, token
         "type": "error",
         "error": {"type": "context_overflow", "message": caught_anthropic.value.body["error"]["message"]},
     }
-    assert proxy.describe(session_id)["status"] == "context_overflow"
+    assert proxy.describe(session_id).status == "context_overflow"
     body = httpx.post(f"{proxy.session_url(session_id)}/finalize", json={"reward": 0.0}).json()
     assert body["status"] == "context_overflow" and "context window" in body["failure_reason"]
     (trajectory,) = TrajectoryStore(tmp_path).read_all().trajectories
@@ -214,7 +226,7 @@ def test_only_engine_failures_count_as_engine_errors(
         json={"messages": [{"role": "user", "content": "hi"}]},
     )
     assert response.status_code == status and str(raised) in response.json()["error"]["message"]
-    assert proxy.describe(session_id)["num_engine_errors"] == num_engine_errors
+    assert proxy.describe(session_id).num_engine_errors == num_engine_errors
 
 
 def test_api_key(start_proxy):

@@ -55,14 +55,14 @@ def test_three_turn_tool_conversation_keeps_vllms_ids(vllm_server, start_proxy):
         )
     record = proxy.describe(session_id)
     sampled = np.concatenate(
-        [np.asarray(s["token_ids"])[np.asarray(s["loss_mask"]) == 1] for s in record["segments"]]
+        [np.asarray(s["token_ids"])[np.asarray(s["loss_mask"]) == 1] for s in record.segments]
     ).tolist()
     assert sampled == [t for _, output, _ in engine.calls for t in output]
     logprobs = np.concatenate(
-        [np.asarray(s["logprobs"])[np.asarray(s["loss_mask"]) == 1] for s in record["segments"]]
+        [np.asarray(s["logprobs"])[np.asarray(s["loss_mask"]) == 1] for s in record.segments]
     ).tolist()
     assert logprobs == pytest.approx([lp for _, _, lps in engine.calls for lp in lps], abs=1e-6)
-    assert record["num_segments"] == 1
+    assert record.num_segments == 1
 
 
 def test_rein_proxy_engine_vllm_serves_an_agent_request(vllm_server, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from components.protocols import SessionOutcome
+from components.protocols import SessionOpen, SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.server import ProxyServer
 from components.proxy.sessions import LocalSessionRegistry
@@ -85,7 +85,7 @@ def test_mini_swe_agent_sampling_settings_train_rollout_agreement(tiny_model_dir
     server = ProxyServer(LocalSessionRegistry(engine, engine.tokenizer, config), config)
     server.start_in_thread()
     try:
-        session_id = server.call(lambda: server.registry.open_session(harness="mini-swe-agent"))
+        session_id = server.call(lambda: server.registry.open_session(SessionOpen(harness="mini-swe-agent")))
         _run_mini(
             mini, server.session_url(session_id), config.session_keys.session_token(session_id), tmp_path
         )

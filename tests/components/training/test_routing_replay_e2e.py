@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from components.protocols import SessionOutcome
+from components.protocols import SessionOpen, SessionOutcome
 from components.proxy.config import ProxyConfig
 from components.proxy.sessions import LocalSessionRegistry, TurnRequest
 from components.sampling import SamplingDistribution
@@ -40,7 +40,7 @@ async def _record_sessions(model_dir, run_dir) -> None:
     registry = LocalSessionRegistry(engine, engine.tokenizer, config)
     try:
         for index in range(NUM_SESSIONS):
-            session = await registry.open_session(group_id="g")
+            session = await registry.open_session(SessionOpen(group_id="g"))
             messages = [ChatMessage(role="user", content=f"Task {index}: count the files.")]
             for turn in range(2):  # the second turn extends the first: routes merge across turns
                 outcome = await registry.run_turn(session, TurnRequest(messages=tuple(messages), seed=index))
