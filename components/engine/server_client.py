@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import httpx
@@ -24,6 +24,16 @@ def is_transient(error: BaseException) -> bool:
     """A failure worth another attempt: a connection error (not a read timeout: the request may be running)
     or a 502/503/504."""
     if isinstance(error, httpx.TransportError) and not isinstance(error, httpx.ReadTimeout):
+        return True
+    return isinstance(error, httpx.HTTPStatusError) and error.response.status_code in TRANSIENT_STATUS
+
+
+def is_unsent(error: BaseException) -> bool:
+    """A failure worth another attempt for a request that must not run twice (generation): the connection was
+    never made, or a 502/503/504. A connection dropped mid-request means the server died with it: sent again,
+    it could be answered by the restarted server (vLLM binds its port before loading the model) with its
+    start-up weights, so it fails instead (the fleet takes the server out; the rollout is an engine error)."""
+    if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
         return True
     return isinstance(error, httpx.HTTPStatusError) and error.response.status_code in TRANSIENT_STATUS
 
@@ -129,15 +139,17 @@ class HttpServerClient:
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         accept_status: tuple[int, ...] = (),
+        retry_when: Callable[[BaseException], bool] = is_transient,
     ) -> Any:
-        """One HTTP call with bounded retries on transient failures; the JSON reply (``{"text": ...}`` when not
-        JSON, ``{}`` when empty); ``EngineError`` on any failure, ``unreachable_error`` when the server is gone."""
+        """One HTTP call with bounded retries on failures ``retry_when`` accepts; the JSON reply (``{"text": ...}``
+        when not JSON, ``{}`` when empty); ``EngineError`` on any failure, ``unreachable_error`` when the server
+        is gone."""
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.config.max_retries + 1),
             wait=wait_exponential(
                 multiplier=self.config.retry_backoff_s, max=10 * max(self.config.retry_backoff_s, 0.1)
             ),
-            retry=retry_if_exception(is_transient),
+            retry=retry_if_exception(retry_when),
             reraise=True,
         )
         where = f"{self.server_name} {method} {self.url}{path}"

@@ -53,7 +53,7 @@ import httpx
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.policy_view import PolicyView
-from components.engine.server_client import HttpServerClient
+from components.engine.server_client import HttpServerClient, is_unsent
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
 from components.protocols import FinishReason, GenerationResult, SamplingParams
@@ -250,7 +250,8 @@ class VLLMEngine(HttpServerClient):
             raise ContextOverflowError(num_prompt_tokens=len(prompt), context_window=self.context_window)
         lora = self._loras.get(adapter or "")  # the adapter named now serves the whole request
         payload = self.generate_payload(prompt, params, model=lora[0] if lora else None)
-        reply = await self._request("POST", "/inference/v1/generate", json=payload)
+        # never re-sent once it may have reached the server (see is_unsent)
+        reply = await self._request("POST", "/inference/v1/generate", json=payload, retry_when=is_unsent)
         result = self.parse_generate_reply(reply, prompt)
         if lora is not None:  # the server's label is the base's; the adapter's name fixes the version
             result = replace(result, weight_versions=(lora[1],) * len(result.output_ids))

@@ -1,10 +1,15 @@
 """The real vLLM server SIGKILLed in the middle of a recipe step, then started again (issue #22 / #27 point 1):
-``recipes/swe_grpo.py --engine vllm`` (sync, proxy shards in Ray actors). The rollouts in flight become
-``engine_error`` rollouts (not agent errors), kept in the step's shard with the reason and never trained; the run
-waits for the server (``--vllm-server-return-timeout-s``), re-pushes the current weights and their version
-(everything trained was sampled by version 1, not the server's start-up weights) and finishes every step: nothing
-lost, nothing hangs. Not asserted: that the step still trains a replacement group (one run of three kept a single
-engine_error rollout as step 1's whole shard; see the report of branch vllm). Uses the session's server (killed, restarted on its port)."""
+``recipes/swe_grpo.py --engine vllm`` (sync, proxy shards in Ray actors). The kill lands while a generation is in
+flight: once step 1 generates, the test freezes the server (``/pause?mode=keep``) and kills it when ``/load``
+counts a new request held there (``/load`` alone is no proof: vLLM never counts down a request whose client went
+away). A rollout it fails is an ``engine_error`` rollout (not an agent error), kept in the step's shard with
+the reason and never trained (that one is failed is not asserted: see below); the run waits for the server (``--vllm-server-return-timeout-s``), re-pushes the
+current weights and their version (everything trained was sampled by version 1, not the server's start-up
+weights) and finishes every step; the trainer's consumed shards name every committed shard at most once and
+skip only groups hit by the failure: nothing lost, nothing trained twice, nothing hangs. A server that never
+comes back fails the wait within its bound, naming the server and the flag: ``tests/components/engine/
+test_vllm.py::test_a_killed_server_fails_requests_in_flight_with_a_clear_engine_error``. Not asserted: that the
+step still trains a replacement group. Uses the session's server (killed, restarted on its port)."""
 
 from __future__ import annotations
 
@@ -16,9 +21,15 @@ import time
 import httpx
 import pytest
 
-from components.trajectory import TrajectoryStatus
+from components.trajectory import INFRASTRUCTURE_STATUSES, TrajectoryStatus
 from components.trajectory_store import TrajectoryStore
-from tests.recipes.recipe_runs import REPO_ROOT, recipe_command, recipe_env, shard_steps
+from tests.recipes.recipe_runs import (
+    REPO_ROOT,
+    latest_trainer_state,
+    recipe_command,
+    recipe_env,
+    shard_steps,
+)
 from tests.vllm_fixture import restart_vllm_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.vllm_kills_server(restarts=True)]
@@ -30,6 +41,13 @@ def requests_in_flight(url: str) -> int:
         return int(httpx.get(f"{url}/load", timeout=5).json().get("server_load", 0))
     except httpx.HTTPError:
         return 0
+
+
+def is_paused(url: str) -> bool:
+    try:
+        return bool(httpx.get(f"{url}/is_paused", timeout=5).json().get("is_paused", True))
+    except httpx.HTTPError:
+        return True
 
 
 def weights_label(url: str) -> str:
@@ -55,14 +73,32 @@ def test_server_killed_mid_step_comes_back_with_the_weights_and_the_lost_rollout
         command, cwd=REPO_ROOT, env=recipe_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     try:
-        # kill it while step 1 (sampled by version 1) has a request in flight
+        # Kill it while step 1 (sampled by version 1) has a request in flight: once version 1 is loaded and the
+        # run resumed generation, freeze the server (/pause?mode=keep: running requests stay, new ones queue, all
+        # unanswered), then kill it as soon as /load counts one. No race with a short generation.
         deadline = time.monotonic() + 900
-        while True:
-            assert recipe.poll() is None, (tmp_path / "recipe.log").read_text()[-6000:]
-            assert time.monotonic() < deadline, "step 1 never started generating"
-            if requests_in_flight(vllm_server.url) > 0 and weights_label(vllm_server.url) == "1":
-                break
-            time.sleep(0.1)
+        # (the shared server may hold an earlier test's version 1: the run first loads its own version 0)
+        seen: list[tuple[str, bool]] = []  # (label, paused) as polled, for the failure message
+
+        def server_state() -> tuple[str, bool]:
+            state = (weights_label(vllm_server.url), is_paused(vllm_server.url))
+            if not seen or seen[-1] != state:
+                seen.append(state)
+            return state
+
+        for started in (lambda: server_state()[0] != "1", lambda: server_state() == ("1", False)):
+            while not started():
+                assert recipe.poll() is None, (seen, (tmp_path / "recipe.log").read_text()[-3000:])
+                assert time.monotonic() < deadline, "step 1 never started"
+                time.sleep(0.05)
+        # vLLM's /load never counts down a request whose client went away (its counter skips cancelled handlers),
+        # so only a count above the one read now is a request held unanswered
+        leaked = requests_in_flight(vllm_server.url)
+        httpx.post(f"{vllm_server.url}/pause", params={"mode": "keep"}, timeout=30).raise_for_status()
+        held_by = time.monotonic() + 120
+        while requests_in_flight(vllm_server.url) <= leaked:
+            assert time.monotonic() < held_by, "no step-1 request reached the frozen server within 120 s"
+            time.sleep(0.05)
         vllm_server.process.kill()
         killed_at = time.monotonic()
         restart_vllm_server(vllm_server)
@@ -74,14 +110,27 @@ def test_server_killed_mid_step_comes_back_with_the_weights_and_the_lost_rollout
         log.close()
     assert time.monotonic() - killed_at < 1200
     shards = shard_steps(run_dir)
-    assert sorted(step for step, _ in shards.values()) == [0, 1]
+    assert {step for step, _ in shards.values()} == {0, 1}
     store = TrajectoryStore(run_dir)
     step_1 = [t for path in store.shard_paths() for t in store.read_shard(path) if t.step == 1]
-    # A rollout the dead server failed is engine_error (kept, with the reason, never trained); one whose agent
-    # retried and whose retry waited for the server's return finished normally. Either way none is an agent error.
+    # A rollout the dead server failed is engine_error (kept, with the reason naming the dead vLLM server, never
+    # trained); none is an agent error. NOT proven: that one is lost. In 4 runs (branch vllm, 2026-12-05) the kill
+    # landed on a request held by the frozen server and yet every step-1 rollout finished normally: open question.
     lost = [t for t in step_1 if t.status == TrajectoryStatus.ENGINE_ERROR]
     assert all(not t.trainable and "vLLM" in t.failure_reason for t in lost), [t.failure_reason for t in lost]
     assert not [t for t in step_1 if t.status == TrajectoryStatus.AGENT_ERROR]
+    # At most once, nothing lost: the last checkpoint's record of the shards the trainer consumed (a sync run's
+    # ledger) names each committed shard at most once; a shard it skipped is a group that lost members to the
+    # dead server (dropped and replaced) or holds nothing trainable.
+    consumed = latest_trainer_state(run_dir)["consumed_shards"]
+    assert len(consumed) == len(set(consumed)), "a shard was trained twice"
+    assert set(consumed) <= set(shards), "the trainer consumed a shard the store does not hold"
+    for path in store.shard_paths():
+        group = store.read_shard(path)
+        if path.name not in consumed and any(t.trainable for t in group):
+            assert any(t.status in INFRASTRUCTURE_STATUSES for t in group), f"{path.name} was lost untrained"
+    ids = [trajectory_id for _, names in shards.values() for trajectory_id in names]
+    assert len(ids) == len(set(ids)), "a trajectory was committed twice"
     # what step 1 trained (survivors, or replacements sent once the server was back) was sampled by the run's
     # version 1, the re-pushed weights included (the restarted server's own weights would say 0)
     for trajectory in (t for t in step_1 if t.trainable):
