@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from components.config import require, require_non_negative, require_positive
 from components.engine.providers import EmbeddedEngineBrickConfig, EngineBrickConfig, EngineProvider
+from components.errors import ReinError
 from components.loop import RolloutBrickConfig
 from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
 from components.protocols import (
@@ -595,3 +596,11 @@ def main_entry(main: Callable[[Any], Awaitable[Any]], config_class: type, descri
     except ValueError as error:  # a value only checkable at run time (e.g. an unknown task id): no traceback
         logger.info("run stopped", exc_info=True)  # the traceback goes to logs/driver.log only
         sys.exit(f"{Path(sys.argv[0]).name}: error: {error}")
+    except ReinError as error:  # a fault the run did not survive (a sandbox backend down, a server gone)
+        logger.info("run stopped", exc_info=True)  # the traceback: logs/driver.log only
+        cause = getattr(error, "cause", None)  # raised in a Ray actor: Ray's wrapper carries the original
+        error = cause if isinstance(cause, ReinError) else error
+        sys.exit(
+            f"{Path(sys.argv[0]).name}: the run stopped: {type(error).__name__}: {error} (traceback in the run "
+            "directory's logs/driver.log; the same command resumes the run from its last checkpoint)"
+        )

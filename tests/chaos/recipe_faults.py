@@ -63,13 +63,16 @@ class KilledRun:
     duration_s: float
 
 
-def run_with_a_process_killed(run_dir: Path, model_dir: Path, title: str, *, mode: str = "sync") -> KilledRun:
-    """Run ``tictactoe_grpo`` (``mode``, ``NUM_STEPS`` steps); once step 0 is done, at a random point, SIGKILL one
-    process of the run titled ``title``. Asserts the run then finishes within ``RUN_BOUND_S`` and leaves no
-    process of its own behind within ``GONE_WITHIN_S``."""
+def run_with_a_process_killed(
+    run_dir: Path, model_dir: Path, title: str, *, mode: str = "sync", extra_flags: tuple[str, ...] = ()
+) -> KilledRun:
+    """Run ``tictactoe_grpo`` (``mode``, ``NUM_STEPS`` steps, plus ``extra_flags``); once step 0 is done, at a
+    random point, SIGKILL one process of the run titled ``title``. Asserts the run then finishes within
+    ``RUN_BOUND_S`` and leaves no process of its own behind within ``GONE_WITHIN_S``."""
     flags = (
         "--model", str(model_dir), "--run-dir", str(run_dir), "--num-steps", str(NUM_STEPS),
         "--group-size", "2", "--games-per-step", "2", "--rollout-mode", mode, "--wandb-mode", "offline",
+        *extra_flags,
     )  # fmt: skip
     started = time.monotonic()
     driver = subprocess.Popen(
