@@ -212,10 +212,16 @@ class SweAgentBrickConfig:
         "swe_agent: process reward per model call (turn credit): w x mean(+1 per tool call run, -1 per call "
         "refused), -w for a reply with no tool call; 0 = none",
     )
+    max_retries: int = option(
+        1,
+        "swe_agent: the OpenAI client's retries of a failed model call (connection errors, 5xx); a retry that "
+        "meets a dead engine waits for it through the proxy, 0 = the failure ends the rollout (engine_error)",
+    )
 
     def __post_init__(self) -> None:
         require_positive(self.command_timeout_s, "command_timeout_s")
         require_non_negative(self.tool_call_reward, "tool_call_reward")
+        require_non_negative(self.max_retries, "max_retries")
 
     def read_only_paths(self) -> tuple[str, ...]:
         return ()
@@ -226,6 +232,7 @@ class SweAgentBrickConfig:
             wall_time_s=wall_time_s,
             command_timeout_s=self.command_timeout_s,
             tool_call_reward=self.tool_call_reward,
+            max_retries=self.max_retries,
             max_tokens=max_tokens,
             temperature=temperature,
         )

@@ -2,14 +2,17 @@
 ``recipes/swe_grpo.py --engine vllm`` (sync, proxy shards in Ray actors). The kill lands while a generation is in
 flight: once step 1 generates, the test freezes the server (``/pause?mode=keep``) and kills it when ``/load``
 counts a new request held there (``/load`` alone is no proof: vLLM never counts down a request whose client went
-away). A rollout it fails is an ``engine_error`` rollout (not an agent error), kept in the step's shard with
-the reason and never trained (that one is failed is not asserted: see below); the run waits for the server (``--vllm-server-return-timeout-s``), re-pushes the
-current weights and their version (everything trained was sampled by version 1, not the server's start-up
-weights) and finishes every step; the trainer's consumed shards name every committed shard at most once and
-skip only groups hit by the failure: nothing lost, nothing trained twice, nothing hangs. A server that never
-comes back fails the wait within its bound, naming the server and the flag: ``tests/components/engine/
-test_vllm.py::test_a_killed_server_fails_requests_in_flight_with_a_clear_engine_error``. Not asserted: that the
-step still trains a replacement group. Uses the session's server (killed, restarted on its port)."""
+away). The agent runs with ``--swe-agent-max-retries 0``, so the failed call ends its rollout: an ``engine_error``
+rollout (not an agent error), kept in the step's shard with the reason naming the vLLM server, never trained.
+(With the agent's default of one retry, the retry reaches the proxy while the server is down, waits for it, and
+is answered by the re-pushed version 1: the rollout finishes normally, which is why earlier runs of this test
+saw no engine_error.) The run waits for the server (``--vllm-server-return-timeout-s``), re-pushes the current
+weights and their version (everything trained was sampled by version 1, not the server's start-up weights) and
+finishes every step; the trainer's consumed shards name every committed shard at most once and skip only groups
+hit by the failure: nothing lost, nothing trained twice, nothing hangs. A server that never comes back fails the
+wait within its bound, naming the server and the flag: ``tests/components/engine/test_vllm.py::
+test_a_killed_server_fails_requests_in_flight_with_a_clear_engine_error``. Uses the session's server (killed,
+restarted on its port)."""
 
 from __future__ import annotations
 
@@ -66,7 +69,7 @@ def test_server_killed_mid_step_comes_back_with_the_weights_and_the_lost_rollout
         "--model", str(vllm_server.model_dir), "--run-dir", str(run_dir), "--engine", "vllm",
         "--vllm-url", vllm_server.url, "--vllm-server-return-timeout-s", "900", "--num-steps", "2",
         "--num-tasks", "1", "--group-size", "2", "--max-turns", "2", "--proxy-replicas", "1",
-        "--wandb-mode", "offline",
+        "--wandb-mode", "offline", "--swe-agent-max-retries", "0",
     )  # fmt: skip
     log = (tmp_path / "recipe.log").open("w")
     recipe = subprocess.Popen(
@@ -113,10 +116,10 @@ def test_server_killed_mid_step_comes_back_with_the_weights_and_the_lost_rollout
     assert {step for step, _ in shards.values()} == {0, 1}
     store = TrajectoryStore(run_dir)
     step_1 = [t for path in store.shard_paths() for t in store.read_shard(path) if t.step == 1]
-    # A rollout the dead server failed is engine_error (kept, with the reason naming the dead vLLM server, never
-    # trained); none is an agent error. NOT proven: that one is lost. In 4 runs (branch vllm, 2026-12-05) the kill
-    # landed on a request held by the frozen server and yet every step-1 rollout finished normally: open question.
+    # The rollout whose call the kill failed is engine_error (kept, with the reason naming the dead vLLM server,
+    # never trained); none is an agent error.
     lost = [t for t in step_1 if t.status == TrajectoryStatus.ENGINE_ERROR]
+    assert lost, [(t.status, t.failure_reason) for t in step_1]
     assert all(not t.trainable and "vLLM" in t.failure_reason for t in lost), [t.failure_reason for t in lost]
     assert not [t for t in step_1 if t.status == TrajectoryStatus.AGENT_ERROR]
     # At most once, nothing lost: the last checkpoint's record of the shards the trainer consumed (a sync run's
