@@ -393,6 +393,15 @@ class SandboxAwareHarness(Protocol):
 
 
 @runtime_checkable
+class CallBoundedHarness(Protocol):
+    """A harness whose sessions the proxy bounds: at most ``max_policy_calls`` model calls each (0: no bound);
+    the runner opens its sessions with that ``SessionOpen.max_calls``."""
+
+    @property
+    def max_policy_calls(self) -> int: ...
+
+
+@runtime_checkable
 class TaskWithSetup(Protocol):
     """A task with set-up commands to run in its fresh sandbox before the agent starts (``SweTask``)."""
 
@@ -406,7 +415,7 @@ class SessionOutcome:
 
     reward: float | None = None
     status: str | None = (
-        None  # a ``TrajectoryStatus`` value; None: ok (context_overflow when the proxy refused)
+        None  # a ``TrajectoryStatus`` value; None: ok (context_overflow / turn_limit when the proxy refused)
     )
     failure_reason: str = ""
     metrics: Mapping[str, float] = field(default_factory=dict)
@@ -434,6 +443,10 @@ class SessionOpen:
     harness: str = ""
     step: int = 0
     policy: str = ""
+    # Model calls the proxy answers in this session; the next one is refused (HTTP 400 in the protocol's error
+    # shape) and the session is marked ``turn_limit``. 0: no bound. The turn bound of agents that have none of
+    # their own (OpenClaw, Codex), and a backstop for every other.
+    max_calls: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -443,7 +456,9 @@ class SessionDescription:
 
     session_id: str
     policy: str = ""
-    status: str = "open"  # "open", or ``context_overflow`` once the proxy refused an overlong prompt
+    # "open"; ``context_overflow`` once the proxy refused an overlong prompt; ``turn_limit`` once it refused a
+    # call past the session's ``max_calls``
+    status: str = "open"
     num_turns: int = 0
     num_engine_errors: int = 0  # engine calls that failed
     num_malformed_tool_calls: int = 0

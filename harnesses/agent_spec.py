@@ -21,7 +21,7 @@ import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_paths import existing
@@ -200,6 +200,9 @@ class AgentSpec:
     home_files: Mapping[str, HomeFile] = field(default_factory=dict)  # path relative to HOME → content
     report_command: str = ""  # run after the program exits; its output is ``AgentExit.report``
     exit: ExitReader = field(default_factory=ExitRules)
+    # Who bounds the program's model calls: "agent" (its own setting, filled from ``{max_turns}``) or "proxy"
+    # for a program without one (the proxy refuses the session's call past ``max_turns``: turn_limit)
+    turn_bound: Literal["agent", "proxy"] = "agent"
 
     def read_only_paths(self) -> tuple[str, ...]:
         """The install paths that exist on this host."""

@@ -225,6 +225,12 @@ class BlackBoxHarness:
         self.config = config or BlackBoxConfig()
         self.name = agent.name
 
+    @property
+    def max_policy_calls(self) -> int:
+        """``CallBoundedHarness``: a program without a turn setting of its own (``turn_bound="proxy"``, e.g.
+        OpenClaw, Codex) is bounded by the proxy at ``max_turns`` model calls; 0 (none) for the others."""
+        return self.config.max_turns if getattr(self.agent, "turn_bound", "agent") == "proxy" else 0
+
     def adapt_sandbox_spec(self, spec: SandboxSpec, *, proxy_url: str) -> SandboxSpec:
         """The task's sandbox plus what the program needs: its install paths (read-only) and the proxy."""
         paths = tuple(dict.fromkeys((*spec.read_only_paths, *self.agent.read_only_paths())))

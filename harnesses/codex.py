@@ -123,6 +123,7 @@ def CodexAgent(*, executable: Path = NATIVE_CODEX, auto_compact_token_limit: int
             )
         },
         exit=read_codex_events,
+        turn_bound="proxy",  # `codex exec` has no turn setting
     )
 
 

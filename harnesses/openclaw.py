@@ -85,6 +85,7 @@ OPENCLAW = AgentSpec(
         ),
         metrics=openclaw_metrics,
     ),
+    turn_bound="proxy",  # no turn setting for an embedded run
 )
 
 

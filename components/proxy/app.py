@@ -425,6 +425,7 @@ class _ProxyHandlers:
                 harness=get_str(body, "harness", "body", default=""),
                 step=get_int(body, "step", "body", default=0, minimum=0),
                 policy=get_str(body, "policy", "body", default=""),
+                max_calls=get_int(body, "max_calls", "body", default=0, minimum=0),
             )
             session_id = await self.registry.open_session(opening)
         except Exception as error:

@@ -231,6 +231,7 @@ class _Session:
     overflow_message: str = ""
     num_engine_errors: int = 0
     last_engine_error: str = ""  # the runner's evidence when an agent stopped because the engine failed
+    refused_past_bound: bool = False  # a call past ``info.max_calls`` was refused: the session is turn_limit
 
 
 class LocalSessionRegistry:
@@ -321,6 +322,13 @@ class LocalSessionRegistry:
         session = self._get(session_id)
         validate_tool_results(request.messages)
         async with session.lock:
+            bound = session.info.max_calls
+            if bound and session.num_turns >= bound:
+                session.refused_past_bound = True
+                raise InvalidRequestError(
+                    f"this session's bound of {bound} model calls is reached; no further call is answered "
+                    "(the run ends as turn_limit)"
+                )
             max_tokens = request.max_tokens or self.config.default_max_tokens
             if self.config.max_completion_tokens is not None:
                 max_tokens = min(max_tokens, self.config.max_completion_tokens)
@@ -408,7 +416,7 @@ class LocalSessionRegistry:
         return SessionDescription(
             session_id=session_id,
             policy=session.info.policy,
-            status=TrajectoryStatus.CONTEXT_OVERFLOW.value if session.overflowed else "open",
+            status=self._status_so_far(session),
             num_turns=session.num_turns,
             num_engine_errors=session.num_engine_errors,
             num_malformed_tool_calls=session.tito.num_malformed_tool_calls,
@@ -417,6 +425,12 @@ class LocalSessionRegistry:
             last_engine_error=session.last_engine_error,
             segments=tuple(segment_to_json(s) for s in session.tito.segments()),
         )
+
+    @staticmethod
+    def _status_so_far(session: _Session) -> str:
+        if session.overflowed:
+            return TrajectoryStatus.CONTEXT_OVERFLOW.value
+        return TrajectoryStatus.TURN_LIMIT.value if session.refused_past_bound else "open"
 
     def _final_messages_json(self, session: _Session, segments: Sequence[Segment]) -> str:
         """The conversation of the main segment (the longest one; side requests such as title generation
@@ -443,6 +457,9 @@ class LocalSessionRegistry:
             failure_reason = (
                 failure_reason or session.overflow_message or "the prompt outgrew the context window"
             )
+        elif resolved_status == TrajectoryStatus.OK and session.refused_past_bound:
+            resolved_status = TrajectoryStatus.TURN_LIMIT
+            failure_reason = failure_reason or f"the proxy refused a call past {session.info.max_calls} calls"
         if resolved_status == TrajectoryStatus.OK:
             failure_reason = ""
         elif not failure_reason:

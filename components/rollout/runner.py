@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from components.config import require_positive
 from components.errors import SandboxBackendDownError, grading_failure_reason
 from components.protocols import (
+    CallBoundedHarness,
     GroupReward,
     Harness,
     HarnessOutcome,
@@ -310,6 +311,9 @@ class RolloutRunner(GroupRollouts):
                         harness=self.harness.name,
                         step=step,
                         policy=self.config.policy,
+                        max_calls=(
+                            self.harness.max_policy_calls if isinstance(self.harness, CallBoundedHarness) else 0
+                        ),
                     )
                 )
             except Exception as exc:
@@ -407,6 +411,15 @@ class RolloutRunner(GroupRollouts):
                 f"engine failed {described.num_engine_errors} time(s) "
                 f"(last: {described.last_engine_error}); the agent then ended with "
                 f"{rollout.status.value}: {rollout.failure_reason or 'ok'}",
+            )
+        elif described.status == TrajectoryStatus.TURN_LIMIT.value and rollout.status in (
+            TrajectoryStatus.OK,
+            TrajectoryStatus.AGENT_ERROR,
+        ):  # the agent had no turn bound of its own: the proxy refused its call past the bound, and it stopped
+            rollout.fail(
+                TrajectoryStatus.TURN_LIMIT,
+                f"the proxy refused a model call past the session's bound of {described.num_turns} calls; the "
+                f"agent then ended with {rollout.status.value}: {rollout.failure_reason or 'ok'}",
             )
 
     async def _grade(self, task: Task, sandbox: Sandbox, rollout: _Rollout) -> None:

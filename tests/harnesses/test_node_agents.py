@@ -1,4 +1,4 @@
-"""OpenClaw, opencode and Qwen Code, unmodified, each fix a built-in task in a real bubblewrap sandbox through
+"""OpenClaw, opencode and Qwen Code (and Codex, for the proxy's turn bound), unmodified, each fix a built-in task in a real bubblewrap sandbox through
 the real proxy: a scripted policy (the tiny model cannot fix anything) applies the reference patch with the
 agent's own shell tool, then keeps working until the agent's turn bound stops it (OpenClaw has none: it answers
 "Done." instead). The real grader gives the fix 1; the run's status comes from the agent's exit; every model call
@@ -15,6 +15,7 @@ from components.engine.scripted_policies import step_policy, tool_call
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_spec import AgentSpec
 from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
+from harnesses.codex import CodexAgent
 from harnesses.openclaw import OPENCLAW
 from harnesses.opencode import OPENCODE
 from harnesses.qwen_code import QWEN_CODE
@@ -52,6 +53,18 @@ CASES = {
     ),
     "qwen-code": Case(QWEN_CODE, "run_shell_command", "command", TrajectoryStatus.TURN_LIMIT),
     "openclaw": Case(OPENCLAW, "exec", "command", TrajectoryStatus.OK, last_reply="Done: the fix is in."),
+    # Agents without a turn setting of their own, kept calling their shell: the proxy answers MAX_TURNS calls
+    # (the session's max_calls), refuses the next with a 400, and the runner records turn_limit
+    "openclaw-bounded-by-the-proxy": Case(
+        OPENCLAW, "exec", "command", TrajectoryStatus.TURN_LIMIT, reason="the proxy refused a model call"
+    ),
+    "codex-bounded-by-the-proxy": Case(
+        CodexAgent(),
+        "exec_command",
+        "cmd",
+        TrajectoryStatus.TURN_LIMIT,
+        reason="the proxy refused a model call",
+    ),
 }
 
 
@@ -80,3 +93,5 @@ async def test_node_agent_fixes_a_builtin_task(name, slugify_task, sandbox_pool,
     assert "patched" in trajectory.log + str(trajectory.messages), detail
     assert engine.max_tokens_seen and max(engine.max_tokens_seen) <= MAX_OUTPUT_TOKENS, engine.max_tokens_seen
     assert trajectory.segments and sum(s.num_sampled_tokens for s in trajectory.segments) > 0
+    if case.agent.turn_bound == "proxy":  # the bound held: exactly MAX_TURNS calls were answered
+        assert trajectory.metrics["num_policy_calls"] == MAX_TURNS, detail

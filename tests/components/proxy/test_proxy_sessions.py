@@ -303,3 +303,42 @@ def test_budget_cuts_by_the_proxy_are_reported_as_stops(start_proxy, tokenizer):
         model="m", max_tokens=10000, messages=ask
     )
     assert message.stop_reason == "end_turn" and message.usage.output_tokens == 3
+
+
+@pytest.mark.parametrize("max_calls", [2, 0])
+def test_a_sessions_call_bound_refuses_the_next_call_in_each_protocols_shape(
+    start_proxy, tmp_path, max_calls
+):
+    """``max_calls`` (the turn bound of agents without their own): the proxy answers that many model calls,
+    then refuses each further one with a 400 in the protocol's own error shape, and the session ends as
+    ``turn_limit`` with the answered calls recorded. Weakened (``max_calls`` 0, no bound): the calls go on."""
+    proxy = start_proxy(script=["Done."], run_dir=tmp_path)
+    session = httpx.post(f"{proxy.url}/sessions", json={"task_id": "t", "max_calls": max_calls}).json()
+    chat = openai.OpenAI(base_url=session["base_url"] + "/v1", api_key="unused", max_retries=0)
+    messages = anthropic.Anthropic(base_url=session["base_url"], api_key="unused", max_retries=0)
+    history = [{"role": "user", "content": "go on"}]
+    for _ in range(2):
+        chat.chat.completions.create(model="m", messages=history)
+    if max_calls:
+        with pytest.raises(openai.BadRequestError, match="bound of 2 model calls is reached") as refused:
+            chat.chat.completions.create(model="m", messages=history)
+        assert refused.value.body["type"] == "invalid_request_error"
+        with pytest.raises(anthropic.BadRequestError, match="bound of 2 model calls") as refused_too:
+            messages.messages.create(model="m", max_tokens=16, messages=history)
+        assert refused_too.value.body == {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": str(refused_too.value.body["error"]["message"]),
+            },
+        }
+    else:
+        chat.chat.completions.create(model="m", messages=history)
+        messages.messages.create(model="m", max_tokens=16, messages=history)
+    record = httpx.get(f"{session['base_url']}/trajectory").json()
+    assert record["num_turns"] == (2 if max_calls else 4)
+    assert record["status"] == ("turn_limit" if max_calls else "open")
+    finalized = httpx.post(f"{session['base_url']}/finalize", json={"reward": 0.0}).json()
+    assert finalized["status"] == ("turn_limit" if max_calls else "ok")
+    negative = httpx.post(f"{proxy.url}/sessions", json={"max_calls": -1})
+    assert negative.status_code == 400 and "max_calls" in negative.json()["error"]["message"], negative.text
