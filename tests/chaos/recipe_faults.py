@@ -10,7 +10,7 @@ import random
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -58,17 +58,25 @@ def _still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
 @dataclass(frozen=True)
 class KilledRun:
     run_dir: Path
-    killed: int  # the pid killed
-    started_again: set[int]  # pids with the same title started after the kill
+    killed: int  # the pid killed (of the first title)
+    started_again: set[int]  # pids with the first title started after the kill
     duration_s: float
+    restarted: dict[str, set[int]] = field(default_factory=dict)  # per title killed: pids started after it
 
 
 def run_with_a_process_killed(
-    run_dir: Path, model_dir: Path, title: str, *, mode: str = "sync", extra_flags: tuple[str, ...] = ()
+    run_dir: Path,
+    model_dir: Path,
+    title: str,
+    *,
+    mode: str = "sync",
+    extra_flags: tuple[str, ...] = (),
+    also_kill: tuple[str, ...] = (),
 ) -> KilledRun:
     """Run ``tictactoe_grpo`` (``mode``, ``NUM_STEPS`` steps, plus ``extra_flags``); once step 0 is done, at a
-    random point, SIGKILL one process of the run titled ``title``. Asserts the run then finishes within
-    ``RUN_BOUND_S`` and leaves no process of its own behind within ``GONE_WITHIN_S``."""
+    random point, SIGKILL one process of the run titled ``title`` (then, each after another random 0-2 s, one
+    titled each of ``also_kill``). Asserts the run then finishes within ``RUN_BOUND_S`` and leaves no process of
+    its own behind within ``GONE_WITHIN_S``."""
     flags = (
         "--model", str(model_dir), "--run-dir", str(run_dir), "--num-steps", str(NUM_STEPS),
         "--group-size", "2", "--games-per-step", "2", "--rollout-mode", mode, "--wandb-mode", "offline",
@@ -85,24 +93,32 @@ def run_with_a_process_killed(
         start_new_session=True,  # only for this test's own clean-up: the fault is one process's SIGKILL
     )
     recorded: dict[int, psutil.Process] = {}
-    started_again: set[int] = set()
+    titles = (title, *also_kill)
+    restarted: dict[str, set[int]] = {name: set() for name in titles}
+    before: dict[str, set[int]] = {}
     try:
         metrics = run_dir / "metrics.jsonl"
         while not (metrics.exists() and metrics.read_text().strip()):  # step 0 trained and pushed
             assert driver.poll() is None, driver.communicate()[0][-4000:]
             assert time.monotonic() - started < RUN_BOUND_S, "step 0 was not done in time"
             time.sleep(0.2)
-        time.sleep(random.uniform(0.0, 2.0))  # a random point of step 1 (rolling out or training) or later
-        recorded.update((p.pid, p) for p in _tree(driver.pid))
-        candidates = titled(list(recorded.values()), title)
-        assert candidates, f"no process titled {title} in the run"
-        killed = random.choice(sorted(candidates))
-        os.kill(killed, signal.SIGKILL)  # the fault
+        killed = 0
+        for name in titles:
+            time.sleep(
+                random.uniform(0.0, 2.0)
+            )  # a random point of step 1 (rolling out or training) or later
+            recorded.update((p.pid, p) for p in _tree(driver.pid))
+            before[name] = titled(list(recorded.values()), name)
+            assert before[name], f"no process titled {name} in the run"
+            victim = random.choice(sorted(before[name]))
+            os.kill(victim, signal.SIGKILL)  # the fault
+            killed = killed or victim
         while driver.poll() is None:  # every process the run starts from here on is checked at the end too
             assert time.monotonic() - started < RUN_BOUND_S, "the run did not finish in time"
             tree = _tree(driver.pid)
             recorded.update((p.pid, p) for p in tree)
-            started_again |= titled(tree, title) - candidates
+            for name in titles:
+                restarted[name] |= titled(tree, name) - before[name]
             time.sleep(0.5)
         output = driver.communicate()[0]
     finally:
@@ -115,7 +131,13 @@ def run_with_a_process_killed(
     while (left := _still_running(list(recorded.values()))) and time.monotonic() - ended_at < GONE_WITHIN_S:
         time.sleep(0.2)
     assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
-    return KilledRun(run_dir=run_dir, killed=killed, started_again=started_again, duration_s=duration_s)
+    return KilledRun(
+        run_dir=run_dir,
+        killed=killed,
+        started_again=restarted[title],
+        duration_s=duration_s,
+        restarted=restarted,
+    )
 
 
 def assert_every_step_trained_once_with_its_version(run_dir: Path) -> list:

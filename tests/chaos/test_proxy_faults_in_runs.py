@@ -1,7 +1,7 @@
 """Point 1 and 4 of the faults issue for the proxy's actors inside a real run: ``tictactoe_grpo --proxy serve``
-(two Serve replicas over two session shards) with one replica, or one session shard, SIGKILLed at a random point
-after step 0, in sync and in async mode. ``test_proxy_faults.py`` pins what each death does to the requests it
-meets (a scripted engine, a chosen moment); here the run as a whole must absorb it:
+(two Serve replicas over two session shards) with one Serve replica and then one session shard SIGKILLed at
+random points after step 0, in sync and in async mode. ``test_proxy_faults.py`` pins what each death does to the
+requests it meets (a scripted engine, a chosen moment); here the run as a whole must absorb both:
 
 - a Serve replica: Serve starts another; the toy agent's request in flight is retried by its client through the
   surviving replica, so the run goes on (a rollout it still failed is kept untrained with its reason);
@@ -29,44 +29,25 @@ SERVE_PROXY = ("--proxy", "serve", "--proxy-replicas", "2", "--proxy-num-session
 REPLICA, SHARD = "ray::ServeReplica", "ray::SessionShard"
 
 
-def _failed(run_dir) -> list:
-    store = TrajectoryStore(run_dir)
-    trajectories = [t for path in store.shard_paths() for t in store.read_shard(path)]
-    return [t for t in trajectories if t.status != TrajectoryStatus.OK]
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_run_whose_serve_replica_is_killed_finishes(tmp_path, tiny_model_dir, mode):
+def test_a_run_whose_serve_replica_and_session_shard_are_killed_finishes(tmp_path, tiny_model_dir, mode):
     run = run_with_a_process_killed(
-        tmp_path / "run", tiny_model_dir, REPLICA, mode=mode, extra_flags=SERVE_PROXY
+        tmp_path / "run", tiny_model_dir, REPLICA, mode=mode, extra_flags=SERVE_PROXY, also_kill=(SHARD,)
     )
-    assert run.started_again, "Serve did not start a replica in place of the killed one"
+    assert run.restarted[REPLICA], "Serve did not start a replica in place of the killed one"
+    assert run.restarted[SHARD], "Ray did not restart the killed session shard"
     if mode == "sync":
         assert_every_step_trained_once_with_its_version(run.run_dir)
     else:
         assert_every_committed_group_trained_at_most_once(run.run_dir)
-    failed = _failed(run.run_dir)
+    store = TrajectoryStore(run.run_dir)
+    failed = [
+        t for path in store.shard_paths() for t in store.read_shard(path) if t.status != TrajectoryStatus.OK
+    ]
     assert all(not t.trainable and t.failure_reason for t in failed), [
         (t.status, t.failure_reason) for t in failed
     ]
-    print(f"{mode}: {len(failed)} rollouts failed by the replica's death; run {run.duration_s:.0f} s")
-
-
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_run_whose_session_shard_is_killed_finishes(tmp_path, tiny_model_dir, mode):
-    run = run_with_a_process_killed(
-        tmp_path / "run", tiny_model_dir, SHARD, mode=mode, extra_flags=SERVE_PROXY
-    )
-    assert run.started_again, "Ray did not restart the killed session shard"
-    if mode == "sync":
-        assert_every_step_trained_once_with_its_version(run.run_dir)
-    else:
-        assert_every_committed_group_trained_at_most_once(run.run_dir)
-    failed = _failed(run.run_dir)
     # a session the shard held when it died is lost with it: an engine_error naming the shard, never trained
-    assert all(not t.trainable and t.failure_reason for t in failed), [
-        (t.status, t.failure_reason) for t in failed
-    ]
     lost = [t for t in failed if "session shard" in t.failure_reason]
     assert all(t.status == TrajectoryStatus.ENGINE_ERROR for t in lost), [
         (t.status, t.failure_reason) for t in lost
