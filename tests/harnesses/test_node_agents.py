@@ -41,6 +41,7 @@ class Case:
     expected_status: TrajectoryStatus
     last_reply: str = ""  # after the fix; "": keep calling the shell tool (the turn bound ends the run)
     reason: str = ""  # what the failure reason must say
+    output_bound: bool = True  # False: the program has no reply cap of its own (Codex: the proxy's default)
 
 
 CASES = {
@@ -64,6 +65,7 @@ CASES = {
         "cmd",
         TrajectoryStatus.TURN_LIMIT,
         reason="the proxy refused a model call",
+        output_bound=False,
     ),
 }
 
@@ -91,7 +93,10 @@ async def test_node_agent_fixes_a_builtin_task(name, slugify_task, sandbox_pool,
     assert trajectory.harness == case.agent.name and trajectory.trainable
     # The agent ran the policy's command with its own tool.
     assert "patched" in trajectory.log + str(trajectory.messages), detail
-    assert engine.max_tokens_seen and max(engine.max_tokens_seen) <= MAX_OUTPUT_TOKENS, engine.max_tokens_seen
+    if case.output_bound:
+        assert engine.max_tokens_seen and max(engine.max_tokens_seen) <= MAX_OUTPUT_TOKENS, (
+            engine.max_tokens_seen
+        )
     assert trajectory.segments and sum(s.num_sampled_tokens for s in trajectory.segments) > 0
     if case.agent.turn_bound == "proxy":  # the bound held: exactly MAX_TURNS calls were answered
         assert trajectory.metrics["num_policy_calls"] == MAX_TURNS, detail
