@@ -271,6 +271,9 @@ def connect_ray(config: RunConfig) -> None:
         )
 
 
+UNTRAINED_DIR = "untrained"  # under the run directory: a store of rollouts left out of training
+
+
 class StepLedger:
     """Which steps are done, stored (shard written, not trained into the checkpoint) or new (see module doc)."""
 
@@ -338,6 +341,9 @@ class RunStack:
         self.run = run
         self.bricks = bricks
         self.store = TrajectoryStore(run.path)
+        # a sync step's groups left out of training (replaced short groups, dynamic sampling's dropped ones):
+        # every rollout is kept, outside the step shards the trainer and the resume ledger read
+        self.untrained_store = TrajectoryStore(run.path / UNTRAINED_DIR)
         self._cleanups: list[Callable[[], Awaitable[Any]]] = []
         self.teachers: list[Any] = []  # distillation teachers (``_start_teachers``)
 
@@ -503,7 +509,8 @@ class RunStack:
         (``runner.run(tasks, step)``) and written as one shard. With ``rollout.dynamic_sampling`` groups whose
         rewards are all equal are replaced by groups of ``replacement_tasks(round)``, and groups left with too
         few survivors of infrastructure failures (``rollout.partial_groups``) by new groups of their task; both
-        are left out of the shard (the returned trajectories hold them; ``last_sampling_metrics`` counts them)."""
+        are left out of the shard (the returned trajectories hold them; ``last_sampling_metrics`` counts them) and
+        written, with their reasons, to ``RUN_DIR/untrained`` (``untrained_store``), never trained."""
         from components.rollout.dynamic_sampling import sample_step
         from components.rollout.engine_failures import before_replacements
 
@@ -528,6 +535,8 @@ class RunStack:
         if self.config.rollout.dynamic_sampling.enabled:
             self.last_sampling_metrics = sampled.metrics()
         self.last_sampling_metrics.update(sampled.partial_group_metrics())
+        if sampled.left_out:  # before the step's shard: a restart then rolls the step out anew, keeping both
+            await _to_thread(self.untrained_store.write, sampled.left_out)
         trained = await self.score_with_teachers(sampled.trained)
         return sampled.trajectories, self.store.write(trained)
 

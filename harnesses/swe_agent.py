@@ -214,8 +214,8 @@ class SweAgentBrickConfig:
     )
     max_retries: int = option(
         1,
-        "swe_agent: the OpenAI client's retries of a failed model call (connection errors, 5xx); a retry that "
-        "meets a dead engine waits for it through the proxy, 0 = the failure ends the rollout (engine_error)",
+        "swe_agent: the OpenAI client's retries of a failed model call (connection errors, 5xx; 0 = none); a "
+        "rollout whose call the engine failed is engine_error either way (the proxy counts the failure)",
     )
 
     def __post_init__(self) -> None:

@@ -2,7 +2,10 @@
 and teaches nothing, so it is dropped before training and another group is drawn in its place, up to a cap of
 extra groups per step. Sync mode (``sample_step``) rolls the replacements out in rounds; the overlapped loop
 (``components/loop.py``) asks ``is_informative`` of each group as it completes and draws another group instead.
-Dropped groups are still written to the run's store (every rollout is kept); they just never reach the trainer.
+Dropped groups are still written to the run's store (every rollout is kept); they just never reach the trainer:
+the overlapped loop commits each group and records the dropped ones in its ledger, the sync step writes its left-out
+groups (``SampledStep.left_out``) to the run's untrained store (``RUN_DIR/untrained/trajectories``), beside the
+step's shard.
 """
 
 from __future__ import annotations
@@ -68,6 +71,11 @@ class SampledStep:
         """The kept groups' rollouts; when none was kept, every rollout (a step's shard is never empty; groups
         with equal rewards just get advantage 0)."""
         return [t for group in self.kept for t in group] or self.trajectories
+
+    @property
+    def left_out(self) -> list[Trajectory]:
+        """The rollouts ``trained`` leaves out (dropped and short groups), kept elsewhere with their reasons."""
+        return [t for group in (*self.dropped, *self.short) for t in group] if self.kept else []
 
     def metrics(self) -> dict[str, float]:
         return {

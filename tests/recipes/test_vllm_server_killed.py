@@ -2,11 +2,11 @@
 ``recipes/swe_grpo.py --engine vllm`` (sync, proxy shards in Ray actors). The kill lands while a generation is in
 flight: once step 1 generates, the test freezes the server (``/pause?mode=keep``) and kills it when ``/load``
 counts a new request held there (``/load`` alone is no proof: vLLM never counts down a request whose client went
-away). The agent runs with ``--swe-agent-max-retries 0``, so the failed call ends its rollout: an ``engine_error``
-rollout (not an agent error), kept in the step's shard with the reason naming the vLLM server, never trained.
-(With the agent's default of one retry, the retry reaches the proxy while the server is down, waits for it, and
-is answered by the re-pushed version 1: the rollout finishes normally, which is why earlier runs of this test
-saw no engine_error.) The run waits for the server (``--vllm-server-return-timeout-s``), re-pushes the current
+away). The rollout whose call it fails is an ``engine_error`` rollout (not an agent error, though the agent only
+saw a 5xx: the proxy counted the failure), never trained; its group, left with too few survivors, is replaced,
+and the replaced group is kept with its reasons in the run's untrained store (``RUN_DIR/untrained``: earlier runs
+of this test found no ``engine_error`` in the step shards because the sync step stored no replaced group at
+all). The run waits for the server (``--vllm-server-return-timeout-s``), re-pushes the current
 weights and their version (everything trained was sampled by version 1, not the server's start-up weights) and
 finishes every step; the trainer's consumed shards name every committed shard at most once and skip only groups
 hit by the failure: nothing lost, nothing trained twice, nothing hangs. A server that never comes back fails the
@@ -69,7 +69,7 @@ def test_server_killed_mid_step_comes_back_with_the_weights_and_the_lost_rollout
         "--model", str(vllm_server.model_dir), "--run-dir", str(run_dir), "--engine", "vllm",
         "--vllm-url", vllm_server.url, "--vllm-server-return-timeout-s", "900", "--num-steps", "2",
         "--num-tasks", "1", "--group-size", "2", "--max-turns", "2", "--proxy-replicas", "1",
-        "--wandb-mode", "offline", "--swe-agent-max-retries", "0",
+        "--wandb-mode", "offline",
     )  # fmt: skip
     log = (tmp_path / "recipe.log").open("w")
     recipe = subprocess.Popen(
@@ -116,8 +116,11 @@ def test_server_killed_mid_step_comes_back_with_the_weights_and_the_lost_rollout
     assert {step for step, _ in shards.values()} == {0, 1}
     store = TrajectoryStore(run_dir)
     step_1 = [t for path in store.shard_paths() for t in store.read_shard(path) if t.step == 1]
-    # The rollout whose call the kill failed is engine_error (kept, with the reason naming the dead vLLM server,
-    # never trained); none is an agent error.
+    untrained = TrajectoryStore(run_dir / "untrained")  # groups replaced for too few survivors
+    left_out = [t for path in untrained.shard_paths() for t in untrained.read_shard(path) if t.step == 1]
+    # The rollout whose call the kill failed is engine_error (kept, in the step's shard or with its replaced
+    # group, with the reason naming the dead vLLM server, never trained); none is an agent error.
+    step_1 += left_out
     lost = [t for t in step_1 if t.status == TrajectoryStatus.ENGINE_ERROR]
     assert lost, [(t.status, t.failure_reason) for t in step_1]
     assert all(not t.trainable and "vLLM" in t.failure_reason for t in lost), [t.failure_reason for t in lost]

@@ -82,6 +82,11 @@ def test_a_short_group_is_rolled_out_again_and_a_partial_one_trains_with_its_sur
     }
     assert {t.group_id for t in step.trained} == {"g1", "g2"}
     assert len(step.trajectories) == 9  # the short group's rollouts are still reported
+    # ... and kept: the sync step writes what training leaves out to the run's untrained store
+    assert {t.group_id for t in step.left_out} == {"g0"}
+    assert {t.trajectory_id for t in step.left_out} | {t.trajectory_id for t in step.trained} == {
+        t.trajectory_id for t in step.trajectories
+    }
 
 
 def test_replacements_are_capped_and_the_step_trains_on_what_it_has():
