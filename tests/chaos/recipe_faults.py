@@ -17,12 +17,10 @@ import psutil
 
 from components.trajectory_store import TrajectoryStore
 from tests.recipes.recipe_runs import (
-    REPO_ROOT,
     latest_trainer_state,
     metric_steps,
-    recipe_command,
-    recipe_env,
     shard_steps,
+    spawn_recipe,
 )
 
 RUN_BOUND_S = 420
@@ -46,13 +44,23 @@ def titled(processes: list[psutil.Process], title: str) -> set[int]:
     return found
 
 
-def _still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
+def still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
     left = []
     for process in processes:
         with contextlib.suppress(psutil.NoSuchProcess):
             if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
                 left.append(process)
     return left
+
+
+def wait_until_step_0_is_trained(driver: subprocess.Popen, run_dir: Path, *, bound_s: float) -> None:
+    """Until the run's first metrics row (step 0 trained and its weights pushed); fails with the driver's output
+    if it exits first, or after ``bound_s``."""
+    metrics, started = run_dir / "metrics.jsonl", time.monotonic()
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert driver.poll() is None, driver.communicate()[0][-4000:]
+        assert time.monotonic() - started < bound_s, "step 0 was not done in time"
+        time.sleep(0.2)
 
 
 @dataclass(frozen=True)
@@ -83,25 +91,13 @@ def run_with_a_process_killed(
         *extra_flags,
     )  # fmt: skip
     started = time.monotonic()
-    driver = subprocess.Popen(
-        recipe_command("tictactoe_grpo", *flags),
-        cwd=REPO_ROOT,
-        env=recipe_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # only for this test's own clean-up: the fault is one process's SIGKILL
-    )
+    driver = spawn_recipe("tictactoe_grpo", *flags)  # own session: for clean-up; the fault is one SIGKILL
     recorded: dict[int, psutil.Process] = {}
     titles = (title, *also_kill)
     restarted: dict[str, set[int]] = {name: set() for name in titles}
     before: dict[str, set[int]] = {}
     try:
-        metrics = run_dir / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().strip()):  # step 0 trained and pushed
-            assert driver.poll() is None, driver.communicate()[0][-4000:]
-            assert time.monotonic() - started < RUN_BOUND_S, "step 0 was not done in time"
-            time.sleep(0.2)
+        wait_until_step_0_is_trained(driver, run_dir, bound_s=RUN_BOUND_S)
         killed = 0
         for name in titles:
             time.sleep(
@@ -128,7 +124,7 @@ def run_with_a_process_killed(
     assert driver.returncode == 0, output[-6000:]
     duration_s = time.monotonic() - started
     ended_at = time.monotonic()
-    while (left := _still_running(list(recorded.values()))) and time.monotonic() - ended_at < GONE_WITHIN_S:
+    while (left := still_running(list(recorded.values()))) and time.monotonic() - ended_at < GONE_WITHIN_S:
         time.sleep(0.2)
     assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
     return KilledRun(
@@ -140,17 +136,22 @@ def run_with_a_process_killed(
     )
 
 
-def assert_every_step_trained_once_with_its_version(run_dir: Path) -> list:
-    """Every step done; every committed shard trained exactly once (the last checkpoint's consumed shards), no
-    trajectory committed twice; every trained token sampled by its step's version (sync: step s by version s).
-    Returns the stored trajectories."""
+def assert_every_step_trained_once(run_dir: Path, num_steps: int = NUM_STEPS) -> None:
+    """Sync: every step done; every committed shard trained exactly once (the last checkpoint's consumed
+    shards); no trajectory committed twice."""
     shards = shard_steps(run_dir)
-    assert sorted(step for step, _ in shards.values()) == list(range(NUM_STEPS))
+    assert sorted(step for step, _ in shards.values()) == list(range(num_steps))
     ids = [i for _, names in shards.values() for i in names]
     assert len(ids) == len(set(ids)), "a trajectory was committed twice"
     consumed = latest_trainer_state(run_dir)["consumed_shards"]
     assert sorted(consumed) == sorted(shards), "a committed shard was trained twice or not at all"
-    assert metric_steps(run_dir) == list(range(NUM_STEPS))
+    assert metric_steps(run_dir) == list(range(num_steps))
+
+
+def assert_every_step_trained_once_with_its_version(run_dir: Path) -> list:
+    """``assert_every_step_trained_once``, and every trained token sampled by its step's version (sync: step s
+    by version s). Returns the stored trajectories."""
+    assert_every_step_trained_once(run_dir)
     store = TrajectoryStore(run_dir)
     trajectories = [t for path in store.shard_paths() for t in store.read_shard(path)]
     for trajectory in (t for t in trajectories if t.trainable):

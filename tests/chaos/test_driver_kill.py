@@ -11,13 +11,12 @@ import contextlib
 import os
 import random
 import signal
-import subprocess
 import time
 
 import psutil
 import pytest
 
-from tests.recipes.recipe_runs import REPO_ROOT, recipe_command, recipe_env
+from tests.recipes.recipe_runs import spawn_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -46,14 +45,8 @@ def test_sigkilled_driver_leaves_no_process_of_its_run(tmp_path, tiny_model_dir)
         "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", "50", "--group-size", "2",
         "--games-per-step", "1", "--checkpoint-every-steps", "1", "--wandb-mode", "offline",
     )  # fmt: skip
-    driver = subprocess.Popen(
-        recipe_command("tictactoe_grpo", *flags),
-        cwd=REPO_ROOT,
-        env=recipe_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # only for this test's own clean-up: the fault is a SIGKILL to the driver's pid
-    )
+    # its own session only for this test's clean-up: the fault is a SIGKILL to the driver's pid
+    driver = spawn_recipe("tictactoe_grpo", *flags, output=False)
     recorded: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 400

@@ -11,20 +11,22 @@ import contextlib
 import os
 import random
 import signal
-import subprocess
 import time
 
 import psutil
 import pytest
 
+from tests.chaos.recipe_faults import (
+    assert_every_step_trained_once,
+    still_running,
+    wait_until_step_0_is_trained,
+)
 from tests.recipes.recipe_runs import (
-    REPO_ROOT,
     latest_trainer_state,
     metric_steps,
-    recipe_command,
-    recipe_env,
     run_recipe,
     shard_steps,
+    spawn_recipe,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -56,22 +58,10 @@ def test_a_backend_that_goes_down_stops_the_run_by_name_and_it_resumes_once_back
         "--sandbox-resilience-max-attempts", "2", "--sandbox-resilience-backoff-initial-s", "0.2",
         "--sandbox-resilience-breaker-threshold", "2",
     )  # fmt: skip
-    driver = subprocess.Popen(
-        recipe_command("swe_grpo", *flags),
-        cwd=REPO_ROOT,
-        env=recipe_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # only for this test's own clean-up
-    )
+    driver = spawn_recipe("swe_grpo", *flags)
     seen: dict[int, psutil.Process] = {}
     try:
-        metrics, started = run_dir / "metrics.jsonl", time.monotonic()
-        while not (metrics.exists() and metrics.read_text().strip()):  # step 0 trained and pushed
-            assert driver.poll() is None, driver.communicate()[0][-4000:]
-            assert time.monotonic() - started < 420, "step 0 was not done in time"
-            time.sleep(0.2)
+        wait_until_step_0_is_trained(driver, run_dir, bound_s=420)
         time.sleep(random.uniform(0.0, 2.0))
         down.touch()  # the fault: from here every sandbox create fails
         went_down = time.monotonic()
@@ -89,7 +79,7 @@ def test_a_backend_that_goes_down_stops_the_run_by_name_and_it_resumes_once_back
     assert "the run stopped: SandboxBackendDownError" in output, output[-6000:]
     assert "Traceback" not in output.split("the run stopped")[-1], output[-6000:]
     ended = time.monotonic()
-    while (left := [p for p in seen.values() if _alive(p)]) and time.monotonic() - ended < GONE_WITHIN_S:
+    while (left := still_running(list(seen.values()))) and time.monotonic() - ended < GONE_WITHIN_S:
         time.sleep(0.2)
     assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
     committed = shard_steps(run_dir)
@@ -100,17 +90,5 @@ def test_a_backend_that_goes_down_stops_the_run_by_name_and_it_resumes_once_back
 
     down.unlink()  # the backend is back: the same command resumes and finishes
     run_recipe("swe_grpo", *flags, timeout_s=600)
-    shards = shard_steps(run_dir)
-    assert sorted(step for step, _ in shards.values()) == list(range(NUM_STEPS))
-    ids = [i for _, names in shards.values() for i in names]
-    assert len(ids) == len(set(ids)), "a trajectory was committed twice"
-    consumed = latest_trainer_state(run_dir)["consumed_shards"]
-    assert sorted(consumed) == sorted(shards), "a committed shard was trained twice or not at all"
-    assert metric_steps(run_dir) == list(range(NUM_STEPS))
+    assert_every_step_trained_once(run_dir, NUM_STEPS)
     print(f"stopped after {stopped_at} steps, {ended - went_down:.0f} s after the outage; resumed to the end")
-
-
-def _alive(process: psutil.Process) -> bool:
-    with contextlib.suppress(psutil.NoSuchProcess):
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    return False

@@ -37,6 +37,21 @@ def recipe_command(recipe: str, *flags: str) -> list[str]:
     return [sys.executable, str(REPO_ROOT / "recipes" / f"{recipe}.py"), *flags]
 
 
+def spawn_recipe(recipe: str, *flags: str, output: bool = True) -> subprocess.Popen:
+    """Start a recipe in its own session (so the test can kill its whole tree when it cleans up); its stdout and
+    stderr together as text when ``output``, else discarded."""
+    stream = subprocess.PIPE if output else subprocess.DEVNULL
+    return subprocess.Popen(
+        recipe_command(recipe, *flags),
+        cwd=REPO_ROOT,
+        env=recipe_env(),
+        stdout=stream,
+        stderr=subprocess.STDOUT if output else subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def run_recipe(recipe: str, *flags: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
     """Run a recipe to its end; fail with its output when it exits non-zero."""
     completed = subprocess.run(
