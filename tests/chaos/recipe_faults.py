@@ -161,7 +161,7 @@ def assert_every_step_trained_once_with_its_version(run_dir: Path) -> list:
     return trajectories
 
 
-def assert_every_committed_group_trained_at_most_once(run_dir: Path) -> None:
+def assert_every_committed_group_trained_at_most_once(run_dir: Path, num_steps: int = NUM_STEPS) -> None:
     """Async: the ledger of the last checkpoint trains every step, no committed group twice, and accounts for
     every committed group (trained, or dropped as stale or lost to infrastructure); no trajectory repeats."""
     shards = shard_steps(run_dir)
@@ -169,8 +169,8 @@ def assert_every_committed_group_trained_at_most_once(run_dir: Path) -> None:
     assert len(ids) == len(set(ids)), "a trajectory was committed twice"
     ledger = latest_trainer_state(run_dir)["extra"]["trajectory_ledger"]
     trained = [name for names in ledger["step_shards"].values() for name in names]
-    assert sorted(int(step) for step in ledger["step_shards"]) == list(range(NUM_STEPS))
+    assert sorted(int(step) for step in ledger["step_shards"]) == list(range(num_steps))
     assert len(trained) == len(set(trained)), "a group was trained twice"
     assert sorted(trained + list(ledger["dropped"])) == sorted(shards), "a committed group went missing"
     assert set(ledger["dropped"].values()) <= {"stale", "lost_to_infrastructure"}
-    assert metric_steps(run_dir) == list(range(NUM_STEPS))
+    assert metric_steps(run_dir) == list(range(num_steps))

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from tests.chaos.recipe_faults import (
+    assert_every_committed_group_trained_at_most_once,
     assert_every_step_trained_once,
     still_running,
     wait_until_step_0_is_trained,
@@ -46,7 +47,10 @@ def _processes(pid: int) -> list[psutil.Process]:
     return []
 
 
-def test_a_backend_that_goes_down_stops_the_run_by_name_and_it_resumes_once_back(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_backend_that_goes_down_stops_the_run_by_name_and_it_resumes_once_back(
+    tmp_path, tiny_model_dir, mode
+):
     down, wrapper = tmp_path / "down", tmp_path / "bwrap"
     wrapper.write_text(WRAPPER.format(down=down))
     wrapper.chmod(0o755)
@@ -56,7 +60,7 @@ def test_a_backend_that_goes_down_stops_the_run_by_name_and_it_resumes_once_back
         "--num-tasks", "2", "--group-size", "2", "--max-turns", "2", "--proxy", "local",
         "--wandb-mode", "offline", "--sandbox-num-warm", "0", "--sandbox-bwrap-bwrap-path", str(wrapper),
         "--sandbox-resilience-max-attempts", "2", "--sandbox-resilience-backoff-initial-s", "0.2",
-        "--sandbox-resilience-breaker-threshold", "2",
+        "--sandbox-resilience-breaker-threshold", "2", "--rollout-mode", mode,
     )  # fmt: skip
     driver = spawn_recipe("swe_grpo", *flags)
     seen: dict[int, psutil.Process] = {}
@@ -82,13 +86,23 @@ def test_a_backend_that_goes_down_stops_the_run_by_name_and_it_resumes_once_back
     while (left := still_running(list(seen.values()))) and time.monotonic() - ended < GONE_WITHIN_S:
         time.sleep(0.2)
     assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
-    committed = shard_steps(run_dir)
-    consumed = latest_trainer_state(run_dir)["consumed_shards"]
-    assert len(consumed) == len(set(consumed)) and set(consumed) <= set(committed)
+    committed, state = shard_steps(run_dir), latest_trainer_state(run_dir)
+    if mode == "sync":  # the step shards the checkpoint trained
+        trained = state["consumed_shards"]
+    else:  # the overlapped loop's ledger: the groups each step trained
+        trained = [
+            name for names in state["extra"]["trajectory_ledger"]["step_shards"].values() for name in names
+        ]
+    assert len(trained) == len(set(trained)) and set(trained) <= set(committed)
     stopped_at = len(metric_steps(run_dir))
     assert 1 <= stopped_at < NUM_STEPS
 
     down.unlink()  # the backend is back: the same command resumes and finishes
     run_recipe("swe_grpo", *flags, timeout_s=600)
-    assert_every_step_trained_once(run_dir, NUM_STEPS)
-    print(f"stopped after {stopped_at} steps, {ended - went_down:.0f} s after the outage; resumed to the end")
+    if mode == "sync":
+        assert_every_step_trained_once(run_dir, NUM_STEPS)
+    else:
+        assert_every_committed_group_trained_at_most_once(run_dir, NUM_STEPS)
+    print(
+        f"{mode}: stopped after {stopped_at} steps, {ended - went_down:.0f} s after the outage; resumed to the end"
+    )

@@ -28,6 +28,7 @@ from components.training.grpo import GRPO
 from components.training.step import build_optimizer, run_train_step
 from components.training.trainer import Trainer
 from tests.chaos.recipe_faults import (
+    assert_every_committed_group_trained_at_most_once,
     assert_every_step_trained_once_with_its_version,
     run_with_a_process_killed,
 )
@@ -146,6 +147,17 @@ def test_a_run_whose_trainer_worker_is_killed_finishes_with_every_step_trained_o
     # every committed shard trained once, and each step's rollouts sampled by the version the trainer had
     # reached: the engine's weights stayed the trainer's through the restart
     assert_every_step_trained_once_with_its_version(run.run_dir)
+    log = (run.run_dir / "logs" / "driver.log").read_text()
+    assert "the trainer's worker group was restarted" in log
+    print(f"run {run.duration_s:.0f} s")
+
+
+def test_an_async_run_whose_trainer_worker_is_killed_finishes(tmp_path, tiny_model_dir):
+    """The same fault with rollouts overlapping training: every committed group trained at most once or
+    dropped with a reason, every step done."""
+    run = run_with_a_process_killed(tmp_path / "run", tiny_model_dir, "ray::RayTrainWorker", mode="async")
+    assert run.started_again, "Ray Train did not restart the worker group"
+    assert_every_committed_group_trained_at_most_once(run.run_dir)
     log = (run.run_dir / "logs" / "driver.log").read_text()
     assert "the trainer's worker group was restarted" in log
     print(f"run {run.duration_s:.0f} s")
