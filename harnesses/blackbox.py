@@ -20,7 +20,7 @@ import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from components.config import require, require_positive
 from components.protocols import Harness, HarnessOutcome, Sandbox, SandboxSpec, Task
@@ -134,9 +134,12 @@ class BlackBoxAgent(Protocol):
     """One agent program. Contract: ``launch`` describes a run against ``base_url`` (a proxy session URL,
     ``http://HOST:PORT/s/{id}``) authenticating with ``api_key`` (the session's token) with ``home`` as its HOME (an absolute path inside the sandbox) that honours
     ``config.max_turns`` where the program can; ``read_exit`` maps the program's exit to a status (ok /
-    turn_limit / timeout / agent_error …), a reason and metrics."""
+    turn_limit / timeout / agent_error …), a reason and metrics. ``turn_bound`` says who bounds its model calls:
+    ``"agent"`` (its own setting, filled from ``max_turns``) or ``"proxy"`` for a program without one (its session
+    is opened with ``max_calls = max_turns``; the call past it is refused and the session ends ``turn_limit``)."""
 
     name: str
+    turn_bound: Literal["agent", "proxy"]
 
     def read_only_paths(self) -> tuple[str, ...]: ...
 
@@ -229,7 +232,7 @@ class BlackBoxHarness:
     def max_policy_calls(self) -> int:
         """``CallBoundedHarness``: a program without a turn setting of its own (``turn_bound="proxy"``, e.g.
         OpenClaw, Codex) is bounded by the proxy at ``max_turns`` model calls; 0 (none) for the others."""
-        return self.config.max_turns if getattr(self.agent, "turn_bound", "agent") == "proxy" else 0
+        return self.config.max_turns if self.agent.turn_bound == "proxy" else 0
 
     def adapt_sandbox_spec(self, spec: SandboxSpec, *, proxy_url: str) -> SandboxSpec:
         """The task's sandbox plus what the program needs: its install paths (read-only) and the proxy."""

@@ -427,10 +427,22 @@ class LocalSessionRegistry:
         )
 
     @staticmethod
-    def _status_so_far(session: _Session) -> str:
+    def _ended_by_proxy(session: _Session) -> tuple[TrajectoryStatus, str] | None:
+        """The status the proxy itself gave the session, with its reason: context overflow, or a call refused
+        past its bound (turn limit); ``None`` while neither happened. ``describe`` and ``finalize`` both read
+        it, so the two never disagree."""
         if session.overflowed:
-            return TrajectoryStatus.CONTEXT_OVERFLOW.value
-        return TrajectoryStatus.TURN_LIMIT.value if session.refused_past_bound else "open"
+            return TrajectoryStatus.CONTEXT_OVERFLOW, (
+                session.overflow_message or "the prompt outgrew the context window"
+            )
+        if session.refused_past_bound:
+            return TrajectoryStatus.TURN_LIMIT, f"the proxy refused a call past {session.info.max_calls} calls"
+        return None
+
+    @classmethod
+    def _status_so_far(cls, session: _Session) -> str:
+        ended = cls._ended_by_proxy(session)
+        return ended[0].value if ended else "open"
 
     def _final_messages_json(self, session: _Session, segments: Sequence[Segment]) -> str:
         """The conversation of the main segment (the longest one; side requests such as title generation
@@ -452,14 +464,9 @@ class LocalSessionRegistry:
                 f"status: must be one of {[s.value for s in TrajectoryStatus]}, got {status!r}"
             )
         resolved_status = TrajectoryStatus(status) if status is not None else TrajectoryStatus.OK
-        if resolved_status == TrajectoryStatus.OK and session.overflowed:
-            resolved_status = TrajectoryStatus.CONTEXT_OVERFLOW
-            failure_reason = (
-                failure_reason or session.overflow_message or "the prompt outgrew the context window"
-            )
-        elif resolved_status == TrajectoryStatus.OK and session.refused_past_bound:
-            resolved_status = TrajectoryStatus.TURN_LIMIT
-            failure_reason = failure_reason or f"the proxy refused a call past {session.info.max_calls} calls"
+        ended = self._ended_by_proxy(session)
+        if resolved_status == TrajectoryStatus.OK and ended:
+            resolved_status, failure_reason = ended[0], failure_reason or ended[1]
         if resolved_status == TrajectoryStatus.OK:
             failure_reason = ""
         elif not failure_reason:

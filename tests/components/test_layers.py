@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_WING = {"components.launch", "components.loop"}
 # What the seams may name besides the standard library and third-party types: helpers for config records, and
 # the records the seams exchange (the trajectory and its segments).
-SEAM_IMPORTS = {"components.config", "components.trajectory"}
+SEAM_IMPORTS = {"components.config", "components.json_types", "components.trajectory"}
 # The packages below the run wing (recipes, benchmarks, examples and tests sit above it).
 BELOW_RUN_WING = ("components", "sandboxes", "harnesses", "monitoring")
 

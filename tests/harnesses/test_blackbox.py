@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Literal
 
 import pytest
 
@@ -40,6 +41,7 @@ class ShellAgent:
 
     script: str
     name: str = "shell-agent"
+    turn_bound: Literal["agent", "proxy"] = "agent"
 
     def read_only_paths(self) -> tuple[str, ...]:
         return ()

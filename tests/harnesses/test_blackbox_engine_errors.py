@@ -11,6 +11,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
@@ -41,6 +42,7 @@ class OneCallAgent:
     """A minimal black-box agent: one model call, exit 1 on any failure."""
 
     name: str = "one-call-agent"
+    turn_bound: Literal["agent", "proxy"] = "agent"
 
     def read_only_paths(self) -> tuple[str, ...]:
         return existing(python_environment_paths())
