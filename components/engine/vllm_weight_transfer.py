@@ -3,8 +3,10 @@
 
 Written against vLLM 0.32's ``vllm/distributed/weight_transfer/nccl_engine.py`` and ``clients.py``; it needs
 CUDA and vLLM installed in that process (``pip install vllm``), so it cannot run on the CPU machines this project
-is tested on: the tests prove only that the option builds this path and that it is refused without CUDA (the CPU
-path, a reload from a saved folder, runs for real: ``VLLMEngine.load_weights_from_disk``). The round trip, as
+is tested on: the tests prove that the option builds this path, that it is refused without CUDA, and that
+``connect`` makes its calls into the installed vLLM with the arguments vLLM's real classes require (run in vLLM's
+own interpreter, only the CUDA rendezvous replaced); the broadcast is unrun (the CPU path, a reload from a saved
+folder, runs for real: ``VLLMEngine.load_weights_from_disk``). The round trip, as
 vLLM's trainer-side engine drives it:
 
 1. once per server: ``POST /init_weight_transfer_engine`` ``{"init_info": {master_address, master_port,
@@ -102,7 +104,10 @@ class VLLMNcclWeightSender:
         self._source = dict(state_dict)  # the engine iterates this dict's current tensors on every push
         self._engine = NCCLTrainerWeightTransferEngine.trainer_init(
             NCCLTrainerInitInfo(
-                master_address=self.master_address, master_port=master_port, world_size=self.world_size
+                master_address=self.master_address,
+                master_port=master_port,
+                world_size=self.world_size,
+                rank=0,  # the only trainer-side rank: this process holds the gathered weights and sends them
             ),
             client=HTTPVLLMWeightSyncClient(self.server.url),
             source=StateDictSource(self._source),
