@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
+from components.json_types import JsonObject, JsonValue
 from components.proxy.errors import InvalidRequestError
 from components.proxy.json_fields import (
     get_bool,
@@ -53,7 +53,7 @@ class MessagesRequest:
     stream: bool
 
 
-def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+def _blocks(content: JsonValue, where: str) -> list[JsonObject]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     blocks = []
@@ -64,7 +64,7 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return blocks
 
 
-def _text_of(content: Any, where: str) -> str:
+def _text_of(content: JsonValue, where: str) -> str:
     """Text of a string or of text blocks (tool_result content, system)."""
     if content is None:
         return ""
@@ -78,7 +78,7 @@ def _text_of(content: Any, where: str) -> str:
     return "\n".join(texts)
 
 
-def _user_messages(content: Any, where: str) -> list[ChatMessage]:
+def _user_messages(content: JsonValue, where: str) -> list[ChatMessage]:
     tool_messages = []
     texts = []
     for index, block in enumerate(_blocks(content, where)):
@@ -107,7 +107,7 @@ def _user_messages(content: Any, where: str) -> list[ChatMessage]:
     return messages
 
 
-def _assistant_message(content: Any, where: str) -> ChatMessage:
+def _assistant_message(content: JsonValue, where: str) -> ChatMessage:
     texts = []
     reasoning = []
     calls = []
@@ -139,7 +139,7 @@ def _assistant_message(content: Any, where: str) -> ChatMessage:
     )
 
 
-def parse_conversation(body: dict[str, Any]) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...]]:
+def parse_conversation(body: JsonObject) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...]]:
     """``system`` + ``messages`` + ``tools`` → canonical messages and tool specs."""
     messages: list[ChatMessage] = []
     system = _text_of(body.get("system"), "body.system")
@@ -167,7 +167,7 @@ def parse_conversation(body: dict[str, Any]) -> tuple[tuple[ChatMessage, ...], t
     return tuple(messages), parse_tools(body.get("tools"))
 
 
-def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
+def parse_tools(value: JsonValue) -> tuple[ToolSpec, ...]:
     """Custom tools; server tools (``type`` other than ``custom``) are skipped."""
     if value is None:
         return ()
@@ -181,7 +181,7 @@ def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
     return tuple(tools)
 
 
-def parse_request(body: dict[str, Any]) -> MessagesRequest:
+def parse_request(body: JsonObject) -> MessagesRequest:
     """A Messages request body → a canonical turn plus the response options."""
     messages, tools = parse_conversation(body)
     turn = TurnRequest(
@@ -202,7 +202,7 @@ def parse_request(body: dict[str, Any]) -> MessagesRequest:
     )
 
 
-def _tool_input(arguments: str) -> dict[str, Any]:
+def _tool_input(arguments: str) -> JsonObject:
     try:
         value = json.loads(arguments)
     except json.JSONDecodeError:
@@ -210,9 +210,9 @@ def _tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def _content_blocks(outcome: TurnOutcome, message_id: str) -> list[dict[str, Any]]:
+def _content_blocks(outcome: TurnOutcome, message_id: str) -> list[JsonObject]:
     reply = outcome.reply
-    blocks: list[dict[str, Any]] = []
+    blocks: list[JsonObject] = []
     if reply.reasoning:
         blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
     if reply.content or not reply.tool_calls:
@@ -230,7 +230,7 @@ def _content_blocks(outcome: TurnOutcome, message_id: str) -> list[dict[str, Any
     return blocks
 
 
-def _usage(outcome: TurnOutcome) -> dict[str, Any]:
+def _usage(outcome: TurnOutcome) -> JsonObject:
     return {
         "input_tokens": outcome.num_prompt_tokens,
         "output_tokens": outcome.num_completion_tokens,
@@ -241,7 +241,7 @@ def _usage(outcome: TurnOutcome) -> dict[str, Any]:
 
 def render_response(
     outcome: TurnOutcome, request: MessagesRequest, *, response_id: str, created: int
-) -> dict[str, Any]:
+) -> JsonObject:
     """The ``message`` object."""
     return {
         "id": response_id,
@@ -255,13 +255,13 @@ def render_response(
     }
 
 
-def _event(event_type: str, payload: dict[str, Any]) -> bytes:
+def _event(event_type: str, payload: JsonObject) -> bytes:
     return (
         f"event: {event_type}\ndata: ".encode() + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
     )
 
 
-def _stream_block(block: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _stream_block(block: JsonObject) -> tuple[JsonObject, list[JsonObject]]:
     """A finished content block as its empty start form and its deltas."""
     if block["type"] == "text":
         return {"type": "text", "text": ""}, [{"type": "text_delta", "text": block["text"]}]
@@ -277,20 +277,20 @@ def _stream_block(block: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str,
 
 
 def _stream_blocks(
-    outcome: TurnOutcome, content: list[dict[str, Any]]
-) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    outcome: TurnOutcome, content: list[JsonObject]
+) -> list[tuple[JsonObject, list[JsonObject]]]:
     """The blocks to stream: each finished block whole, or (with the reply's token deltas) thinking and text
     blocks growing delta by delta and each tool_use block as soon as its call is complete."""
     if outcome.deltas is None:
         return [_stream_block(block) for block in content]
     tool_blocks = iter(block for block in content if block["type"] == "tool_use")
 
-    def tool_block(index: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def tool_block(index: int) -> tuple[JsonObject, list[JsonObject]]:
         empty, whole = _stream_block(next(tool_blocks))
         pieces = call_argument_pieces(outcome.deltas, index, whole[0]["partial_json"])
         return empty, [{"type": "input_json_delta", "partial_json": piece} for piece in pieces]
 
-    blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    blocks: list[tuple[JsonObject, list[JsonObject]]] = []
     kind = None
     for delta in outcome.deltas:
         if delta.kind == "tool_call_arguments":
@@ -351,7 +351,7 @@ def render_stream(
     return frames
 
 
-def parse_count_tokens(body: dict[str, Any]) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...]]:
+def parse_count_tokens(body: JsonObject) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...]]:
     """A ``count_tokens`` body → canonical messages and tools."""
     return parse_conversation(body)
 
@@ -359,7 +359,7 @@ def parse_count_tokens(body: dict[str, Any]) -> tuple[tuple[ChatMessage, ...], t
 KEEPALIVE_FRAME = _event("ping", {"type": "ping"})
 
 
-def error_body(status_code: int, error_type: str, message: str) -> dict[str, Any]:
+def error_body(status_code: int, error_type: str, message: str) -> JsonObject:
     """Anthropic's error shape (context overflow keeps the stable type ``context_overflow``)."""
     return {"type": "error", "error": {"type": error_type, "message": message}}
 

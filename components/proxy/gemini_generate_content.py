@@ -37,8 +37,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
 
+from components.json_types import JsonArray, JsonObject, JsonValue
 from components.proxy.errors import InvalidRequestError
 from components.proxy.json_fields import get_bool, get_int, get_list, get_str, require_list, require_object
 from components.proxy.sessions import TurnOutcome, TurnRequest
@@ -91,7 +91,7 @@ class GenerateContentRequest:
     num_top_logprobs: int = 0
 
 
-def _field(obj: dict[str, Any], camel: str) -> Any:
+def _field(obj: JsonObject, camel: str) -> JsonValue:
     """A field by its lowerCamelCase name or its snake_case proto name."""
     if camel in obj:
         return obj[camel]
@@ -99,12 +99,12 @@ def _field(obj: dict[str, Any], camel: str) -> Any:
     return obj.get(snake)
 
 
-def _placeholder(mime_type: Any) -> str:
+def _placeholder(mime_type: JsonValue) -> str:
     kind = mime_type.split("/", 1)[0] if isinstance(mime_type, str) else ""
     return PLACEHOLDERS.get(kind, "[file]")
 
 
-def _function_response_text(response: Any, where: str) -> str:
+def _function_response_text(response: JsonValue, where: str) -> str:
     if response is None:
         return ""
     response = require_object(response, f"{where}.response")
@@ -123,7 +123,7 @@ class _CallLedger:
     def __init__(self) -> None:
         self.unanswered: list[ToolCall] = []
 
-    def call(self, raw: dict[str, Any], where: str, default_id: str) -> ToolCall:
+    def call(self, raw: JsonObject, where: str, default_id: str) -> ToolCall:
         args = raw.get("args")
         args = {} if args is None else require_object(args, f"{where}.args")
         call = ToolCall(
@@ -134,7 +134,7 @@ class _CallLedger:
         self.unanswered.append(call)
         return call
 
-    def answer(self, raw: dict[str, Any], where: str) -> str:
+    def answer(self, raw: JsonObject, where: str) -> str:
         call_id = get_str(raw, "id", where, default="")
         name = get_str(raw, "name", where)
         for index, call in enumerate(self.unanswered):
@@ -149,14 +149,14 @@ class _CallLedger:
         )
 
 
-def _parts(content: dict[str, Any], where: str) -> list[dict[str, Any]]:
+def _parts(content: JsonObject, where: str) -> list[JsonObject]:
     parts = get_list(content, "parts", where)
     if not parts:
         raise InvalidRequestError(f"{where}.parts: must contain at least one part")
     return [require_object(part, f"{where}.parts[{index}]") for index, part in enumerate(parts)]
 
 
-def _plain_text(part: dict[str, Any], where: str) -> str | None:
+def _plain_text(part: JsonObject, where: str) -> str | None:
     """The text a non-function part stands for (None for parts that carry nothing for the policy)."""
     if "text" in part:
         return get_str(part, "text", where)
@@ -174,7 +174,7 @@ def _plain_text(part: dict[str, Any], where: str) -> str | None:
     return None
 
 
-def _model_message(content: dict[str, Any], where: str, index: int, ledger: _CallLedger) -> ChatMessage:
+def _model_message(content: JsonObject, where: str, index: int, ledger: _CallLedger) -> ChatMessage:
     texts, reasoning, calls = [], [], []
     for part_index, part in enumerate(_parts(content, where)):
         part_where = f"{where}.parts[{part_index}]"
@@ -205,7 +205,7 @@ def _model_message(content: dict[str, Any], where: str, index: int, ledger: _Cal
     )
 
 
-def _user_messages(content: dict[str, Any], where: str, ledger: _CallLedger) -> list[ChatMessage]:
+def _user_messages(content: JsonObject, where: str, ledger: _CallLedger) -> list[ChatMessage]:
     tool_messages, texts = [], []
     for part_index, part in enumerate(_parts(content, where)):
         part_where = f"{where}.parts[{part_index}]"
@@ -235,7 +235,7 @@ def _user_messages(content: dict[str, Any], where: str, ledger: _CallLedger) -> 
     return messages
 
 
-def _system_text(value: Any) -> str:
+def _system_text(value: JsonValue) -> str:
     if value is None:
         return ""
     if isinstance(value, str):  # the REST API takes a Content; a bare string is a common client shortcut
@@ -249,7 +249,7 @@ def _system_text(value: Any) -> str:
     return "\n".join(texts)
 
 
-def parse_contents(body: dict[str, Any]) -> tuple[ChatMessage, ...]:
+def parse_contents(body: JsonObject) -> tuple[ChatMessage, ...]:
     """``systemInstruction`` + ``contents`` → canonical messages."""
     messages: list[ChatMessage] = []
     system = _system_text(_field(body, "systemInstruction"))
@@ -272,10 +272,10 @@ def parse_contents(body: dict[str, Any]) -> tuple[ChatMessage, ...]:
     return tuple(messages)
 
 
-def schema_to_json_schema(schema: Any, where: str) -> dict[str, Any]:
+def schema_to_json_schema(schema: JsonValue, where: str) -> JsonObject:
     """A Gemini ``Schema`` (OpenAPI subset: upper-case ``type``, ``nullable``) → JSON schema."""
     schema = require_object(schema, where)
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for key, value in schema.items():
         if key in _SCHEMA_DROPPED:
             continue
@@ -302,20 +302,20 @@ def schema_to_json_schema(schema: Any, where: str) -> dict[str, Any]:
     return out
 
 
-def tool_definitions(body: dict[str, Any]) -> Any:
+def tool_definitions(body: JsonObject) -> JsonValue:
     """What ``ProxyConfig.max_tools`` counts: each function declaration of ``body.tools`` (one ``Tool`` may list
     any number) and each other tool entry; ``body.tools`` itself when it is not a list."""
     tools = body.get("tools")
     if not isinstance(tools, list):
         return tools
-    definitions: list[Any] = []
+    definitions: JsonArray = []
     for tool in tools:
         declarations = _field(tool, "functionDeclarations") if isinstance(tool, dict) else None
         definitions.extend(declarations if isinstance(declarations, list) else [tool])
     return definitions
 
 
-def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
+def parse_tools(value: JsonValue) -> tuple[ToolSpec, ...]:
     """``tools[].functionDeclarations`` → tool specs (built-in tools such as ``googleSearch`` are skipped)."""
     if value is None:
         return ()
@@ -349,9 +349,7 @@ def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
     return tuple(specs)
 
 
-def _number(
-    config: dict[str, Any], key: str, *, default: float, low: float, high: float, open_low: bool = False
-):
+def _number(config: JsonObject, key: str, *, default: float, low: float, high: float, open_low: bool = False):
     value = _field(config, key)
     if value is None:
         return default
@@ -365,19 +363,17 @@ def _number(
     return float(value)
 
 
-def _int(config: dict[str, Any], key: str, *, default: int | None = None, minimum: int = 0) -> int | None:
+def _int(config: JsonObject, key: str, *, default: int | None = None, minimum: int = 0) -> int | None:
     value = _field(config, key)
     return get_int({key: value}, key, "generationConfig", default=default, minimum=minimum)
 
 
-def _generation_config(body: dict[str, Any]) -> dict[str, Any]:
+def _generation_config(body: JsonObject) -> JsonObject:
     config = _field(body, "generationConfig")
     return {} if config is None else require_object(config, "body.generationConfig")
 
 
-def parse_request(
-    body: dict[str, Any], *, model: str, method: str, alt: str | None
-) -> GenerateContentRequest:
+def parse_request(body: JsonObject, *, model: str, method: str, alt: str | None) -> GenerateContentRequest:
     """A generateContent / streamGenerateContent body → a canonical turn plus the response options."""
     config = _generation_config(body)
     num_candidates = _int(config, "candidateCount", default=1, minimum=1)
@@ -417,7 +413,7 @@ def parse_request(
     )
 
 
-def parse_count_tokens(body: dict[str, Any]) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...]]:
+def parse_count_tokens(body: JsonObject) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...]]:
     """A ``countTokens`` body: ``contents`` (with ``systemInstruction``/``tools`` as Vertex takes them) or a
     whole ``generateContentRequest`` → canonical messages and tools."""
     inner = _field(body, "generateContentRequest")
@@ -428,7 +424,7 @@ def parse_count_tokens(body: dict[str, Any]) -> tuple[tuple[ChatMessage, ...], t
     return parse_contents(body), parse_tools(body.get("tools"))
 
 
-def _args(arguments: str) -> dict[str, Any]:
+def _args(arguments: str) -> JsonObject:
     try:
         value = json.loads(arguments)
     except json.JSONDecodeError:
@@ -436,9 +432,9 @@ def _args(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def _reply_parts(outcome: TurnOutcome, response_id: str) -> list[dict[str, Any]]:
+def _reply_parts(outcome: TurnOutcome, response_id: str) -> list[JsonObject]:
     reply = outcome.reply
-    parts: list[dict[str, Any]] = []
+    parts: list[JsonObject] = []
     if reply.reasoning:
         parts.append({"text": reply.reasoning, "thought": True})
     if reply.content or not reply.tool_calls:
@@ -456,8 +452,8 @@ def _reply_parts(outcome: TurnOutcome, response_id: str) -> list[dict[str, Any]]
     return parts
 
 
-def _usage(outcome: TurnOutcome, *, final: bool = True) -> dict[str, Any]:
-    usage: dict[str, Any] = {
+def _usage(outcome: TurnOutcome, *, final: bool = True) -> JsonObject:
+    usage: JsonObject = {
         "promptTokenCount": outcome.num_prompt_tokens,
         "totalTokenCount": outcome.num_prompt_tokens,
         "promptTokensDetails": [{"modality": "TEXT", "tokenCount": outcome.num_prompt_tokens}],
@@ -468,10 +464,10 @@ def _usage(outcome: TurnOutcome, *, final: bool = True) -> dict[str, Any]:
     return usage
 
 
-def _logprobs(outcome: TurnOutcome, num_top: int) -> dict[str, Any]:
+def _logprobs(outcome: TurnOutcome, num_top: int) -> JsonObject:
     entries = outcome.token_logprobs or ()
     chosen = [{"token": e.token, "logProbability": e.logprob} for e in entries]
-    result: dict[str, Any] = {
+    result: JsonObject = {
         "chosenCandidates": chosen,
         "logProbabilitySum": sum(e.logprob for e in entries),
     }
@@ -480,8 +476,8 @@ def _logprobs(outcome: TurnOutcome, num_top: int) -> dict[str, Any]:
     return result
 
 
-def _candidate(outcome: TurnOutcome, request: GenerateContentRequest, parts, finish: bool) -> dict[str, Any]:
-    candidate: dict[str, Any] = {"content": {"parts": parts, "role": "model"}, "index": 0}
+def _candidate(outcome: TurnOutcome, request: GenerateContentRequest, parts, finish: bool) -> JsonObject:
+    candidate: JsonObject = {"content": {"parts": parts, "role": "model"}, "index": 0}
     if finish:
         candidate["finishReason"] = FINISH_REASONS.get(outcome.reply.finish_reason, "STOP")
         if outcome.token_logprobs is not None:
@@ -491,7 +487,7 @@ def _candidate(outcome: TurnOutcome, request: GenerateContentRequest, parts, fin
     return candidate
 
 
-def _text_groups(outcome: TurnOutcome, part: dict[str, Any]) -> list[list[dict[str, Any]]]:
+def _text_groups(outcome: TurnOutcome, part: JsonObject) -> list[list[JsonObject]]:
     """A text part as one chunk per token delta (when the reply's deltas make up exactly its text), else one."""
     kind = "reasoning" if part.get("thought") else "content"
     pieces = [d.text for d in outcome.deltas or () if d.kind == kind]
@@ -500,7 +496,7 @@ def _text_groups(outcome: TurnOutcome, part: dict[str, Any]) -> list[list[dict[s
     return [[part]]
 
 
-def _chunks(outcome: TurnOutcome, request: GenerateContentRequest, response_id: str) -> list[dict[str, Any]]:
+def _chunks(outcome: TurnOutcome, request: GenerateContentRequest, response_id: str) -> list[JsonObject]:
     parts = _reply_parts(outcome, response_id)
     # one chunk per text piece as the sampled tokens settled it, function calls together (Gemini sends
     # parallel calls in one chunk)
@@ -521,7 +517,7 @@ def _chunks(outcome: TurnOutcome, request: GenerateContentRequest, response_id: 
 
 def render_response(
     outcome: TurnOutcome, request: GenerateContentRequest, *, response_id: str, created: int
-) -> dict[str, Any] | list[dict[str, Any]]:
+) -> JsonObject | list[JsonObject]:
     """The ``GenerateContentResponse`` (a JSON array of its chunks for a non-SSE stream)."""
     if request.json_array:
         return _chunks(outcome, request, response_id)
@@ -533,7 +529,7 @@ def render_response(
     }
 
 
-def _frame(payload: dict[str, Any]) -> bytes:
+def _frame(payload: JsonObject) -> bytes:
     # ASCII JSON: the JS SDK's line regex stops at U+2028/U+2029, which unescaped JSON may contain
     return b"data: " + json.dumps(payload).encode() + b"\r\n\r\n"
 
@@ -545,7 +541,7 @@ def render_stream(
     return [_frame(chunk) for chunk in _chunks(outcome, request, response_id)]
 
 
-def render_count_tokens(num_tokens: int) -> dict[str, Any]:
+def render_count_tokens(num_tokens: int) -> JsonObject:
     """The ``CountTokensResponse``."""
     return {
         "totalTokens": num_tokens,
@@ -553,9 +549,9 @@ def render_count_tokens(num_tokens: int) -> dict[str, Any]:
     }
 
 
-def model_resource(name: str, context_window: int | None = None) -> dict[str, Any]:
+def model_resource(name: str, context_window: int | None = None) -> JsonObject:
     """A ``Model`` resource for ``GET models/{model}``."""
-    model: dict[str, Any] = {
+    model: JsonObject = {
         "name": f"models/{name}",
         "baseModelId": name,
         "version": "rein",
@@ -571,7 +567,7 @@ def model_resource(name: str, context_window: int | None = None) -> dict[str, An
 KEEPALIVE_FRAME = b"\r\n"
 
 
-def error_body(status_code: int, error_type: str, message: str) -> dict[str, Any]:
+def error_body(status_code: int, error_type: str, message: str) -> JsonObject:
     """Google's error shape (``google.rpc.Status`` under ``error``), the proxy's error type as ErrorInfo."""
     code = status_code or ERROR_TYPE_CODES.get(error_type, 500)
     return {

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TypeVar, overload
 
+from components.json_types import JsonArray, JsonObject, JsonValue
 from components.proxy.errors import InvalidRequestError
 from components.tito.messages import ToolSpec
+
+D = TypeVar("D")
 
 _MISSING = object()
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
+def parse_json_object(body: bytes) -> JsonObject:
     """The request body as a JSON object."""
     if not body:
         raise InvalidRequestError("request body: empty; expected a JSON object")
@@ -27,7 +30,7 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     return value
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -43,21 +46,25 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def require_object(value: Any, where: str) -> dict[str, Any]:
+def require_object(value: JsonValue, where: str) -> JsonObject:
     """``value`` must be a JSON object."""
     if not isinstance(value, dict):
         raise InvalidRequestError(f"{where}: expected an object, got {_kind(value)}")
     return value
 
 
-def require_list(value: Any, where: str) -> list[Any]:
+def require_list(value: JsonValue, where: str) -> JsonArray:
     """``value`` must be a JSON array."""
     if not isinstance(value, list):
         raise InvalidRequestError(f"{where}: expected an array, got {_kind(value)}")
     return value
 
 
-def get_str(obj: dict[str, Any], key: str, where: str, *, default: Any = _MISSING) -> Any:
+@overload
+def get_str(obj: JsonObject, key: str, where: str) -> str: ...
+@overload
+def get_str(obj: JsonObject, key: str, where: str, *, default: D) -> str | D: ...
+def get_str(obj: JsonObject, key: str, where: str, *, default: object = _MISSING) -> object:
     """A string field (``default`` when absent or null; required when no default)."""
     value = obj.get(key)
     if value is None:
@@ -69,7 +76,11 @@ def get_str(obj: dict[str, Any], key: str, where: str, *, default: Any = _MISSIN
     return value
 
 
-def get_list(obj: dict[str, Any], key: str, where: str, *, default: Any = _MISSING) -> Any:
+@overload
+def get_list(obj: JsonObject, key: str, where: str) -> JsonArray: ...
+@overload
+def get_list(obj: JsonObject, key: str, where: str, *, default: D) -> JsonArray | D: ...
+def get_list(obj: JsonObject, key: str, where: str, *, default: object = _MISSING) -> object:
     """An array field (``default`` when absent or null; required when no default)."""
     value = obj.get(key)
     if value is None:
@@ -79,7 +90,7 @@ def get_list(obj: dict[str, Any], key: str, where: str, *, default: Any = _MISSI
     return require_list(value, f"{where}.{key}")
 
 
-def get_bool(obj: dict[str, Any], key: str, where: str, *, default: bool = False) -> bool:
+def get_bool(obj: JsonObject, key: str, where: str, *, default: bool = False) -> bool:
     """A boolean field."""
     value = obj.get(key)
     if value is None:
@@ -90,7 +101,7 @@ def get_bool(obj: dict[str, Any], key: str, where: str, *, default: bool = False
 
 
 def get_int(
-    obj: dict[str, Any], key: str, where: str, *, default: int | None = None, minimum: int | None = None
+    obj: JsonObject, key: str, where: str, *, default: int | None = None, minimum: int | None = None
 ) -> int | None:
     """An integer field, optionally bounded below."""
     value = obj.get(key)
@@ -105,7 +116,7 @@ def get_int(
 
 
 def get_number(
-    obj: dict[str, Any],
+    obj: JsonObject,
     key: str,
     where: str,
     *,
@@ -127,21 +138,23 @@ def get_number(
     return float(value)
 
 
-def get_stop(obj: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
+def get_stop(obj: JsonObject, key: str, where: str) -> tuple[str, ...]:
     """A stop field: a string or an array of strings."""
     value = obj.get(key)
     if value is None:
         return ()
     if isinstance(value, str):
         return (value,) if value else ()
-    items = require_list(value, f"{where}.{key}")
-    for index, item in enumerate(items):
+    stops: list[str] = []
+    for index, item in enumerate(require_list(value, f"{where}.{key}")):
         if not isinstance(item, str):
             raise InvalidRequestError(f"{where}.{key}[{index}]: expected a string, got {_kind(item)}")
-    return tuple(s for s in items if s)
+        if item:
+            stops.append(item)
+    return tuple(stops)
 
 
-def json_text(value: Any, where: str) -> str:
+def json_text(value: JsonValue, where: str) -> str:
     """Tool-call arguments as JSON text: strings pass through, objects are serialized."""
     if isinstance(value, str):
         return value
@@ -150,7 +163,7 @@ def json_text(value: Any, where: str) -> str:
     raise InvalidRequestError(f"{where}: expected a JSON string or object, got {_kind(value)}")
 
 
-def read_tool_spec(declaration: dict[str, Any], where: str, *, schema_key: str) -> ToolSpec:
+def read_tool_spec(declaration: JsonObject, where: str, *, schema_key: str) -> ToolSpec:
     """One tool declaration (``name``, ``description``, a JSON schema under ``schema_key``) → a ``ToolSpec``;
     a missing schema means a tool without parameters."""
     schema = declaration.get(schema_key)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
+from components.json_types import JsonObject, JsonValue
 from components.proxy.errors import InvalidRequestError
 from components.proxy.json_fields import (
     get_bool,
@@ -65,7 +65,7 @@ class ChatCompletionsRequest:
     top_logprobs: int
 
 
-def content_text(content: Any, where: str) -> str:
+def content_text(content: JsonValue, where: str) -> str:
     """A message ``content``: a string, null, or an array of content parts → text."""
     if content is None:
         return ""
@@ -91,7 +91,7 @@ def content_text(content: Any, where: str) -> str:
     return "\n".join(texts)
 
 
-def parse_tool_calls(value: Any, where: str) -> tuple[ToolCall, ...]:
+def parse_tool_calls(value: JsonValue, where: str) -> tuple[ToolCall, ...]:
     """Assistant ``tool_calls`` → canonical tool calls."""
     calls = []
     for index, raw in enumerate(require_list(value, where)):
@@ -108,7 +108,7 @@ def parse_tool_calls(value: Any, where: str) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-def parse_message(raw: Any, where: str) -> ChatMessage:
+def parse_message(raw: JsonValue, where: str) -> ChatMessage:
     """One Chat Completions message → a canonical message."""
     raw = require_object(raw, where)
     role = get_str(raw, "role", where)
@@ -133,7 +133,7 @@ def parse_message(raw: Any, where: str) -> ChatMessage:
     return ChatMessage(role=role, content=content)
 
 
-def parse_tools(value: Any, where: str) -> tuple[ToolSpec, ...]:
+def parse_tools(value: JsonValue, where: str) -> tuple[ToolSpec, ...]:
     """``tools`` → function tool specs (other tool types are skipped)."""
     if value is None:
         return ()
@@ -148,7 +148,7 @@ def parse_tools(value: Any, where: str) -> tuple[ToolSpec, ...]:
     return tuple(tools)
 
 
-def parse_request(body: dict[str, Any]) -> ChatCompletionsRequest:
+def parse_request(body: JsonObject) -> ChatCompletionsRequest:
     """A Chat Completions request body → a canonical turn plus the response options."""
     where = "body"
     raw_messages = get_list(body, "messages", where)
@@ -194,7 +194,7 @@ def parse_request(body: dict[str, Any]) -> ChatCompletionsRequest:
     )
 
 
-def _tool_calls_json(outcome: TurnOutcome, response_id: str) -> list[dict[str, Any]]:
+def _tool_calls_json(outcome: TurnOutcome, response_id: str) -> list[JsonObject]:
     return [
         {
             "id": call.id or f"call_{response_id[-12:]}_{index}",
@@ -205,7 +205,7 @@ def _tool_calls_json(outcome: TurnOutcome, response_id: str) -> list[dict[str, A
     ]
 
 
-def _logprobs_json(token_logprobs: tuple[TokenLogprob, ...] | None, with_top: bool) -> dict[str, Any] | None:
+def _logprobs_json(token_logprobs: tuple[TokenLogprob, ...] | None, with_top: bool) -> JsonObject | None:
     if token_logprobs is None:
         return None
     content = []
@@ -218,7 +218,7 @@ def _logprobs_json(token_logprobs: tuple[TokenLogprob, ...] | None, with_top: bo
     return {"content": content, "refusal": None}
 
 
-def _usage_json(outcome: TurnOutcome) -> dict[str, Any]:
+def _usage_json(outcome: TurnOutcome) -> JsonObject:
     return {
         "prompt_tokens": outcome.num_prompt_tokens,
         "completion_tokens": outcome.num_completion_tokens,
@@ -228,11 +228,11 @@ def _usage_json(outcome: TurnOutcome) -> dict[str, Any]:
 
 def render_response(
     outcome: TurnOutcome, request: ChatCompletionsRequest, *, response_id: str, created: int
-) -> dict[str, Any]:
+) -> JsonObject:
     """The ``chat.completion`` object."""
     reply = outcome.reply
     tool_calls = _tool_calls_json(outcome, response_id)
-    message: dict[str, Any] = {
+    message: JsonObject = {
         "role": "assistant",
         "content": reply.content if (reply.content or not tool_calls) else None,
         "refusal": None,
@@ -259,7 +259,7 @@ def render_response(
     }
 
 
-def _frame(payload: dict[str, Any]) -> bytes:
+def _frame(payload: JsonObject) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
@@ -270,7 +270,9 @@ def render_stream(
     reply = outcome.reply
     usage_field = {"usage": None} if request.include_usage else {}
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None) -> bytes:
+    def chunk(
+        delta: JsonObject, finish_reason: str | None = None, logprobs: JsonObject | None = None
+    ) -> bytes:
         return _frame(
             {
                 "id": response_id,
@@ -332,7 +334,7 @@ def render_stream(
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 
 
-def error_body(status_code: int, error_type: str, message: str) -> dict[str, Any]:
+def error_body(status_code: int, error_type: str, message: str) -> JsonObject:
     """OpenAI's error shape."""
     return {"error": {"message": message, "type": error_type, "param": None, "code": error_type}}
 

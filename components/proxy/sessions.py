@@ -436,7 +436,10 @@ class LocalSessionRegistry:
                 session.overflow_message or "the prompt outgrew the context window"
             )
         if session.refused_past_bound:
-            return TrajectoryStatus.TURN_LIMIT, f"the proxy refused a call past {session.info.max_calls} calls"
+            return (
+                TrajectoryStatus.TURN_LIMIT,
+                f"the proxy refused a call past {session.info.max_calls} calls",
+            )
         return None
 
     @classmethod
