@@ -56,13 +56,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from components.json_types import JsonObject, JsonValue
 from components.protocols import SessionOpen, SessionOutcome
 from components.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from components.proxy.config import ProxyConfig
@@ -74,7 +75,13 @@ from components.proxy.errors import (
 )
 from components.proxy.json_fields import get_int, get_list, get_str, parse_json_object, require_object
 from components.proxy.limits import RequestSizeLimits, check_turn_shape
-from components.proxy.sessions import SessionRegistry, TurnOutcome, trajectory_to_json, validate_session_id
+from components.proxy.sessions import (
+    SessionRegistry,
+    TurnOutcome,
+    TurnRequest,
+    trajectory_to_json,
+    validate_session_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,19 +89,31 @@ SESSION_HEADER = "x-session-id"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+class _ParsedTurn(Protocol):
+    """What a protocol's ``parse`` makes of a request body (its own request record, which the protocol's
+    renderers take back): the canonical turn, and whether the reply is streamed."""
+
+    @property
+    def turn(self) -> TurnRequest: ...
+
+    @property
+    def stream(self) -> bool: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Protocol:
     name: str
     id_prefix: str
-    parse: Callable[[dict[str, Any]], Any]
-    render_response: Callable[..., dict[str, Any]]
+    parse: Callable[[JsonObject], _ParsedTurn]
+    # (outcome, the parsed request, *, response_id, created): ``...`` as each protocol takes its own request type
+    render_response: Callable[..., JsonObject | list[JsonObject]]
     render_stream: Callable[..., list[bytes]]
-    error_body: Callable[[int, str, str], dict[str, Any]]
+    error_body: Callable[[int, str, str], JsonObject]
     stream_error_frame: Callable[[str, str], bytes]
     keepalive_frame: bytes
     messages_field: str  # the body field listing the conversation (bounded by ProxyConfig.max_messages)
     # The tool definitions ProxyConfig.max_tools / max_tool_bytes bound, as the body lists them
-    tool_definitions: Callable[[dict[str, Any]], Any] = lambda body: body.get("tools")
+    tool_definitions: Callable[[JsonObject], JsonValue] = lambda body: body.get("tools")
 
 
 CHAT = _Protocol(
@@ -157,7 +176,8 @@ def _protocol_of_path(path: str) -> _Protocol:
     return CHAT
 
 
-def _json(payload: Any, status_code: int = 200) -> Response:
+def _json(payload: object, status_code: int = 200) -> Response:
+    """``payload`` (anything ``json.dumps`` takes) as a JSON response."""
     return Response(
         json.dumps(payload, ensure_ascii=False).encode(),
         status_code=status_code,
@@ -244,7 +264,7 @@ class _ProxyHandlers:
         except InvalidRequestError as error:
             raise SessionNotFoundError(f"unknown session: {error}") from None
 
-    def _bounded(self, body: dict[str, Any], protocol: _Protocol) -> dict[str, Any]:
+    def _bounded(self, body: JsonObject, protocol: _Protocol) -> JsonObject:
         """``body``, once its messages and tools are within the config's limits (400 otherwise)."""
         config = self.config
         check_turn_shape(
@@ -265,7 +285,7 @@ class _ProxyHandlers:
     # -- protocol endpoints -------------------------------------------------------------------------------
 
     async def _turn(
-        self, request: Request, protocol: _Protocol, parse: Callable[[dict[str, Any]], Any] | None = None
+        self, request: Request, protocol: _Protocol, parse: Callable[[JsonObject], _ParsedTurn] | None = None
     ) -> Response:
         try:
             session_id = self._authorized_session_id(request)
@@ -299,7 +319,12 @@ class _ProxyHandlers:
         )
 
     async def _keepalive_stream(
-        self, turn: asyncio.Future, protocol: _Protocol, parsed: Any, response_id: str, created: int
+        self,
+        turn: asyncio.Future[TurnOutcome],
+        protocol: _Protocol,
+        parsed: _ParsedTurn,
+        response_id: str,
+        created: int,
     ):
         yield protocol.keepalive_frame
         deadline = time.monotonic() + self.config.max_stream_duration_s - self.config.keepalive_interval_s
@@ -510,7 +535,7 @@ def _not_found_handler(request: Request, error: Exception) -> Response:
     return _json(protocol.error_body(status_code, error_type, message), status_code)
 
 
-def _limit_error_body(path: str, status_code: int, error_type: str, message: str) -> dict[str, Any]:
+def _limit_error_body(path: str, status_code: int, error_type: str, message: str) -> JsonObject:
     return _protocol_of_path(path).error_body(status_code, error_type, message)
 
 

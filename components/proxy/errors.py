@@ -43,7 +43,7 @@ class RemoteCallError(Exception):
 
 
 def to_remote(error: BaseException) -> RemoteCallError:
-    """Any exception → a ``RemoteCallError`` with its HTTP status, type and message."""
+    """An exception of any type → a ``RemoteCallError`` with its HTTP status, type and message."""
     from components.errors import ContextOverflowError
 
     status_code, error_type, message = classify_error(error)

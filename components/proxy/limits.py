@@ -16,18 +16,15 @@ error shape: 413 ``request_too_large`` for bodies, 400 ``invalid_request_error``
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Callable
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from components.json_types import JsonObject, JsonValue
 from components.proxy.errors import InvalidRequestError
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # (request path, HTTP status, error type, message) → the JSON error body in that route's protocol's shape
-ErrorBody = Callable[[str, int, str, str], dict[str, Any]]
+ErrorBody = Callable[[str, int, str, str], JsonObject]
 
 
 def request_head_limit_bytes(max_header_bytes: int) -> int:
@@ -133,9 +130,9 @@ class RequestSizeLimits:
 
 
 def check_turn_shape(
-    body: dict[str, Any],
+    body: JsonObject,
     messages_field: str,
-    tools: Any,
+    tools: JsonValue,
     *,
     max_messages: int,
     max_tools: int,

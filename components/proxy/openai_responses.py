@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
+from components.json_types import JsonObject, JsonValue
 from components.proxy.errors import InvalidRequestError
 from components.proxy.json_fields import (
     get_bool,
@@ -47,7 +47,7 @@ class ResponsesRequest:
     turn: TurnRequest
     model: str
     stream: bool
-    echo: dict[str, Any]  # request fields echoed back on the Response object
+    echo: JsonObject  # request fields echoed back on the Response object
 
 
 class _ConversationBuilder:
@@ -84,7 +84,7 @@ class _ConversationBuilder:
         self.add(ChatMessage(role="assistant", tool_calls=(call,)))
 
 
-def _output_text(value: Any, where: str) -> str:
+def _output_text(value: JsonValue, where: str) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
@@ -92,7 +92,7 @@ def _output_text(value: Any, where: str) -> str:
     return content_text(value, where)
 
 
-def _reasoning_text(item: dict[str, Any], where: str) -> str:
+def _reasoning_text(item: JsonObject, where: str) -> str:
     texts = []
     for key in ("content", "summary"):
         for index, part in enumerate(get_list(item, key, where, default=[])):
@@ -105,7 +105,7 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     return "\n".join(texts)
 
 
-def parse_input(body: dict[str, Any]) -> tuple[ChatMessage, ...]:
+def parse_input(body: JsonObject) -> tuple[ChatMessage, ...]:
     """``instructions`` + ``input`` → canonical messages."""
     builder = _ConversationBuilder()
     instructions = get_str(body, "instructions", "body", default="")
@@ -159,7 +159,7 @@ def parse_input(body: dict[str, Any]) -> tuple[ChatMessage, ...]:
     return tuple(builder.messages)
 
 
-def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
+def parse_tools(value: JsonValue) -> tuple[ToolSpec, ...]:
     """Function tools; every other tool type is skipped."""
     if value is None:
         return ()
@@ -173,7 +173,7 @@ def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
     return tuple(tools)
 
 
-def parse_request(body: dict[str, Any]) -> ResponsesRequest:
+def parse_request(body: JsonObject) -> ResponsesRequest:
     """A Responses request body → a canonical turn plus the response options."""
     if body.get("previous_response_id") is not None:
         raise InvalidRequestError(
@@ -219,11 +219,11 @@ def parse_request(body: dict[str, Any]) -> ResponsesRequest:
     )
 
 
-def _output_items(outcome: TurnOutcome, response_id: str) -> list[dict[str, Any]]:
+def _output_items(outcome: TurnOutcome, response_id: str) -> list[JsonObject]:
     reply = outcome.reply
     suffix = response_id.removeprefix("resp_")
     status = "incomplete" if reply.finish_reason == "length" else "completed"
-    items: list[dict[str, Any]] = []
+    items: list[JsonObject] = []
     if reply.reasoning:
         items.append(
             {
@@ -266,9 +266,9 @@ def _response_object(
     response_id: str,
     created: int,
     status: str,
-    output: list[dict[str, Any]],
+    output: list[JsonObject],
     outcome: TurnOutcome | None,
-) -> dict[str, Any]:
+) -> JsonObject:
     usage = None
     incomplete_details = None
     if outcome is not None:
@@ -302,7 +302,7 @@ def _response_object(
 
 def render_response(
     outcome: TurnOutcome, request: ResponsesRequest, *, response_id: str, created: int
-) -> dict[str, Any]:
+) -> JsonObject:
     """The finished ``response`` object."""
     status = "incomplete" if outcome.reply.finish_reason == "length" else "completed"
     return _response_object(
@@ -330,7 +330,7 @@ def render_stream(
     """The streaming events, numbered by ``sequence_number``, ending with ``response.completed``."""
     frames: list[bytes] = []
 
-    def emit(event_type: str, **payload: Any) -> None:
+    def emit(event_type: str, **payload: JsonValue) -> None:
         data = {"type": event_type, "sequence_number": len(frames), **payload}
         frames.append(
             f"event: {event_type}\ndata: ".encode() + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
@@ -388,7 +388,7 @@ def render_stream(
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 
 
-def error_body(status_code: int, error_type: str, message: str) -> dict[str, Any]:
+def error_body(status_code: int, error_type: str, message: str) -> JsonObject:
     """OpenAI's error shape."""
     return {"error": {"message": message, "type": error_type, "param": None, "code": error_type}}
 

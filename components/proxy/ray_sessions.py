@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from components.config import require_positive
 from components.errors import EngineError
@@ -34,6 +34,11 @@ from components.proxy.sessions import (
 from components.remote_waits import PENDING_WAITS, EngineStalledError
 from components.tito.messages import ChatMessage, ToolSpec
 from components.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+T = TypeVar("T")
 
 # A shard call includes the engine's generation of a turn (see ``ENGINE_CALL_DEADLINE_S``), and a little more.
 SHARD_CALL_DEADLINE_S = 960.0
@@ -117,7 +122,9 @@ class SessionShard:
 class ShardedSessionRegistry:
     """The ``SessionRegistry`` over session shards; cheap to pickle into every Serve replica."""
 
-    def __init__(self, shards: Sequence[Any], *, shard_arguments: Sequence[Any] = ()) -> None:
+    def __init__(
+        self, shards: Sequence[ActorHandle[SessionShard]], *, shard_arguments: Sequence[object] = ()
+    ) -> None:
         """``shard_arguments``: the object refs the shards were built from, held while the registry lives so
         that Ray can restart a dead shard from them."""
         if not shards:
@@ -129,11 +136,11 @@ class ShardedSessionRegistry:
         """Which shard owns ``session_id`` (stable across processes)."""
         return zlib.crc32(session_id.encode()) % len(self.shards)
 
-    def _shard(self, session_id: str) -> Any:
+    def _shard(self, session_id: str) -> ActorHandle[SessionShard]:
         """The shard actor owning ``session_id``."""
         return self.shards[self.shard_index(session_id)]
 
-    async def _result(self, session_id: str, request: str, reply: Any) -> Any:
+    async def _result(self, session_id: str, request: str, reply: Awaitable[T]) -> T:
         """Await one call on ``session_id``'s shard for at most ``SHARD_CALL_DEADLINE_S``; remote errors come back
         typed; a dead or stalled shard is an ``EngineError`` naming it (the rollout is an ``engine_error``:
         replaced, never trained; its session is gone with the shard)."""
@@ -241,7 +248,7 @@ def start_session_shards(
     ]
     shards = []
     for index in range(num_shards):
-        options: dict[str, Any] = {}
+        options: dict[str, str] = {}
         if name_prefix:
             options["name"] = f"{name_prefix}-{index}"
         shards.append(actor_class.options(**options).remote(*arguments))

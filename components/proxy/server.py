@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import uvicorn
 
@@ -106,7 +106,7 @@ class ProxyServer:
         """Run a coroutine on the server thread's loop (e.g. the registry's Python API) and return its result."""
         assert self._loop is not None, "call() needs start_in_thread()"
 
-        async def run() -> Any:
+        async def run() -> T:
             return await make_coroutine()
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout_s)

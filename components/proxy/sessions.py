@@ -47,9 +47,10 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from components.errors import ContextOverflowError
+from components.json_types import JsonObject
 from components.protocols import (
     InferenceEngine,
     SamplingParams,
@@ -71,6 +72,9 @@ from components.trajectory import (
     TrajectoryStatus,
     with_turn_rewards,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -155,9 +159,9 @@ def validate_policy_name(policy: str) -> str:
     return policy
 
 
-def message_to_json(message: ChatMessage) -> dict[str, Any]:
+def message_to_json(message: ChatMessage) -> JsonObject:
     """A canonical message as plain JSON (OpenAI-like field names)."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    out: JsonObject = {"role": message.role, "content": message.content}
     if message.tool_calls:
         out["tool_calls"] = [dataclasses.asdict(call) for call in message.tool_calls]
     if message.tool_call_id is not None:
@@ -167,7 +171,7 @@ def message_to_json(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def segment_to_json(segment: Segment) -> dict[str, Any]:
+def segment_to_json(segment: Segment) -> JsonObject:
     """A segment as JSON lists."""
     return {
         "reason": segment.reason.value,
@@ -187,7 +191,7 @@ def segment_to_json(segment: Segment) -> dict[str, Any]:
     }
 
 
-def trajectory_to_json(trajectory: Trajectory) -> dict[str, Any]:
+def trajectory_to_json(trajectory: Trajectory) -> JsonObject:
     """A trajectory as JSON (the body of ``POST /s/{id}/finalize``)."""
     return {
         "trajectory_id": trajectory.trajectory_id,
@@ -241,7 +245,7 @@ class LocalSessionRegistry:
     def __init__(
         self,
         engine: InferenceEngine,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         config: ProxyConfig | None = None,
         *,
         policies: Mapping[str, InferenceEngine] | None = None,

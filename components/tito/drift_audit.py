@@ -15,13 +15,15 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from components.tito.formats import ToolFormat
 from components.tito.messages import ChatMessage, ToolSpec
 from components.tito.rendering import ChatTemplateRenderer
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from components.tito.session import TitoSession
 
 
@@ -90,7 +92,7 @@ def _first_mismatch(truth: Sequence[int], other: Sequence[int]) -> int | None:
 
 
 def drift_audit(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     segment_token_ids: Sequence[int],
     messages: Sequence[ChatMessage],
     tools: Sequence[ToolSpec] = (),

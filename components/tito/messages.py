@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from components.config import require, require_one_of
+from components.json_types import JsonObject, JsonValue
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES = ("system", "user", "assistant", "tool")
@@ -22,7 +23,7 @@ class ToolCall:
     name: str
     arguments: str = "{}"
 
-    def parsed_arguments(self) -> Any:
+    def parsed_arguments(self) -> JsonValue:
         """The arguments as JSON, or the raw text when it is not valid JSON."""
         try:
             return json.loads(self.arguments)
@@ -60,12 +61,12 @@ class ToolSpec:
 
     name: str
     description: str = ""
-    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    parameters: Mapping[str, JsonValue] = field(default_factory=lambda: {"type": "object", "properties": {}})
 
     def __post_init__(self) -> None:
         require(bool(self.name), "name", "a tool needs a name")
 
-    def to_openai(self) -> dict[str, Any]:
+    def to_openai(self) -> JsonObject:
         """The OpenAI ``{"type": "function", "function": {...}}`` form HF chat templates take."""
         return {
             "type": "function",

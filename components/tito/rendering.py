@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
+from components.json_types import JsonObject
 from components.tito.formats import ToolFormat, detect_tool_format
 from components.tito.formats.hermes import tool_responses_text
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 from components.tito.tool_calls import template_tool_call
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _SENTINEL = "\u2063rein-turn-end\u2063"
 _ANCHOR_CACHE_SIZE = 64
@@ -38,7 +42,7 @@ class TemplatePrefixError(TemplateRenderError):
     """The template renders earlier turns differently once new messages follow them."""
 
 
-def _template_source(tokenizer: Any) -> str:
+def _template_source(tokenizer: PreTrainedTokenizerBase) -> str:
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # several named templates: the default one renders chats
         template = template.get("default") or next(iter(template.values()), None)
@@ -51,7 +55,11 @@ class ChatTemplateRenderer:
     """Canonical messages → the text and token ids the model's chat template makes of them."""
 
     def __init__(
-        self, tokenizer: Any, *, native_tools: bool | None = None, tool_format: ToolFormat | None = None
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        native_tools: bool | None = None,
+        tool_format: ToolFormat | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         template = _template_source(tokenizer)
@@ -61,18 +69,19 @@ class ChatTemplateRenderer:
         # How the model writes tool calls: given, else detected from the template (UnknownTemplateFormatError
         # for a template that renders tools in a format no registered one matches).
         self.tool_format = tool_format or detect_tool_format(template, renders_tools="tools" in template)
-        self._anchor_cache: dict[tuple[Any, ...], str] = {}
+        # (anchor messages, the anchor tools' canonical JSON) → the anchor's text
+        self._anchor_cache: dict[tuple[tuple[ChatMessage, ...], tuple[str, ...]], str] = {}
         self.end_of_turn_text = self._assistant_turn_closing()
 
     # -- messages in the template's form -----------------------------------------------------------------
 
     def template_messages(
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
-    ) -> list[dict[str, Any]]:
+    ) -> list[JsonObject]:
         """The messages as the dicts this template takes (tools folded into text when it cannot take them)."""
         if self.native_tools:
             return [self._native_message(message) for message in messages]
-        out: list[dict[str, Any]] = []
+        out: list[JsonObject] = []
         pending_results: list[str] = []
         for message in messages:
             if message.role == "tool":
@@ -97,8 +106,8 @@ class ChatTemplateRenderer:
         return out
 
     @staticmethod
-    def _native_message(message: ChatMessage) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": message.role, "content": message.content}
+    def _native_message(message: ChatMessage) -> JsonObject:
+        out: JsonObject = {"role": message.role, "content": message.content}
         if message.tool_calls:
             out["tool_calls"] = [template_tool_call(call) for call in message.tool_calls]
         if message.tool_call_id is not None:

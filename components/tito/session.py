@@ -62,7 +62,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -83,6 +83,9 @@ from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 from components.tito.rendering import ChatTemplateRenderer, TemplatePrefixError, TemplateRenderError
 from components.tito.tool_calls import canonical_arguments, squash_whitespace, strip_think
 from components.trajectory import BranchKind, Segment, SegmentReason
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Engines compute logprobs in float32; a sampled token's logprob may round to a hair above 0.
 _LOGPROB_ROUNDING_SLACK = 1e-3
@@ -302,7 +305,12 @@ class TitoSession:
     """The token record of one conversation (one agent run): prepare a request, complete it, read segments."""
 
     def __init__(
-        self, tokenizer: Any, *, context_window: int, session_id: str = "", config: TitoConfig | None = None
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        context_window: int,
+        session_id: str = "",
+        config: TitoConfig | None = None,
     ) -> None:
         require_positive(context_window, "context_window")
         self.config = config or TitoConfig()

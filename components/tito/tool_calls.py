@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
 
+from components.json_types import JsonObject
 from components.tito.formats.base import tool_call_id
 from components.tito.formats.hermes import CLOSE as TOOL_CALL_CLOSE
 from components.tito.formats.hermes import OPEN as TOOL_CALL_OPEN
@@ -90,7 +90,7 @@ def canonical_arguments(arguments: str) -> str:
         return squash_whitespace(arguments)
 
 
-def template_tool_call(call: ToolCall) -> dict[str, Any]:
+def template_tool_call(call: ToolCall) -> JsonObject:
     """A tool call in the OpenAI form HF chat templates take (arguments parsed into an object)."""
     return {
         "type": "function",

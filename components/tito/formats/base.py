@@ -13,8 +13,9 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
+from components.json_types import JsonObject, JsonValue
 from components.tito.formats.json_stream import JsonStream
 from components.tito.messages import ToolCall, ToolSpec
 
@@ -159,23 +160,23 @@ def tool_call_id(seed: str, index: int) -> str:
     return "call_" + hashlib.sha1(f"{seed}/{index}".encode()).hexdigest()[:24]
 
 
-def arguments_object(call: ToolCall) -> dict[str, Any]:
+def arguments_object(call: ToolCall) -> JsonObject:
     """A call's arguments as a JSON object (a call whose arguments are not an object gets ``{}``)."""
     value = call.parsed_arguments()
     return value if isinstance(value, dict) else {}
 
 
-def arguments_text(arguments: Mapping[str, Any]) -> str:
+def arguments_text(arguments: Mapping[str, JsonValue]) -> str:
     """Arguments as the JSON text a ``ToolCall`` carries."""
     return json.dumps(dict(arguments), ensure_ascii=False)
 
 
-def template_json(value: Any) -> str:
+def template_json(value: JsonValue) -> str:
     """``value | tojson`` as transformers' chat-template environment writes it (non-ASCII kept)."""
     return json.dumps(value, ensure_ascii=False)
 
 
-def json_object(text: str) -> dict[str, Any] | None:
+def json_object(text: str) -> JsonObject | None:
     """``text`` as a JSON object, or None when it is not one."""
     try:
         value = json.loads(text)
@@ -184,7 +185,7 @@ def json_object(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def parameter_schema(tools: Sequence[ToolSpec], tool_name: str, parameter: str) -> Mapping[str, Any]:
+def parameter_schema(tools: Sequence[ToolSpec], tool_name: str, parameter: str) -> Mapping[str, JsonValue]:
     """The JSON schema of one parameter of one tool ({} when unknown)."""
     for tool in tools:
         if tool.name == tool_name:
@@ -196,12 +197,12 @@ def parameter_schema(tools: Sequence[ToolSpec], tool_name: str, parameter: str) 
     return {}
 
 
-def jinja_string(value: Any) -> str:
+def jinja_string(value: object) -> str:
     """``value | string`` in jinja: Python's ``str`` (``True``, ``None``, ``3.5``)."""
     return str(value)
 
 
-def xml_value(raw: str, schema: Mapping[str, Any]) -> Any:
+def xml_value(raw: str, schema: Mapping[str, JsonValue]) -> JsonValue:
     """A parameter value written as plain text (XML formats) back as JSON, guided by its schema's type."""
     kind = schema.get("type")
     kinds = set(kind) if isinstance(kind, list) else {kind}
@@ -234,7 +235,7 @@ def partial_marker_cut(text: str, markers: Sequence[str]) -> int:
     return cut
 
 
-def xml_text(value: Any) -> str:
+def xml_text(value: JsonValue) -> str:
     """A parameter value as XML formats write it: strings as they are, anything else as JSON."""
     return value if isinstance(value, str) else template_json(value)
 

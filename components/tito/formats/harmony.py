@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from components.json_types import JsonValue
 from components.tito.formats.base import (
     CallOpening,
     ParsedCalls,
@@ -68,7 +69,7 @@ def harmony_messages(text: str) -> list[tuple[str, str | None, str, int, bool, i
     return out
 
 
-def _typescript(schema: Any) -> str:
+def _typescript(schema: JsonValue) -> str:
     kind = schema.get("type") if isinstance(schema, dict) else None
     if isinstance(schema, dict) and "enum" in schema:
         return " | ".join(json.dumps(v) for v in schema["enum"])
