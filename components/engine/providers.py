@@ -96,7 +96,7 @@ class EmbeddedEngineBrickConfig:
         return False
 
     def check_sampling(self, sampling: SamplingDistribution) -> None:
-        """Any distribution: the engine records logprobs under the truncated distribution itself."""
+        """No refusal: the engine records logprobs under the truncated distribution itself."""
 
     def build(
         self, *, sampling: SamplingDistribution | None = None, record_routed_experts: bool = False
