@@ -243,7 +243,7 @@ class RayEngineClient:
     @classmethod
     async def connect(cls, actor: ActorHandle) -> RayEngineClient:
         """A client for ``actor``, reading its context window and weight version."""
-        info = await cls._call(actor.info.remote(), "info")
+        info: EngineInfo = await cls._call(actor.info.remote(), "info")
         return cls(
             actor,
             context_window=info["context_window"],
@@ -287,7 +287,7 @@ class RayEngineClient:
 
     async def refresh_policy(self, name: str) -> int:
         """Ask the actor for the version of policy ``name``'s adapter (and remember it)."""
-        version = await self._call(self.actor.adapter_version.remote(name), "adapter_version")
+        version: int = await self._call(self.actor.adapter_version.remote(name), "adapter_version")
         self._saw_version(name, version)
         return version
 
@@ -308,7 +308,7 @@ class RayEngineClient:
     ) -> None:
         """``AdapterEngine``: only the LoRA adapter's tensors travel to the actor (policy ``name``'s adapter)."""
         async with self.push_lock:
-            served = await self._push(
+            served: int = await self._push(
                 lambda: self.actor.update_adapter.remote(adapter, version, name),
                 f"update_adapter({name}, version {version})",
             )
@@ -339,7 +339,7 @@ class RayEngineClient:
             return False
         async with self.push_lock:
             reference, version = self._pushed_weights or (None, info["weight_version"])
-            restored = await self._push(
+            restored: bool = await self._push(
                 lambda: self.actor.restore.remote(reference, version, dict(self._pushed_adapters)),
                 f"restore(version {version})",
             )
@@ -418,7 +418,7 @@ class RayEngineClient:
         deadline = time.monotonic() + ENGINE_RESTART_WAIT_S
         while True:
             try:
-                info = await self._call(self.actor.info.remote(), "info")
+                info: EngineInfo = await self._call(self.actor.info.remote(), "info")
             except EngineRestartingError as error:
                 self._restarting = True
                 if time.monotonic() > deadline:

@@ -443,6 +443,7 @@ class BatchScheduler:
         if routing is not None:
             self._record_prefill_routing(group, routing, start, end)
         group.offset = end
+        assert output.logits is not None, "a causal LM's forward returns logits"
         group.last_logits = output.logits[:, -1, :]
 
     def _prefill_forward(

@@ -75,7 +75,7 @@ from components.engine.policy_view import PolicyView
 from components.engine.server_client import HttpServerClient, json_object
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
-from components.json_types import JsonObject, JsonValue
+from components.json_types import JsonArray, JsonObject, JsonValue
 from components.protocols import FinishReason, GenerationResult, SamplingParams
 from components.sampling import SamplingDistribution
 
@@ -335,7 +335,7 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
 
     async def update_weight_version(self, version: int, *, abort_all_requests: bool = False) -> None:
         """``/update_weight_version`` without touching the weights."""
-        body = {"new_version": str(int(version)), "abort_all_requests": abort_all_requests}
+        body: JsonObject = {"new_version": str(int(version)), "abort_all_requests": abort_all_requests}
         self._checked_success(await self._request("POST", "/update_weight_version", json=body))
         self._weight_version = int(version)
 
@@ -457,7 +457,7 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
                 f"adapter name {name!r} already serves policy {owners[0]!r}; load it under a new name"
             )
         async with self.update_lock:
-            body = {"lora_name": name, "lora_path": str(lora_path)}
+            body: JsonObject = {"lora_name": name, "lora_path": str(lora_path)}
             reply = await self._request("POST", "/load_lora_adapter", json=body, accept_status=(400,))
             if not (isinstance(reply, dict) and reply.get("success")):
                 message = reply.get("error_message") if isinstance(reply, dict) else reply
@@ -481,7 +481,7 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
 
     async def unload_lora_adapter(self, lora_name: str) -> None:
         """``/unload_lora_adapter``; ``EngineError`` unless the server reports success."""
-        body = {"lora_name": lora_name}
+        body: JsonObject = {"lora_name": lora_name}
         reply = await self._request("POST", "/unload_lora_adapter", json=body, accept_status=(400,))
         if not (isinstance(reply, dict) and reply.get("success")):
             message = reply.get("error_message") if isinstance(reply, dict) else reply
@@ -658,7 +658,7 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
         require(1 <= start <= len(ids), "start", f"must be in [1, {len(ids)}], got {start}")
         if len(ids) >= self.context_window:
             raise ContextOverflowError(num_prompt_tokens=len(ids), context_window=self.context_window)
-        payload = {
+        payload: JsonObject = {
             "input_ids": ids,
             "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
             "return_logprob": True,
@@ -750,7 +750,7 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
         return final
 
 
-def _tags(tags: Sequence[str] | None) -> list[str] | None:
+def _tags(tags: Sequence[str] | None) -> JsonArray | None:
     if tags is None:
         return None
     for tag in tags:

@@ -278,7 +278,7 @@ class VLLMEngine(HttpServerClient[VLLMEngineConfig]):
         require(1 <= start <= len(ids), "start", f"must be in [1, {len(ids)}], got {start}")
         if len(ids) >= self.context_window:
             raise ContextOverflowError(num_prompt_tokens=len(ids), context_window=self.context_window)
-        payload = {
+        payload: JsonObject = {
             "model": self._served_model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
         }  # fmt: skip
         if self._scoring is None:
@@ -348,7 +348,7 @@ class VLLMEngine(HttpServerClient[VLLMEngineConfig]):
         """Reload the weights in place from the HF folder ``model_path`` (``/collective_rpc reload_weights``),
         drop the prefix cache (KV of the old weights) and label the weights ``version``. No pause here."""
         folder = await asyncio.to_thread(with_untied_output_projection, Path(model_path))
-        body = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+        body: JsonObject = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
         await self._request("POST", "/collective_rpc", json=body)
         await self._request("POST", "/reset_prefix_cache")
         await self.update_weight_version(version)
@@ -368,7 +368,7 @@ class VLLMEngine(HttpServerClient[VLLMEngineConfig]):
                 f"adapter name {name!r} already serves policy {owners[0]!r}; load it under a new name"
             )
         async with self.update_lock:
-            body = {"lora_name": name, "lora_path": str(lora_path)}
+            body: JsonObject = {"lora_name": name, "lora_path": str(lora_path)}
             await self._request("POST", "/v1/load_lora_adapter", json=body)
             previous, self._loras[policy] = self._loras.get(policy), (name, int(version))
             if not policy:
