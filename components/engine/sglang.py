@@ -709,13 +709,21 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
             pass
 
     async def _request(
-        self, method: str, path: str, *, json: JsonValue = None, accept_status: tuple[int, ...] = ()
+        self,
+        method: str,
+        path: str,
+        *,
+        json: JsonValue = None,
+        params: Mapping[str, str] | None = None,
+        accept_status: tuple[int, ...] = (),
     ) -> JsonValue:
         """``HttpServerClient._request``, with the admin key on the control endpoints."""
         headers = None
         if path in CONTROL_PATHS and self.config.admin_api_key:
             headers = {"Authorization": f"Bearer {self.config.admin_api_key}"}
-        return await super()._request(method, path, json=json, headers=headers, accept_status=accept_status)
+        return await super()._request(
+            method, path, json=json, params=params, headers=headers, accept_status=accept_status
+        )
 
     def status_error(self, method: str, path: str, response: httpx.Response) -> EngineError:
         detail = response.text[:500]
