@@ -17,12 +17,16 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from components.config import option, require, require_non_negative
+from components.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     import torch
+    from peft import LoraConfig, PeftMixedModel, PeftModel
+
+T = TypeVar("T")
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -67,7 +71,7 @@ class LoraSettings:
     def enabled(self) -> bool:
         return self.rank > 0
 
-    def peft_config(self, base_model_path: str | Path | None = None) -> Any:
+    def peft_config(self, base_model_path: str | Path | None = None) -> LoraConfig:
         """peft's ``LoraConfig`` for these settings."""
         from peft import LoraConfig
 
@@ -88,26 +92,27 @@ class LoraSettings:
 class LoraAdapter:
     """One adapter version: peft's LoraConfig (as ``to_dict()``) and its tensors in saved-adapter key form."""
 
-    config: Mapping[str, Any]
+    config: Mapping[str, JsonValue]
     tensors: Mapping[str, torch.Tensor] = field(repr=False)
 
     @property
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
-    def peft_config(self) -> Any:
+    def peft_config(self) -> LoraConfig:
         from peft import LoraConfig
 
         values = {k: v for k, v in self.config.items() if k not in ("peft_type", "auto_mapping")}
         for key in ("target_modules", "exclude_modules"):  # to_dict() writes sets, which from_dict keeps
-            if isinstance(values.get(key), set | frozenset | tuple):
-                values[key] = sorted(values[key])
+            value: object = values.get(key)
+            if isinstance(value, set | frozenset | tuple):
+                values[key] = sorted(value)
         return LoraConfig(**values)
 
 
 def wrap_with_lora(
-    model: Any, settings: LoraSettings, *, adapter_dir: Path | None = None, seed: int = 0
-) -> Any:
+    model: torch.nn.Module, settings: LoraSettings, *, adapter_dir: Path | None = None, seed: int = 0
+) -> PeftModel | PeftMixedModel:
     """``model`` as a trainable ``PeftModel``: a fresh adapter (seeded, so every FSDP rank starts from the same
     lora_A) or the adapter folder ``adapter_dir`` (resume). Only the adapter's parameters require grad."""
     import torch
@@ -119,7 +124,9 @@ def wrap_with_lora(
     return get_peft_model(model, settings.peft_config(getattr(model, "name_or_path", None)))
 
 
-def adapter_from_peft_model(model: Any, full_tensors: Mapping[str, torch.Tensor]) -> LoraAdapter:
+def adapter_from_peft_model(
+    model: PeftModel | PeftMixedModel, full_tensors: Mapping[str, torch.Tensor]
+) -> LoraAdapter:
     """The adapter of a ``PeftModel`` from its gathered trainable tensors (named as ``named_parameters``)."""
     config = model.peft_config["default"]
     tensors = _plain_lora_tensors(config, full_tensors)
@@ -137,7 +144,7 @@ class AdapterGatherer:
     copy itself), their saved-adapter keys and the config as a dict; each ``gather`` only copies the tensors.
     Sharded (FSDP2) parameters are all-gathered: a collective every rank calls, in the same order."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: PeftModel | PeftMixedModel) -> None:
         self.model = model
         self.parameters = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         config = model.peft_config["default"]
@@ -159,14 +166,14 @@ class AdapterGatherer:
         return LoraAdapter(config=self.config, tensors=dict(zip(self.keys, full.values(), strict=True)))
 
 
-def _plain_lora_tensors(config: Any, full_tensors: Mapping[str, Any]) -> dict[str, Any] | None:
+def _plain_lora_tensors(config: LoraConfig, full_tensors: Mapping[str, T]) -> dict[str, T] | None:
     """peft's saved-adapter keys for a plain LoRA adapter (``lora_A``/``lora_B`` only, bias "none", no DoRA,
     no extra trained modules): the adapter name dropped, as ``get_peft_model_state_dict`` does, without its walk
     over the whole model's state dict (the sync's hot path). None: anything else, left to peft."""
     if config.bias != "none" or config.use_dora or config.modules_to_save:
         return None
     marker = ".default."
-    tensors = {}
+    tensors: dict[str, T] = {}
     for key, tensor in full_tensors.items():
         if marker not in key or not any(part in key for part in (".lora_A.default.", ".lora_B.default.")):
             return None
@@ -174,7 +181,7 @@ def _plain_lora_tensors(config: Any, full_tensors: Mapping[str, Any]) -> dict[st
     return tensors
 
 
-def _config_dict(config: Any) -> dict[str, Any]:
+def _config_dict(config: LoraConfig) -> JsonObject:
     values = config.to_dict()
     for key, value in list(values.items()):
         if isinstance(value, set | frozenset):

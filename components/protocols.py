@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from components.config import require, require_non_negative, require_positive
+from components.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:  # torch is heavy; only the type checker needs it here
     import numpy as np
@@ -364,7 +365,7 @@ class Algorithm(Protocol):
 class MetricsLogger(Protocol):
     """Where metrics go. Contract: ``log`` never raises on a backend hiccup; ``close`` flushes."""
 
-    def log(self, metrics: Mapping[str, Any], *, step: int) -> None: ...
+    def log(self, metrics: Mapping[str, object], *, step: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -380,7 +381,7 @@ class MetricsLoggerProvider(Protocol):
     """
 
     def open(
-        self, run_dir: Path, *, run_name: str, run_config: Mapping[str, Any]
+        self, run_dir: Path, *, run_name: str, run_config: Mapping[str, JsonValue]
     ) -> Sequence[MetricsLogger]: ...
 
 
@@ -465,7 +466,7 @@ class SessionDescription:
     tool_format: str = ""
     reasoning_format: str = ""
     last_engine_error: str = ""
-    segments: tuple[Mapping[str, Any], ...] = ()
+    segments: tuple[Mapping[str, JsonValue], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "segments", tuple(self.segments))
@@ -474,7 +475,7 @@ class SessionDescription:
     def num_segments(self) -> int:
         return len(self.segments)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The HTTP body: every field, plus ``num_segments``."""
         return {
             "session_id": self.session_id,
@@ -491,7 +492,7 @@ class SessionDescription:
         }
 
     @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> SessionDescription:
+    def from_json(cls, body: Mapping[str, JsonValue]) -> SessionDescription:
         """Read back ``to_json``'s body (an HTTP client of the proxy)."""
         names = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in body.items() if key in names})
@@ -539,7 +540,7 @@ class AdapterWeights(Protocol):
     """One LoRA adapter version as it travels to an engine (``components.lora.LoraAdapter``): peft's
     ``LoraConfig`` as a dict and the adapter's tensors in saved-adapter key form."""
 
-    config: Mapping[str, Any]
+    config: Mapping[str, JsonValue]
     tensors: Mapping[str, torch.Tensor]
 
     @property
@@ -555,7 +556,9 @@ class ObjectStoreWeightsEngine(Protocol):
     state dict never travels through the caller's process.
     """
 
-    async def update_weights_from_ref(self, state_dict_ref: ObjectRef, version: int) -> None: ...
+    async def update_weights_from_ref(
+        self, state_dict_ref: ObjectRef[dict[str, torch.Tensor]], version: int
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -566,7 +569,7 @@ class DiskReloadingEngine(Protocol):
     their tokens carry ``version``.
     """
 
-    async def update_weights_from_disk(self, model_path: str, version: int) -> Any: ...
+    async def update_weights_from_disk(self, model_path: str, version: int) -> object: ...
 
 
 @runtime_checkable
@@ -575,10 +578,13 @@ class TrainerBroadcastEngine(Protocol):
     weight-update group).
 
     Contract: after ``update_weights_from_trainer`` returns, new requests are served by the trainer's current
-    weights and their tokens carry ``version``; generation was paused on every server meanwhile.
+    weights and their tokens carry ``version``; generation was paused on every server meanwhile. It returns its
+    timings (seconds by name) or None.
     """
 
-    async def update_weights_from_trainer(self, trainer: WeightBroadcaster, version: int) -> Any: ...
+    async def update_weights_from_trainer(
+        self, trainer: WeightBroadcaster, version: int
+    ) -> Mapping[str, float] | None: ...
 
 
 @runtime_checkable
@@ -602,4 +608,4 @@ class LoraServingEngine(Protocol):
     versions are unloaded once no request uses them.
     """
 
-    async def load_lora_adapter(self, lora_path: str, version: int) -> Any: ...
+    async def load_lora_adapter(self, lora_path: str, version: int) -> object: ...

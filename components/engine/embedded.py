@@ -36,7 +36,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -49,7 +49,7 @@ from components.errors import ContextOverflowError
 from components.protocols import GenerationResult, SamplingParams
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
     from components.lora import LoraAdapter
 
@@ -270,7 +270,7 @@ class EmbeddedEngine:
             raise ValueError(f"state_dict: missing keys {missing[:5]}")
 
     @staticmethod
-    def _default_eos_ids(path: Path, generation_config_class: Any) -> set[int]:
+    def _default_eos_ids(path: Path, generation_config_class: type[GenerationConfig]) -> set[int]:
         ids: set[int] = set()
         try:
             eos = generation_config_class.from_pretrained(path).eos_token_id

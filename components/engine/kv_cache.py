@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Protocol
 
 import torch
+
+
+class GrowableCacheLayer(Protocol):
+    """What the engine reads and writes of one cache layer (an instance of ``growable_layer_class()``)."""
+
+    key_buffer: torch.Tensor
+    value_buffer: torch.Tensor
+    keys: torch.Tensor  # the first ``length`` positions of ``key_buffer``
+    values: torch.Tensor
+    length: int
+
+    def set_buffers(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None: ...
 
 
 @functools.cache
@@ -86,7 +98,7 @@ class BatchKVCache:
     def length(self) -> int:
         return self.valid.shape[1]
 
-    def layers(self) -> list[Any]:
+    def layers(self) -> list[GrowableCacheLayer]:
         return [layer for layer in self.cache.layers if layer.is_initialized]
 
     def keep_rows(self, keep: list[int]) -> None:

@@ -11,11 +11,15 @@ name per row; ``BASE_ADAPTER`` = the base model alone).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
-from components.engine.policy_view import PolicyView
+from components.engine.policy_view import MultiPolicyEngine, PolicyView
+from components.json_types import JsonObject, JsonValue
 from components.lora import LoraAdapter, LoraError, injected_state_dict
+
+if TYPE_CHECKING:
+    import torch
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
 DEFAULT_ADAPTER = "default"
@@ -24,12 +28,12 @@ DEFAULT_ADAPTER = "default"
 class EngineAdapters:
     """The named LoRA adapters injected into one model (used only on the scheduler thread)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self._configs: dict[str, dict[str, Any]] = {}
+        self._configs: dict[str, JsonObject] = {}
         self.versions: dict[str, int] = {}
         # adapter name → its parameters keyed as the adapter's tensors are (injected form, name dropped)
-        self._parameters: dict[str, dict[str, Any]] = {}
+        self._parameters: dict[str, dict[str, torch.nn.Parameter]] = {}
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -101,7 +105,9 @@ class EngineAdapters:
         names = list(adapter_names)
         handles = []
 
-        def pre_hook(_module: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        def pre_hook(
+            _module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+        ) -> tuple[tuple[object, ...], dict[str, object]]:
             kwargs["adapter_names"] = names
             return args, kwargs
 
@@ -115,7 +121,7 @@ class EngineAdapters:
                 handle.remove()
 
 
-def _structure(config: dict[str, Any]) -> dict[str, Any]:
+def _structure(config: Mapping[str, JsonValue]) -> JsonObject:
     """What an adapter's tensors' shapes and placement depend on."""
     targets = config.get("target_modules")
     return {
@@ -125,13 +131,24 @@ def _structure(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class PolicyEngine(PolicyView):
+class AdapterHost(MultiPolicyEngine, Protocol):
+    """A shared multi-LoRA engine a ``PolicyEngine`` views (``EmbeddedEngine``, ``RayEngineClient``): it takes
+    each policy's adapter versions and scores under them."""
+
+    async def update_adapter(self, adapter: LoraAdapter, version: int, *, name: str = ...) -> None: ...
+
+    async def logprobs_of(
+        self, input_ids: Sequence[int], start: int = 1, *, adapter: str | None = None
+    ) -> tuple[float, ...]: ...
+
+
+class PolicyEngine(PolicyView[AdapterHost]):
     """One policy's view of a shared multi-LoRA engine: an ``InferenceEngine`` + ``AdapterEngine`` whose
     requests run with the adapter ``name`` (batched with other policies' requests) and whose versions are that
     adapter's own. A proxy (and so every session it records) built over this view is bound to this policy;
     a ``WeightSync`` over it updates only this policy's adapter."""
 
-    def __init__(self, engine: Any, name: str) -> None:
+    def __init__(self, engine: AdapterHost, name: str) -> None:
         if not name or name in (BASE_ADAPTER, DEFAULT_ADAPTER):
             raise LoraError(f"policy name: {name!r} is reserved")
         super().__init__(engine, name)
@@ -139,7 +156,7 @@ class PolicyEngine(PolicyView):
     async def update_adapter(self, adapter: LoraAdapter, version: int) -> None:
         await self.engine.update_adapter(adapter, version, name=self.name)
 
-    async def update_weights(self, state_dict: Any, version: int) -> None:
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         raise LoraError(
             f"policy {self.name!r}: the base weights are shared by every policy; push this policy's adapter "
             "(a LoRA trainer's WeightSync calls update_adapter)"

@@ -6,9 +6,8 @@ The recorded layout is SGLang's ``meta_info.routed_experts``: per forwarded posi
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+from torch.utils.hooks import RemovableHandle
 
 
 class RouterCapture:
@@ -16,7 +15,7 @@ class RouterCapture:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._routing: list[torch.Tensor] = []
-        self._hooks: list[Any] = []
+        self._hooks: list[RemovableHandle] = []
         text_config = model.config.get_text_config()
         top_k = getattr(text_config, "num_experts_per_tok", None)
         if not top_k:
@@ -31,7 +30,11 @@ class RouterCapture:
         return len(self._hooks)
 
     def _make_hook(self, top_k: int):
-        def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        def hook(
+            module: torch.nn.Module,
+            inputs: tuple[torch.Tensor, ...],
+            output: torch.Tensor | tuple[torch.Tensor, ...],
+        ) -> None:
             if (
                 isinstance(output, tuple)
                 and isinstance(output[-1], torch.Tensor)

@@ -9,16 +9,33 @@ their engine's way of receiving an adapter.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Generic, Protocol, TypeVar
 
 from components.config import require
 from components.protocols import GenerationResult, SamplingParams
 
 
-class PolicyView:
+class MultiPolicyEngine(Protocol):
+    """What a view needs of its shared engine: the window, each policy's adapter version, and generation
+    with a named adapter."""
+
+    @property
+    def context_window(self) -> int: ...
+
+    def adapter_version(self, name: str) -> int: ...
+
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> GenerationResult: ...
+
+
+E = TypeVar("E", bound=MultiPolicyEngine)
+
+
+class PolicyView(Generic[E]):
     """The shared part of a policy view: the adapter name on every request, the adapter's own version."""
 
-    def __init__(self, engine: Any, name: str) -> None:
+    def __init__(self, engine: E, name: str) -> None:
         self.engine = engine
         self.name = name
 

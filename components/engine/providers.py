@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from components.config import option, require, require_non_negative, require_one_of, require_positive
 from components.protocols import InferenceEngine
@@ -15,6 +15,7 @@ from components.sampling import SamplingDistribution
 
 if TYPE_CHECKING:
     import ray
+    from transformers import PreTrainedTokenizerBase
 
     from components.engine.embedded import EmbeddedEngineConfig
     from components.engine.ray_actor import RayEngineClient
@@ -46,7 +47,7 @@ class StandaloneEngine(Protocol):
 
     async def start_standalone(
         self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
-    ) -> tuple[InferenceEngine, Any]:
+    ) -> tuple[InferenceEngine, PreTrainedTokenizerBase]:
         """The started engine and the tokenizer the proxy encodes with (refusing ``sampling`` it cannot record
         logprobs under)."""
         ...
@@ -95,7 +96,7 @@ class EmbeddedEngineBrickConfig:
         return False
 
     def check_sampling(self, sampling: SamplingDistribution) -> None:
-        """Any distribution: the engine records logprobs under the truncated distribution itself."""
+        """No refusal: the engine records logprobs under the truncated distribution itself."""
 
     def build(
         self, *, sampling: SamplingDistribution | None = None, record_routed_experts: bool = False
@@ -105,7 +106,7 @@ class EmbeddedEngineBrickConfig:
 
     async def start_standalone(
         self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
-    ) -> tuple[InferenceEngine, Any]:
+    ) -> tuple[InferenceEngine, PreTrainedTokenizerBase]:
         """The torch engine in this process."""
         from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 
@@ -186,7 +187,7 @@ class SGLangBrickConfig:
 
     async def start_standalone(
         self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
-    ) -> tuple[InferenceEngine, Any]:
+    ) -> tuple[InferenceEngine, PreTrainedTokenizerBase]:
         """The fleet over ``url`` (waits for every server), checked against ``sampling`` first."""
         from transformers import AutoTokenizer
 
@@ -369,7 +370,7 @@ class VLLMBrickConfig:
 
     async def start_standalone(
         self, *, model_path: Path, sampling: SamplingDistribution, record_routed_experts: bool = False
-    ) -> tuple[InferenceEngine, Any]:
+    ) -> tuple[InferenceEngine, PreTrainedTokenizerBase]:
         """The fleet over ``url`` (waits for every server), checked against each server's --logprobs-mode."""
         from transformers import AutoTokenizer
 

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from components.engine.lora_adapters import DEFAULT_ADAPTER, PolicyEngine
@@ -38,9 +38,16 @@ from components.remote_waits import PENDING_WAITS, EngineStalledError
 
 if TYPE_CHECKING:
     import torch
+    from ray import ObjectRef
     from ray.actor import ActorHandle
 
+    from components.lora import LoraAdapter
+
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# What ``EngineActor.info`` answers: the context window, versions and scheduler counters, and ``restored``.
+EngineInfo = dict[str, int | bool]
 
 # The longest one engine-actor call may take (a generate or a weight load, on CPU under load); past it the
 # call is an ``EngineStalledError`` naming the request, never a silent hang.
@@ -97,7 +104,7 @@ class EngineActor:
         self,
         state_dict: Mapping[str, torch.Tensor] | None,
         version: int,
-        adapters: Mapping[str, tuple[Any, int]],
+        adapters: Mapping[str, tuple[LoraAdapter, int]],
     ) -> bool:
         """After a restart: load the run's last pushed weights (None: it still serves its start weights) and
         adapters, then serve. A no-op (False) when the actor was not restarted or already has them."""
@@ -110,7 +117,7 @@ class EngineActor:
         self._restored.set()
         return True
 
-    async def update_adapter(self, adapter: Any, version: int, name: str = DEFAULT_ADAPTER) -> int:
+    async def update_adapter(self, adapter: LoraAdapter, version: int, name: str = DEFAULT_ADAPTER) -> int:
         """``EmbeddedEngine.update_adapter`` (a LoRA adapter version of policy ``name``); returns the version
         that now serves that policy."""
         await self.engine.update_adapter(adapter, version, name=name)
@@ -127,7 +134,7 @@ class EngineActor:
         """``EmbeddedEngine.adapter_version``."""
         return self.engine.adapter_version(name)
 
-    async def info(self) -> dict[str, Any]:
+    async def info(self) -> EngineInfo:
         """Context window, current weight version (and the one a policy has before its first adapter), whether
         it serves the run's weights (False: restarted, awaiting ``restore``), the actor's pid and scheduler
         counters."""
@@ -161,7 +168,7 @@ def start_engine_actor(
     when it dies (calls in flight then fail: no retry of a generate). The caller must have called ``ray.init``."""
     import ray
 
-    options: dict[str, Any] = {
+    options: dict[str, object] = {
         "num_cpus": num_cpus,
         "num_gpus": num_gpus,
         "max_concurrency": max_concurrency,
@@ -211,8 +218,8 @@ class RayEngineClient:
         self._adapter_versions: dict[str, int] = {}  # policy → newest version of its adapter seen
         # What a restarted actor is given back: the last pushed weights (an object-store reference: one copy of
         # the weights stays in the object store) and version, and each policy's last adapter and version.
-        self._pushed_weights: tuple[Any, int] | None = None
-        self._pushed_adapters: dict[str, tuple[Any, int]] = {}
+        self._pushed_weights: tuple[ObjectRef[dict[str, torch.Tensor]], int] | None = None
+        self._pushed_adapters: dict[str, tuple[LoraAdapter, int]] = {}
         self._pushes = True
         self._push_lock: asyncio.Lock | None = None
         self._watcher: asyncio.Task | None = None
@@ -221,7 +228,7 @@ class RayEngineClient:
             False  # a call of this client found the actor dead (restarting) since its last answer
         )
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # A copy (a proxy session shard, a trainer) generates; only the original pushes and restores weights.
         state = dict(self.__dict__)
         state.update(_pushed_weights=None, _pushed_adapters={}, _pushes=False, _push_lock=None, _watcher=None)
@@ -236,7 +243,7 @@ class RayEngineClient:
     @classmethod
     async def connect(cls, actor: ActorHandle) -> RayEngineClient:
         """A client for ``actor``, reading its context window and weight version."""
-        info = await cls._call(actor.info.remote(), "info")
+        info: EngineInfo = await cls._call(actor.info.remote(), "info")
         return cls(
             actor,
             context_window=info["context_window"],
@@ -280,7 +287,7 @@ class RayEngineClient:
 
     async def refresh_policy(self, name: str) -> int:
         """Ask the actor for the version of policy ``name``'s adapter (and remember it)."""
-        version = await self._call(self.actor.adapter_version.remote(name), "adapter_version")
+        version: int = await self._call(self.actor.adapter_version.remote(name), "adapter_version")
         self._saw_version(name, version)
         return version
 
@@ -296,10 +303,12 @@ class RayEngineClient:
 
         await self.update_weights_from_ref(ray.put(dict(state_dict)), version)
 
-    async def update_adapter(self, adapter: Any, version: int, *, name: str = DEFAULT_ADAPTER) -> None:
+    async def update_adapter(
+        self, adapter: LoraAdapter, version: int, *, name: str = DEFAULT_ADAPTER
+    ) -> None:
         """``AdapterEngine``: only the LoRA adapter's tensors travel to the actor (policy ``name``'s adapter)."""
         async with self.push_lock:
-            served = await self._push(
+            served: int = await self._push(
                 lambda: self.actor.update_adapter.remote(adapter, version, name),
                 f"update_adapter({name}, version {version})",
             )
@@ -310,7 +319,9 @@ class RayEngineClient:
         else:
             self._adapter_versions[name] = served
 
-    async def update_weights_from_ref(self, state_dict_ref: Any, version: int) -> None:
+    async def update_weights_from_ref(
+        self, state_dict_ref: ObjectRef[dict[str, torch.Tensor]], version: int
+    ) -> None:
         """``ObjectStoreWeightsEngine``: the actor resolves the trainer's object ref itself (no driver copy)."""
         async with self.push_lock:
             self._weight_version = await self._push(
@@ -328,7 +339,7 @@ class RayEngineClient:
             return False
         async with self.push_lock:
             reference, version = self._pushed_weights or (None, info["weight_version"])
-            restored = await self._push(
+            restored: bool = await self._push(
                 lambda: self.actor.restore.remote(reference, version, dict(self._pushed_adapters)),
                 f"restore(version {version})",
             )
@@ -379,13 +390,13 @@ class RayEngineClient:
             self.actor.logprobs_of.remote(list(input_ids), start, adapter), "logprobs_of"
         )
 
-    async def refresh(self) -> dict[str, Any]:
+    async def refresh(self) -> EngineInfo:
         """Ask the actor for its current state (and update ``weight_version``)."""
         info = await self._actor_info()
         self._weight_version = info["weight_version"]
         return info
 
-    async def _push(self, submit: Callable[[], Any], request: str) -> Any:
+    async def _push(self, submit: Callable[[], ObjectRef[T]], request: str) -> T:
         """A weight push (loading the same weights twice is harmless): sent again once a restarting actor is back."""
         while True:
             try:
@@ -393,7 +404,7 @@ class RayEngineClient:
             except EngineRestartingError:
                 await self._actor_info()
 
-    async def _request(self, reference: Any, request: str) -> Any:
+    async def _request(self, reference: ObjectRef[T], request: str) -> T:
         """``_call``, remembering when the actor was found dead (this client's new requests then wait for it)."""
         try:
             return await self._call(reference, request)
@@ -401,13 +412,13 @@ class RayEngineClient:
             self._restarting = True
             raise
 
-    async def _actor_info(self) -> dict[str, Any]:
+    async def _actor_info(self) -> EngineInfo:
         """The actor's ``info``, waiting while Ray restarts it (at most ``ENGINE_RESTART_WAIT_S``; then, or when
         it is dead for good, ``EngineError``)."""
         deadline = time.monotonic() + ENGINE_RESTART_WAIT_S
         while True:
             try:
-                info = await self._call(self.actor.info.remote(), "info")
+                info: EngineInfo = await self._call(self.actor.info.remote(), "info")
             except EngineRestartingError as error:
                 self._restarting = True
                 if time.monotonic() > deadline:
@@ -420,7 +431,7 @@ class RayEngineClient:
             return info
 
     @staticmethod
-    async def _call(reference: Any, request: str) -> Any:
+    async def _call(reference: ObjectRef[T], request: str) -> T:
         """Await an actor call for at most ``deadline_s`` (``EngineStalledError`` past it, naming ``request``);
         re-raise Rein's own errors as themselves, Ray failures as ``EngineError``."""
         import ray.exceptions

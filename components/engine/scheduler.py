@@ -15,8 +15,9 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -31,10 +32,13 @@ from components.protocols import FinishReason, GenerationResult, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
     from components.engine.embedded import EmbeddedEngineConfig
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Decode positions reserved up front per prefill group (beyond it a buffer grows geometrically): a request with
 # a large max_tokens that stops early does not hold (nor hand to the prefix cache) room it never used.
@@ -82,7 +86,7 @@ class Request:
         )
 
 
-def resolve_future(future: asyncio.Future, value: Any) -> None:
+def resolve_future(future: asyncio.Future[T], value: T | BaseException) -> None:
     """Set a future's result or exception from the scheduler thread (no-op if it was cancelled meanwhile)."""
 
     def setter() -> None:
@@ -122,8 +126,11 @@ class _PrefillGroup:
 
 @dataclass(eq=False)
 class _Job:
-    run: Callable[[], Any]
-    future: asyncio.Future
+    """A control job: ``run`` computes it on the scheduler thread and settles the caller's future with its
+    result or error; ``fail`` settles that future with an error instead (the engine closed first)."""
+
+    run: Callable[[], None]
+    fail: Callable[[BaseException], None]
 
 
 class BatchScheduler:
@@ -176,16 +183,23 @@ class BatchScheduler:
             self._waiting.append(request)
             self._lock.notify()
 
-    async def run_between_steps(self, fn: Callable[[], Any]) -> Any:
+    async def run_between_steps(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the scheduler thread between two steps and return its result."""
-        loop = asyncio.get_running_loop()
-        job = _Job(run=fn, future=loop.create_future())
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        def run() -> None:
+            try:
+                resolve_future(future, fn())
+            except Exception as error:  # noqa: BLE001 - reported to the caller
+                resolve_future(future, error)
+
+        job = _Job(run=run, fail=lambda error: resolve_future(future, error))
         with self._lock:
             if self._closed:
                 raise EngineError("the engine is closed")
             self._jobs.append(job)
             self._lock.notify()
-        return await job.future
+        return await future
 
     def close(self) -> None:
         """Stop the thread; requests still in flight finish with ``FinishReason.ABORT``."""
@@ -221,10 +235,7 @@ class BatchScheduler:
                     jobs = list(self._jobs)
                     self._jobs.clear()
                 for job in jobs:
-                    try:
-                        resolve_future(job.future, job.run())
-                    except Exception as error:  # noqa: BLE001 - reported to the caller
-                        resolve_future(job.future, error)
+                    job.run()
                 try:
                     self._admit()
                     if self._prefill is not None:
@@ -253,7 +264,7 @@ class BatchScheduler:
             request.finish_reason = FinishReason.ABORT
             resolve_future(request.future, request.result())
         for job in jobs:
-            resolve_future(job.future, EngineError("the engine is closed"))
+            job.fail(EngineError("the engine is closed"))
         self._running, self._running_cache, self._prefill = [], None, None
 
     # --- admission and prefill -----------------------------------------------------------------------------
@@ -432,9 +443,12 @@ class BatchScheduler:
         if routing is not None:
             self._record_prefill_routing(group, routing, start, end)
         group.offset = end
+        assert output.logits is not None, "a causal LM's forward returns logits"
         group.last_logits = output.logits[:, -1, :]
 
-    def _prefill_forward(self, group: _PrefillGroup, start: int, end: int, mask: Any, cache: Any) -> Any:
+    def _prefill_forward(
+        self, group: _PrefillGroup, start: int, end: int, mask: torch.Tensor, cache: BatchKVCache
+    ) -> CausalLMOutputWithPast:
         return self.model(
             input_ids=group.padded_ids[:, start:end],
             position_ids=group.positions[:, start:end],
@@ -599,7 +613,7 @@ class BatchScheduler:
         pair = (named, self.version_of(named))
         return self._adapter_kv_keys.setdefault(pair, -1 - len(self._adapter_kv_keys))
 
-    def _adapter_rows(self, adapters: list[str | None]) -> Any:
+    def _adapter_rows(self, adapters: list[str | None]) -> AbstractContextManager[None]:
         """Route batch row i through ``adapters[i]`` (peft's mixed-batch forward) when any row names one;
         rows without one use the engine-wide weights."""
         import contextlib

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from components.config import require, require_positive
 from components.errors import ContextOverflowError
@@ -24,6 +24,7 @@ from components.protocols import FinishReason, GenerationResult, SamplingParams
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
 
 def _finish(
@@ -102,7 +103,7 @@ class ScriptedEngine:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         script: Script,
         *,
         context_window: int = 32768,
@@ -160,11 +161,11 @@ class ScriptedEngine:
         """Only bumps the version stamped on later tokens (there are no weights)."""
         self._weight_version = int(version)
 
-    def __getstate__(self) -> dict[str, Any]:  # shipped into Ray actors: locks do not pickle
+    def __getstate__(self) -> dict[str, object]:  # shipped into Ray actors: locks do not pickle
         state = self.__dict__.copy()
         del state["_lock"]
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()

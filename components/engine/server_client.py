@@ -2,22 +2,45 @@
 ``httpx`` client per process, the update lock, pickling without either (a copy in another process opens its
 own), bounded retries of transient failures with typed errors, and the ``/health`` wait. The config needs
 ``base_url``, ``api_key``, ``request_timeout_s``, ``connect_timeout_s``, ``max_retries``, ``retry_backoff_s``
-and ``startup_timeout_s``."""
+and ``startup_timeout_s`` (``ServerClientConfig``)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import EngineError
+from components.json_types import JsonObject, JsonValue
 
 TRANSIENT_STATUS = (502, 503, 504)
+
+
+class ServerClientConfig(Protocol):
+    """What ``HttpServerClient`` reads of its server's config (``SGLangEngineConfig``, ``VLLMEngineConfig``)."""
+
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def api_key(self) -> str | None: ...
+    @property
+    def request_timeout_s(self) -> float: ...
+    @property
+    def connect_timeout_s(self) -> float: ...
+    @property
+    def max_retries(self) -> int: ...
+    @property
+    def retry_backoff_s(self) -> float: ...
+    @property
+    def startup_timeout_s(self) -> float: ...
+
+
+C = TypeVar("C", bound=ServerClientConfig)
 
 
 def is_transient(error: BaseException) -> bool:
@@ -38,7 +61,7 @@ def is_unsent(error: BaseException) -> bool:
     return isinstance(error, httpx.HTTPStatusError) and error.response.status_code in TRANSIENT_STATUS
 
 
-class HttpServerClient:
+class HttpServerClient(Generic[C]):
     """Base of the server clients: ``self.config`` and ``self._client`` / ``self._update_lock`` set by the subclass.
 
     A subclass names its server (``server_name``), the error for a server that is gone (``unreachable_error``)
@@ -49,11 +72,11 @@ class HttpServerClient:
     start_command: ClassVar[str] = "the server"
     startup_flag: ClassVar[str] = "the start-up timeout"
 
-    config: Any
+    config: C
     _client: httpx.AsyncClient | None
     _update_lock: asyncio.Lock | None
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # An open HTTP client (sockets, its event loop) cannot travel to another process: the copy opens its own.
         state = dict(self.__dict__)
         state.update(_client=None, _update_lock=None)
@@ -135,12 +158,12 @@ class HttpServerClient:
         method: str,
         path: str,
         *,
-        json: Any = None,
-        params: Mapping[str, Any] | None = None,
+        json: JsonValue = None,
+        params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
         accept_status: tuple[int, ...] = (),
         retry_when: Callable[[BaseException], bool] = is_transient,
-    ) -> Any:
+    ) -> JsonValue:
         """One HTTP call with bounded retries on failures ``retry_when`` accepts; the JSON reply (``{"text": ...}``
         when not JSON, ``{}`` when empty); ``EngineError`` on any failure, ``unreachable_error`` when the server
         is gone."""
@@ -172,6 +195,22 @@ class HttpServerClient:
         if not response.content:
             return {}
         try:
-            return response.json()
+            reply: JsonValue = response.json()
         except ValueError:
             return {"text": response.text}
+        return reply
+
+    async def _request_object(
+        self, method: str, path: str, *, params: Mapping[str, str] | None = None
+    ) -> JsonObject:
+        """``_request`` of an endpoint that answers a JSON object; ``EngineError`` when it answered anything else."""
+        return json_object(
+            await self._request(method, path, params=params), f"{self.server_name} {method} {path}"
+        )
+
+
+def json_object(value: JsonValue, where: str) -> JsonObject:
+    """``value`` when it is a JSON object; an ``EngineError`` naming ``where`` (the reply's source) otherwise."""
+    if not isinstance(value, dict):
+        raise EngineError(f"{where} answered {type(value).__name__} {str(value)[:200]!r}, not a JSON object")
+    return value

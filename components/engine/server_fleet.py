@@ -39,15 +39,16 @@ import hashlib
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Generic, Protocol, Self, TypedDict, TypeVar, Unpack, runtime_checkable
 
 import numpy as np
 
 from components.config import require, require_positive
 from components.errors import EngineError
+from components.json_types import JsonObject
 from components.protocols import GenerationResult, SamplingParams
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ class InferenceServer(Protocol):
 
     async def wait_until_healthy(self) -> None: ...
 
+    async def health(self) -> bool: ...
+
     async def refresh(self) -> None: ...
 
     async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult: ...
@@ -90,9 +93,9 @@ class InferenceServer(Protocol):
 
     async def continue_generation(self) -> None: ...
 
-    async def load_weights_from_disk(self, model_path: str | Path, version: int) -> Any: ...
+    async def load_weights_from_disk(self, model_path: str | Path, version: int) -> object: ...
 
-    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> Any: ...
+    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> object: ...
 
     async def labelled(self) -> bool: ...
 
@@ -171,6 +174,18 @@ class FleetRecoveryConfig:
         require_positive(self.health_poll_s, "health_poll_s")
 
 
+S = TypeVar("S", bound=InferenceServer)
+
+
+class FleetOptions(TypedDict, total=False):
+    """``ServerFleet``'s keyword arguments besides its servers (``connect`` passes them on)."""
+
+    routing: FleetRoutingConfig | None
+    initial_weight_version: int
+    context_window: int | None
+    recovery: FleetRecoveryConfig | None
+
+
 class ServerDownError(EngineError):
     """Every server is down and none came back within ``server_return_timeout_s``."""
 
@@ -184,7 +199,7 @@ class FailoverEvent:
     reason: str
 
 
-class ServerFleet:
+class ServerFleet(Generic[S]):
     """``InferenceEngine`` (and ``DiskReloadingEngine``, ``LoraServingEngine``) over ``servers``. Create with
     ``await ServerFleet.connect(servers)`` (or a subclass's ``connect``), which waits for every server."""
 
@@ -193,7 +208,7 @@ class ServerFleet:
 
     def __init__(
         self,
-        servers: Sequence[InferenceServer],
+        servers: Sequence[S],
         *,
         routing: FleetRoutingConfig | None = None,
         initial_weight_version: int = 0,
@@ -227,7 +242,7 @@ class ServerFleet:
         self.failovers: list[FailoverEvent] = []
         self._update_lock: asyncio.Lock | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # A copy in another process (a proxy session shard) routes its own sessions; the lock belongs here.
         # It never pushes weights: the original does (and re-pushes them to a server that comes back).
         state = dict(self.__dict__)
@@ -235,7 +250,7 @@ class ServerFleet:
         return state
 
     @classmethod
-    async def connect(cls, servers: Sequence[InferenceServer], **options: Any) -> ServerFleet:
+    async def connect(cls, servers: Sequence[S], **options: Unpack[FleetOptions]) -> Self:
         """Wait for ``/health`` on every server, then read the context window and the weight version."""
         fleet = cls(servers, **options)
         await fleet.start()
@@ -263,7 +278,7 @@ class ServerFleet:
             )
         self._weight_version = next(iter(versions.values()))
 
-    async def refresh(self) -> dict[str, Any]:
+    async def refresh(self) -> dict[str, int]:
         """The live servers' requests (summed) as ``num_running``; a server that does not answer counts as idle
         here (generation, not this probe, takes it out)."""
         loads = await asyncio.gather(
@@ -293,8 +308,16 @@ class ServerFleet:
     def weight_version(self) -> int:
         return self._weight_version
 
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
-        """Generate on the session's server (or the least-loaded live one), failing over when it is down."""
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> GenerationResult:
+        """Generate on the session's server (or the least-loaded live one), failing over when it is down. The
+        fleet serves one policy (its LoRA adapter, if any, is engine-wide): ``adapter`` must be None."""
+        require(
+            adapter is None,
+            "adapter",
+            f"the {self.server_kind} fleet serves one policy (load_lora_adapter is engine-wide), got {adapter!r}",
+        )
         prompt = np.asarray(input_ids, dtype=np.int64)
         index = self._session_server(prompt)
         if index is None:  # a new session
@@ -365,11 +388,11 @@ class ServerFleet:
 
     # --- operations --------------------------------------------------------------------------------------
 
-    def live_servers(self) -> list[Any]:
+    def live_servers(self) -> list[S]:
         """Servers still in the fleet."""
         return [self.servers[index] for index in self._live()]
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> JsonObject:
         """Per server: live or why it was taken out, requests in flight, sessions placed; failovers so far."""
         return {
             "servers": [
@@ -488,7 +511,7 @@ class ServerFleet:
             self._update_lock = asyncio.Lock()
         return self._update_lock
 
-    async def _paused_on_all(self, version: int, load: Callable[[list[int]], Any]) -> None:
+    async def _paused_on_all(self, version: int, load: Callable[[list[int]], Awaitable[None]]) -> None:
         """Pause every live server, ``await load(live)``, continue them all; the fleet's version is ``version``
         only when at least one server holds it (servers that failed were taken out)."""
         if not self._live():
@@ -509,7 +532,7 @@ class ServerFleet:
             self._weight_version = int(version)
             self._weights = None  # a disk update names its folder after this; a broadcast leaves none
 
-    async def _on_each(self, indices: list[int], call: Any, what: str) -> None:
+    async def _on_each(self, indices: list[int], call: Callable[[S], Awaitable[object]], what: str) -> None:
         """``call(server)`` on every listed server at once; a server that fails is taken out (reason kept)."""
         results = await asyncio.gather(
             *(call(self.servers[index]) for index in indices), return_exceptions=True

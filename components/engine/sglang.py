@@ -66,15 +66,16 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.policy_view import PolicyView
-from components.engine.server_client import HttpServerClient
+from components.engine.server_client import HttpServerClient, json_object
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
+from components.json_types import JsonArray, JsonObject, JsonValue
 from components.protocols import FinishReason, GenerationResult, SamplingParams
 from components.sampling import SamplingDistribution
 
@@ -186,7 +187,7 @@ class _PromptTooLongError(EngineError):
     """SGLang answered 400 because the prompt exceeds its context length."""
 
 
-class SGLangEngine(HttpServerClient):
+class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
     """``InferenceEngine`` client of one SGLang server. Create with ``await SGLangEngine.connect(config)``."""
 
     server_name = "SGLang"
@@ -217,8 +218,12 @@ class SGLangEngine(HttpServerClient):
     async def refresh(self) -> None:
         """Read the context window (unless configured) and the current weight version from the server."""
         if self.config.context_window is None:
-            models = await self._request("GET", "/v1/models")
-            lengths = [m.get("max_model_len") for m in models.get("data", []) if m.get("max_model_len")]
+            data = (await self._request_object("GET", "/v1/models")).get("data")
+            lengths = [
+                m.get("max_model_len")
+                for m in (data if isinstance(data, list) else [])
+                if isinstance(m, dict) and m.get("max_model_len")
+            ]
             if not lengths:
                 raise EngineError(
                     "SGLang /v1/models reported no max_model_len; set context_window in the config"
@@ -285,9 +290,9 @@ class SGLangEngine(HttpServerClient):
 
     # --- SGLang's control endpoints ----------------------------------------------------------------------
 
-    async def update_weights_from_disk(self, model_path: str | Path, version: int) -> dict[str, Any]:
+    async def update_weights_from_disk(self, model_path: str | Path, version: int) -> JsonObject:
         """Pause (``pause_mode``), ``/update_weights_from_disk`` with the new version, continue."""
-        body = {
+        body: JsonObject = {
             "model_path": str(model_path),
             "weight_version": str(int(version)),
             "flush_cache": True,
@@ -297,9 +302,9 @@ class SGLangEngine(HttpServerClient):
 
     async def update_weights_from_tensor(
         self, serialized_named_tensors: list[str], version: int, *, load_format: str | None = None
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """``/update_weights_from_tensor`` with SGLang's serialized named tensors (one entry per TP rank)."""
-        body: dict[str, Any] = {
+        body: JsonObject = {
             "serialized_named_tensors": serialized_named_tensors,
             "flush_cache": True,
             "abort_all_requests": False,
@@ -330,27 +335,29 @@ class SGLangEngine(HttpServerClient):
 
     async def update_weight_version(self, version: int, *, abort_all_requests: bool = False) -> None:
         """``/update_weight_version`` without touching the weights."""
-        body = {"new_version": str(int(version)), "abort_all_requests": abort_all_requests}
-        await self._checked_success(await self._request("POST", "/update_weight_version", json=body))
+        body: JsonObject = {"new_version": str(int(version)), "abort_all_requests": abort_all_requests}
+        self._checked_success(await self._request("POST", "/update_weight_version", json=body))
         self._weight_version = int(version)
 
     async def labelled(self) -> bool:
         """Whether the weights carry a version Rein set (``/model_info``; a restarted server says ``default``)."""
         return (await self._model_info()).get("weight_version") not in (None, "default")
 
-    async def get_load(self) -> list[dict[str, Any]]:
+    async def get_load(self) -> list[JsonValue]:
         """``GET /get_load``: per data-parallel rank ``num_reqs`` (running + waiting), ``num_waiting_reqs`` …"""
         load = await self._request("GET", "/get_load")
         return load if isinstance(load, list) else [load]
 
     async def num_requests(self) -> int:
         """``InferenceServer``: running + waiting requests over every data-parallel rank (``/get_load``)."""
-        return sum(int(rank.get("num_reqs", 0)) for rank in await self.get_load())
+        return sum(
+            int(json_object(rank, "SGLang /get_load").get("num_reqs", 0)) for rank in await self.get_load()
+        )
 
-    async def load_weights_from_disk(self, model_path: str | Path, version: int) -> dict[str, Any]:
+    async def load_weights_from_disk(self, model_path: str | Path, version: int) -> JsonObject:
         """``InferenceServer``: ``/update_weights_from_disk`` of an HF folder as ``version``, no pause around it
         (the fleet pauses every server first)."""
-        body = {
+        body: JsonObject = {
             "model_path": str(model_path),
             "weight_version": str(int(version)),
             "flush_cache": True,
@@ -362,11 +369,11 @@ class SGLangEngine(HttpServerClient):
         """The server's ``tp_size`` (``/get_server_info``, or the older ``/server_info``): its ranks in a
         weight-update group."""
         try:
-            info = await self._request("GET", "/get_server_info")
+            info = await self._request_object("GET", "/get_server_info")
         except SGLangUnreachableError:
             raise
         except EngineError:
-            info = await self._request("GET", "/server_info")
+            info = await self._request_object("GET", "/server_info")
         return int(info.get("tp_size", 1))
 
     async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
@@ -390,7 +397,7 @@ class SGLangEngine(HttpServerClient):
     ) -> None:
         """``/init_weights_update_group``: the server's ranks join a torch.distributed group in which the
         trainer's rank 0 is rank 0 (returns once every member joined)."""
-        body = {
+        body: JsonObject = {
             "master_address": master_address,
             "master_port": int(master_port),
             "rank_offset": int(rank_offset),
@@ -398,7 +405,7 @@ class SGLangEngine(HttpServerClient):
             "group_name": group_name,
             "backend": backend,
         }
-        await self._checked_success(
+        self._checked_success(
             await self._request("POST", "/init_weights_update_group", json=body, accept_status=(400,))
         )
 
@@ -414,7 +421,7 @@ class SGLangEngine(HttpServerClient):
     ) -> None:
         """``/update_weights_from_distributed``: the server receives one broadcast (from rank 0 of the group)
         per listed tensor, in order, and loads them. No pause here: the caller pauses around a whole sync."""
-        body: dict[str, Any] = {
+        body: JsonObject = {
             "names": list(names),
             "dtypes": list(dtypes),
             "shapes": [[int(d) for d in shape] for shape in shapes],
@@ -424,7 +431,7 @@ class SGLangEngine(HttpServerClient):
         }
         if version is not None:
             body["weight_version"] = str(int(version))
-        await self._checked_success(
+        self._checked_success(
             await self._request("POST", "/update_weights_from_distributed", json=body, accept_status=(400,))
         )
         if version is not None:
@@ -432,15 +439,13 @@ class SGLangEngine(HttpServerClient):
 
     async def destroy_weights_update_group(self, group_name: str) -> None:
         """``/destroy_weights_update_group``."""
-        await self._checked_success(
+        self._checked_success(
             await self._request(
                 "POST", "/destroy_weights_update_group", json={"group_name": group_name}, accept_status=(400,)
             )
         )
 
-    async def load_lora_adapter(
-        self, lora_path: str | Path, version: int, *, policy: str = ""
-    ) -> dict[str, Any]:
+    async def load_lora_adapter(self, lora_path: str | Path, version: int, *, policy: str = "") -> JsonObject:
         """``LoraServingEngine``: ``/load_lora_adapter`` the PEFT folder ``lora_path`` under a new name (the
         folder's name), serve later requests of ``policy`` ("" = the engine-wide adapter) with it as
         ``version``, then ``/unload_lora_adapter`` that policy's previous one (SGLang lets requests already using
@@ -452,10 +457,10 @@ class SGLangEngine(HttpServerClient):
                 f"adapter name {name!r} already serves policy {owners[0]!r}; load it under a new name"
             )
         async with self.update_lock:
-            body = {"lora_name": name, "lora_path": str(lora_path)}
+            body: JsonObject = {"lora_name": name, "lora_path": str(lora_path)}
             reply = await self._request("POST", "/load_lora_adapter", json=body, accept_status=(400,))
-            if not (isinstance(reply, Mapping) and reply.get("success")):
-                message = reply.get("error_message") if isinstance(reply, Mapping) else reply
+            if not (isinstance(reply, dict) and reply.get("success")):
+                message = reply.get("error_message") if isinstance(reply, dict) else reply
                 raise EngineError(f"SGLang /load_lora_adapter {name!r} failed: {message}")
             previous = self._loras.get(policy)
             self._loras[policy] = (name, int(version))
@@ -476,16 +481,15 @@ class SGLangEngine(HttpServerClient):
 
     async def unload_lora_adapter(self, lora_name: str) -> None:
         """``/unload_lora_adapter``; ``EngineError`` unless the server reports success."""
-        body = {"lora_name": lora_name}
+        body: JsonObject = {"lora_name": lora_name}
         reply = await self._request("POST", "/unload_lora_adapter", json=body, accept_status=(400,))
-        if not (isinstance(reply, Mapping) and reply.get("success")):
-            message = reply.get("error_message") if isinstance(reply, Mapping) else reply
+        if not (isinstance(reply, dict) and reply.get("success")):
+            message = reply.get("error_message") if isinstance(reply, dict) else reply
             raise EngineError(f"SGLang /unload_lora_adapter {lora_name!r} failed: {message}")
 
-    async def post_update(self, path: str, body: dict[str, Any], version: int) -> dict[str, Any]:
+    async def post_update(self, path: str, body: JsonObject, version: int) -> JsonObject:
         """One weight-loading call (no pause around it); ``EngineError`` unless it reports success."""
-        reply = await self._request("POST", path, json=body, accept_status=(400,))
-        await self._checked_success(reply)
+        reply = self._checked_success(await self._request("POST", path, json=body, accept_status=(400,)))
         self._weight_version = int(version)
         return reply
 
@@ -493,10 +497,10 @@ class SGLangEngine(HttpServerClient):
 
     def generate_payload(
         self, prompt: list[int], params: SamplingParams, *, rid: str, lora_name: str | None = None
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """The ``/generate`` body for one request; ``max_new_tokens`` is clamped to the room left;
         ``lora_name``: the loaded adapter that serves it (SGLang's ``lora_path`` field)."""
-        sampling: dict[str, Any] = {
+        sampling: JsonObject = {
             "max_new_tokens": min(params.max_tokens, self.context_window - len(prompt)),
             "temperature": params.temperature,
             "top_p": params.top_p,
@@ -508,7 +512,7 @@ class SGLangEngine(HttpServerClient):
             sampling["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:
             sampling["sampling_seed"] = params.seed
-        payload: dict[str, Any] = {
+        payload: JsonObject = {
             "rid": rid,
             "input_ids": prompt,
             "sampling_params": sampling,
@@ -523,7 +527,7 @@ class SGLangEngine(HttpServerClient):
         return payload
 
     def parse_generate_reply(
-        self, reply: Mapping[str, Any], prompt: list[int], params: SamplingParams
+        self, reply: JsonValue, prompt: list[int], params: SamplingParams
     ) -> GenerationResult:
         """A ``GenerationResult`` from a ``/generate`` reply, refusing anything that breaks the contract."""
         if isinstance(reply, list):
@@ -560,7 +564,7 @@ class SGLangEngine(HttpServerClient):
         )
 
     @staticmethod
-    def _parse_finish_reason(value: Any) -> FinishReason:
+    def _parse_finish_reason(value: JsonValue) -> FinishReason:
         kind = value.get("type") if isinstance(value, Mapping) else value
         if kind == "stop":
             return FinishReason.STOP
@@ -571,7 +575,7 @@ class SGLangEngine(HttpServerClient):
         raise EngineError(f"SGLang reply has no usable meta_info.finish_reason: {value!r}")
 
     @staticmethod
-    def _parse_logprobs(meta: Mapping[str, Any], output_ids: list[int]) -> tuple[float, ...]:
+    def _parse_logprobs(meta: Mapping[str, JsonValue], output_ids: list[int]) -> tuple[float, ...]:
         entries = meta.get("output_token_logprobs")
         if entries is None:
             if not output_ids:
@@ -598,7 +602,7 @@ class SGLangEngine(HttpServerClient):
             logprobs.append(float(logprob))
         return tuple(logprobs)
 
-    def _parse_versions(self, meta: Mapping[str, Any], num_tokens: int) -> tuple[int, ...]:
+    def _parse_versions(self, meta: Mapping[str, JsonValue], num_tokens: int) -> tuple[int, ...]:
         spans = meta.get("weight_versions")
         if spans:
             versions: list[int] = []
@@ -618,7 +622,7 @@ class SGLangEngine(HttpServerClient):
             )
         return (self._parse_version(meta["weight_version"]),) * num_tokens
 
-    def _parse_version(self, value: Any) -> int:
+    def _parse_version(self, value: JsonValue) -> int:
         if value is None or value == "default":
             return self.config.initial_weight_version
         try:
@@ -628,7 +632,7 @@ class SGLangEngine(HttpServerClient):
                 f"SGLang weight version {value!r} is not an integer (Rein sets integer versions)"
             ) from None
 
-    def _parse_routed_experts(self, meta: Mapping[str, Any], num_positions: int) -> tuple:
+    def _parse_routed_experts(self, meta: Mapping[str, JsonValue], num_positions: int) -> tuple:
         import numpy as np
 
         encoded = meta.get("routed_experts")
@@ -654,7 +658,7 @@ class SGLangEngine(HttpServerClient):
         require(1 <= start <= len(ids), "start", f"must be in [1, {len(ids)}], got {start}")
         if len(ids) >= self.context_window:
             raise ContextOverflowError(num_prompt_tokens=len(ids), context_window=self.context_window)
-        payload = {
+        payload: JsonObject = {
             "input_ids": ids,
             "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
             "return_logprob": True,
@@ -673,28 +677,30 @@ class SGLangEngine(HttpServerClient):
 
     # --- plumbing ----------------------------------------------------------------------------------------
 
-    async def _paused_update(self, path: str, body: dict[str, Any], version: int) -> dict[str, Any]:
+    async def _paused_update(self, path: str, body: JsonObject, version: int) -> JsonObject:
         async with self.update_lock:
             await self.pause_generation()
             try:
                 reply = await self._request("POST", path, json=body, accept_status=(400,))
             finally:
                 await self.continue_generation()
-            await self._checked_success(reply)
+            checked = self._checked_success(reply)
             self._weight_version = int(version)
-            return reply
+            return checked
 
     @staticmethod
-    async def _checked_success(reply: Any) -> None:
-        if not isinstance(reply, Mapping) or not reply.get("success", False):
-            message = reply.get("message") if isinstance(reply, Mapping) else reply
+    def _checked_success(reply: JsonValue) -> JsonObject:
+        """``reply`` when it is an object reporting ``success``; ``EngineError`` with its message otherwise."""
+        if not isinstance(reply, dict) or not reply.get("success", False):
+            message = reply.get("message") if isinstance(reply, dict) else reply
             raise EngineError(f"SGLang refused the update: {message}")
+        return reply
 
-    async def _model_info(self) -> dict[str, Any]:
+    async def _model_info(self) -> JsonObject:
         try:
-            return await self._request("GET", "/model_info")
+            return await self._request_object("GET", "/model_info")
         except EngineError:
-            return await self._request("GET", "/get_model_info")
+            return await self._request_object("GET", "/get_model_info")
 
     async def _abort_quietly(self, rid: str) -> None:
         try:
@@ -703,13 +709,21 @@ class SGLangEngine(HttpServerClient):
             pass
 
     async def _request(
-        self, method: str, path: str, *, json: Any = None, accept_status: tuple[int, ...] = ()
-    ) -> Any:
+        self,
+        method: str,
+        path: str,
+        *,
+        json: JsonValue = None,
+        params: Mapping[str, str] | None = None,
+        accept_status: tuple[int, ...] = (),
+    ) -> JsonValue:
         """``HttpServerClient._request``, with the admin key on the control endpoints."""
         headers = None
         if path in CONTROL_PATHS and self.config.admin_api_key:
             headers = {"Authorization": f"Bearer {self.config.admin_api_key}"}
-        return await super()._request(method, path, json=json, headers=headers, accept_status=accept_status)
+        return await super()._request(
+            method, path, json=json, params=params, headers=headers, accept_status=accept_status
+        )
 
     def status_error(self, method: str, path: str, response: httpx.Response) -> EngineError:
         detail = response.text[:500]
@@ -744,7 +758,7 @@ class SGLangEngine(HttpServerClient):
         return final
 
 
-def _tags(tags: Sequence[str] | None) -> list[str] | None:
+def _tags(tags: Sequence[str] | None) -> JsonArray | None:
     if tags is None:
         return None
     for tag in tags:
@@ -780,7 +794,7 @@ def serialize_named_tensors(named_tensors: Sequence[tuple[str, torch.Tensor]]) -
     return base64.b64encode(buffer.getvalue()).decode("utf-8")
 
 
-class SGLangPolicy(PolicyView):
+class SGLangPolicy(PolicyView[SGLangEngine]):
     """One policy's view of a multi-LoRA SGLang server: an ``InferenceEngine`` + ``LoraServingEngine`` whose
     requests carry this policy's adapter name (``lora_path``) and whose versions are that adapter's own. A proxy
     session bound to this view samples only with this policy; a disk ``WeightSync`` over it loads only this
@@ -790,7 +804,7 @@ class SGLangPolicy(PolicyView):
         require(bool(name), "policy", "must be a non-empty name ('' is the engine-wide adapter)")
         super().__init__(engine, name)
 
-    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> dict[str, Any]:
+    async def load_lora_adapter(self, lora_path: str | Path, version: int) -> JsonObject:
         return await self.engine.load_lora_adapter(lora_path, version, policy=self.name)
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:

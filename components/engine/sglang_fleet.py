@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from components.config import require, require_positive
 from components.engine.server_fleet import (
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import torch
 
     from components.engine.providers import SGLangBrickConfig
+    from components.protocols import WeightBroadcaster
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ async def expand_router_urls(config: SGLangFleetConfig) -> SGLangFleetConfig:
     return replace(config, urls=urls)
 
 
-class SGLangFleet(ServerFleet):
+class SGLangFleet(ServerFleet[SGLangEngine]):
     """``InferenceEngine`` over ``config.urls``. Create with ``await SGLangFleet.connect(config)``."""
 
     server_kind = "SGLang"
@@ -138,7 +139,7 @@ class SGLangFleet(ServerFleet):
         self._sender: DistributedWeightSender | None = None
         self._sender_members: tuple[int, ...] = ()
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # The weight-update group belongs to the process that made it.
         state = super().__getstate__()
         state.update(_sender=None, _sender_members=())
@@ -175,7 +176,7 @@ class SGLangFleet(ServerFleet):
             )
         return self.servers[0]._write_weights(state_dict, int(version))
 
-    async def update_weights_from_trainer(self, trainer: Any, version: int) -> dict[str, float]:
+    async def update_weights_from_trainer(self, trainer: WeightBroadcaster, version: int) -> dict[str, float]:
         """Generation paused on every live server, the trainer's rank 0 broadcasts its current policy to them
         over the weight-update group (``config.distributed``; ``Trainer.broadcast_weights``), generation
         continues. The weights never pass through this process."""

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from components.config import require, require_one_of, require_positive
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed import ProcessGroup
 
     from components.engine.sglang import SGLangEngine
 
@@ -55,7 +56,7 @@ class DistributedWeightSyncConfig:
 
 def init_custom_process_group(
     *, backend: str, init_method: str, world_size: int, rank: int, group_name: str, timeout: timedelta
-) -> Any:
+) -> ProcessGroup:
     """A process group beside the default one, built exactly as SGLang's ``init_custom_process_group``
     (``rendezvous`` → ``PrefixStore(group_name)`` → ``_new_process_group_helper``), so both sides agree on
     the store keys."""
@@ -104,7 +105,7 @@ class DistributedWeightSender:
 
     def __init__(self, config: DistributedWeightSyncConfig) -> None:
         self.config = config
-        self._group: Any = None
+        self._group: ProcessGroup | None = None
         self._servers: list[SGLangEngine] = []
         self.world_size = 0
 
@@ -248,13 +249,14 @@ class RankZeroWeightBroadcaster:
     def __init__(self) -> None:
         self._loop = asyncio.new_event_loop()
         self._sender: DistributedWeightSender | None = None
-        self._members: tuple[Any, ...] = ()
+        # the servers' URLs and the sync config the group was formed for (None: no group)
+        self._members: tuple[tuple[str, ...], DistributedWeightSyncConfig] | None = None
 
     def push(
         self,
         servers: Sequence[SGLangEngine],
         config: DistributedWeightSyncConfig,
-        state_dict: Any,
+        state_dict: Mapping[str, torch.Tensor],
         version: int,
     ) -> dict[str, float]:
         """Broadcast ``state_dict`` as ``version`` to ``servers`` (joining or re-forming the group first)."""
@@ -278,7 +280,7 @@ class RankZeroWeightBroadcaster:
 
     def close_group(self) -> None:
         """Leave the weight-update group (``/destroy_weights_update_group`` on the servers)."""
-        sender, self._sender, self._members = self._sender, None, ()
+        sender, self._sender, self._members = self._sender, None, None
         if sender is not None:
             try:
                 self._loop.run_until_complete(sender.close())

@@ -47,15 +47,16 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, NoReturn
 
 import httpx
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.policy_view import PolicyView
-from components.engine.server_client import HttpServerClient, is_unsent
+from components.engine.server_client import HttpServerClient, is_unsent, json_object
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
+from components.json_types import JsonObject, JsonValue
 from components.protocols import FinishReason, GenerationResult, SamplingParams
 from components.sampling import SamplingDistribution
 
@@ -141,7 +142,7 @@ def require_matching_logprobs(
         )
 
 
-class VLLMEngine(HttpServerClient):
+class VLLMEngine(HttpServerClient[VLLMEngineConfig]):
     """``InferenceEngine`` (and ``InferenceServer`` of a ``ServerFleet``) over one vLLM server. Create with
     ``await VLLMEngine.connect(config)``."""
 
@@ -178,9 +179,11 @@ class VLLMEngine(HttpServerClient):
     async def refresh(self) -> None:
         """Read the served model name and context window (unless configured), the logprobs mode (unless
         configured) and the current weight version."""
-        models = await self._request("GET", "/v1/models")
+        data = (await self._request_object("GET", "/v1/models")).get("data")
         cards = [
-            card for card in models.get("data", []) if not card.get("parent")
+            card
+            for card in (data if isinstance(data, list) else [])
+            if isinstance(card, dict) and not card.get("parent")
         ]  # LoRA cards have a parent
         if not cards:
             raise EngineError(f"vLLM server {self.url}: GET /v1/models lists no model")
@@ -199,12 +202,12 @@ class VLLMEngine(HttpServerClient):
         if self.config.logprobs_mode is None:
             self._logprobs_mode = await self._server_logprobs_mode()
         self._weight_version = self._parse_version(
-            (await self._request("GET", "/weight_info")).get("weight_version")
+            (await self._request_object("GET", "/weight_info")).get("weight_version")
         )
 
     async def _server_logprobs_mode(self) -> str:
         try:
-            info = await self._request("GET", "/server_info", params={"config_format": "json"})
+            info = await self._request_object("GET", "/server_info", params={"config_format": "json"})
         except VLLMUnreachableError:
             raise
         except EngineError as error:
@@ -212,7 +215,9 @@ class VLLMEngine(HttpServerClient):
                 f"vLLM server {self.url} does not expose /server_info ({error}): start it with "
                 "VLLM_SERVER_DEV_MODE=1, or say its --logprobs-mode in the config (--vllm-logprobs-mode)"
             ) from None
-        mode = (info.get("vllm_config") or {}).get("model_config", {}).get("logprobs_mode")
+        vllm_config = info.get("vllm_config") or {}
+        model_config = vllm_config.get("model_config", {}) if isinstance(vllm_config, dict) else {}
+        mode = model_config.get("logprobs_mode") if isinstance(model_config, dict) else None
         require_one_of(mode, "logprobs_mode (the server's)", LOGPROBS_MODES)
         return str(mode)
 
@@ -259,7 +264,7 @@ class VLLMEngine(HttpServerClient):
         payload = self.generate_payload(prompt, params, model=lora[0] if lora else None)
         # never re-sent once it may have reached the server (see is_unsent)
         reply = await self._request("POST", "/inference/v1/generate", json=payload, retry_when=is_unsent)
-        result = self.parse_generate_reply(reply, prompt)
+        result = self.parse_generate_reply(json_object(reply, "vLLM /inference/v1/generate"), prompt)
         if lora is not None:  # the server's label is the base's; the adapter's name fixes the version
             result = replace(result, weight_versions=(lora[1],) * len(result.output_ids))
         return result
@@ -273,7 +278,7 @@ class VLLMEngine(HttpServerClient):
         require(1 <= start <= len(ids), "start", f"must be in [1, {len(ids)}], got {start}")
         if len(ids) >= self.context_window:
             raise ContextOverflowError(num_prompt_tokens=len(ids), context_window=self.context_window)
-        payload = {
+        payload: JsonObject = {
             "model": self._served_model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
         }  # fmt: skip
         if self._scoring is None:
@@ -319,11 +324,14 @@ class VLLMEngine(HttpServerClient):
 
     async def num_requests(self) -> int:
         """``GET /load``: requests in flight (every client's; 0 unless ``--enable-server-load-tracking``)."""
-        return int((await self._request("GET", "/load")).get("server_load", 0))
+        return int((await self._request_object("GET", "/load")).get("server_load", 0))
 
     async def labelled(self) -> bool:
         """Whether the weights carry a version Rein set (``/weight_info``; a restarted server says ``default``)."""
-        return (await self._request("GET", "/weight_info")).get("weight_version") not in (None, "default")
+        return (await self._request_object("GET", "/weight_info")).get("weight_version") not in (
+            None,
+            "default",
+        )
 
     async def pause_generation(self, mode: str | None = None) -> None:
         """``POST /pause?mode=...``: new requests wait; running ones finish (``wait``), freeze (``keep``) or
@@ -340,7 +348,7 @@ class VLLMEngine(HttpServerClient):
         """Reload the weights in place from the HF folder ``model_path`` (``/collective_rpc reload_weights``),
         drop the prefix cache (KV of the old weights) and label the weights ``version``. No pause here."""
         folder = await asyncio.to_thread(with_untied_output_projection, Path(model_path))
-        body = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+        body: JsonObject = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
         await self._request("POST", "/collective_rpc", json=body)
         await self._request("POST", "/reset_prefix_cache")
         await self.update_weight_version(version)
@@ -360,7 +368,7 @@ class VLLMEngine(HttpServerClient):
                 f"adapter name {name!r} already serves policy {owners[0]!r}; load it under a new name"
             )
         async with self.update_lock:
-            body = {"lora_name": name, "lora_path": str(lora_path)}
+            body: JsonObject = {"lora_name": name, "lora_path": str(lora_path)}
             await self._request("POST", "/v1/load_lora_adapter", json=body)
             previous, self._loras[policy] = self._loras.get(policy), (name, int(version))
             if not policy:
@@ -375,7 +383,7 @@ class VLLMEngine(HttpServerClient):
             if loaded is not None:
                 await self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": loaded[0]})
             if not policy:
-                reply = await self._request("GET", "/weight_info")
+                reply = await self._request_object("GET", "/weight_info")
                 self._weight_version = self._parse_version(reply.get("weight_version"))
 
     def policy(self, name: str) -> VLLMPolicy:
@@ -391,10 +399,10 @@ class VLLMEngine(HttpServerClient):
 
     def generate_payload(
         self, prompt: list[int], params: SamplingParams, *, model: str | None = None
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """The ``/inference/v1/generate`` body; ``max_tokens`` clamped to the room left; ``model``: a loaded
         LoRA adapter's name (None: the base model)."""
-        sampling: dict[str, Any] = {
+        sampling: JsonObject = {
             "max_tokens": min(params.max_tokens, self.context_window - len(prompt)),
             "temperature": params.temperature,
             "top_p": params.top_p,
@@ -417,7 +425,7 @@ class VLLMEngine(HttpServerClient):
             "stream": False,
         }
 
-    def parse_generate_reply(self, reply: Mapping[str, Any], prompt: list[int]) -> GenerationResult:
+    def parse_generate_reply(self, reply: Mapping[str, JsonValue], prompt: list[int]) -> GenerationResult:
         """A ``GenerationResult`` from a ``/inference/v1/generate`` reply, refusing what breaks the contract."""
         choices = reply.get("choices")
         if not isinstance(choices, list) or len(choices) != 1:
@@ -449,7 +457,7 @@ class VLLMEngine(HttpServerClient):
             num_prompt_tokens=len(prompt),
         )
 
-    def _parse_versions(self, spans: Any, num_tokens: int) -> tuple[int, ...]:
+    def _parse_versions(self, spans: JsonValue, num_tokens: int) -> tuple[int, ...]:
         if not spans:
             if num_tokens:
                 raise EngineError("vLLM reply has no weight_versions: cannot stamp tokens with a version")
@@ -464,7 +472,7 @@ class VLLMEngine(HttpServerClient):
             raise EngineError(f"vLLM weight_versions cover {len(versions)} of {num_tokens} output tokens")
         return tuple(versions)
 
-    def _parse_version(self, value: Any) -> int:
+    def _parse_version(self, value: JsonValue) -> int:
         if value is None or value == "default":
             return self.config.initial_weight_version
         try:
@@ -478,7 +486,7 @@ class VLLMEngine(HttpServerClient):
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
-def _refuse(message: str) -> Any:
+def _refuse(message: str) -> NoReturn:
     raise EngineError(message)
 
 
@@ -561,7 +569,7 @@ def write_weight_folder(
     return final
 
 
-class VLLMPolicy(PolicyView):
+class VLLMPolicy(PolicyView[VLLMEngine]):
     """One policy's view of a multi-LoRA vLLM server: requests carry this policy's adapter name (``model``) and
     its tokens this adapter's versions; a disk ``WeightSync`` over it loads only this policy's adapters."""
 

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from components.config import require
 from components.engine.server_fleet import (
@@ -76,7 +76,7 @@ def vllm_fleet_config(brick: VLLMBrickConfig, *, initial_weight_version: int) ->
     return VLLMFleetConfig(urls=urls, server=server, recovery=recovery, nccl=nccl)
 
 
-class VLLMFleet(ServerFleet):
+class VLLMFleet(ServerFleet[VLLMEngine]):
     """``InferenceEngine`` over ``config.urls``. Create with ``await VLLMFleet.connect(config)``."""
 
     server_kind = "vLLM"
@@ -94,7 +94,7 @@ class VLLMFleet(ServerFleet):
         self.config = config
         self._senders: dict[str, VLLMNcclWeightSender] = {}  # server URL → its NCCL link (config.nccl)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # The NCCL links belong to the process that opened them (the one that pushes the weights).
         state = super().__getstate__()
         state.update(_senders={})
@@ -121,7 +121,7 @@ class VLLMFleet(ServerFleet):
             await asyncio.to_thread(sender.close)
         await super().aclose()
 
-    def write_weights(self, state_dict: Any, version: int) -> Path:
+    def write_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> Path:
         return self.servers[0].write_weights(state_dict, version)
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:

@@ -24,13 +24,15 @@ import asyncio
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from components.config import require_positive
 from components.errors import EngineError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # vLLM lives in the process that pushes (or in .vllm-venv for the tests), not in every one
     import torch
+    from vllm.distributed.weight_transfer.base import WeightSource
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
 
     from components.engine.vllm import VLLMEngine
 
@@ -68,7 +70,7 @@ def require_nccl_available() -> None:
 class StateDictSource:
     """vLLM's ``WeightSource`` over a full state dict (rank 0's gathered weights), tensors moved to the GPU."""
 
-    def __new__(cls, state_dict: Mapping[str, torch.Tensor]) -> Any:
+    def __new__(cls, state_dict: Mapping[str, torch.Tensor]) -> WeightSource:
         from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
         class _Source(WeightSource):
@@ -88,8 +90,8 @@ class VLLMNcclWeightSender:
         self.server = server
         self.master_address = config.master_address or socket.gethostbyname(socket.gethostname())
         self.world_size = 1 + config.server_world_size
-        self._engine: Any = None
-        self._source: dict[str, Any] = {}
+        self._engine: NCCLTrainerWeightTransferEngine | None = None
+        self._source: dict[str, torch.Tensor] = {}
 
     def connect(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient

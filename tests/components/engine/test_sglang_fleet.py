@@ -202,6 +202,19 @@ async def test_a_router_url_stands_for_the_workers_it_lists(servers):
     await fleet.aclose()
 
 
+async def test_the_fleet_serves_its_own_policy_under_adapter_none_and_refuses_a_named_one(servers):
+    """``InferenceEngine.generate``'s ``adapter=``: None is the fleet's one policy (its adapter, if any, is
+    engine-wide); a named policy is a ``ValueError`` naming ``adapter`` that reaches no server."""
+    fleet = await connect(servers)
+    own = await fleet.generate([*SYSTEM_PROMPT, 9000], SamplingParams(max_tokens=3, seed=1), adapter=None)
+    assert len(own.output_ids) == 3
+    with pytest.raises(ValueError, match="adapter"):
+        await fleet.generate([*SYSTEM_PROMPT, 9001], SamplingParams(max_tokens=3), adapter="alice")
+    for server in servers:
+        assert (*SYSTEM_PROMPT, 9001) not in await prompts_seen(server.url)
+    await fleet.aclose()
+
+
 async def test_killed_server_sessions_fail_over_and_nothing_is_lost(servers, tiny_model_dir):
     fleet = await connect(servers)
     firsts = [[*SYSTEM_PROMPT, 6000 + index] for index in range(6)]
