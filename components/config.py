@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from components.registry import Registry
+
+T = TypeVar("T")
 
 
 def require(condition: bool, field: str, message: str) -> None:
@@ -26,15 +28,13 @@ def require_non_negative(value: float, field: str) -> None:
     require(value >= 0, field, f"must be >= 0, got {value!r}")
 
 
-def require_one_of(value: Any, field: str, allowed: Iterable[Any]) -> None:
+def require_one_of(value: object, field: str, allowed: Iterable[object]) -> None:
     """``value`` must be one of ``allowed``."""
     allowed = tuple(allowed)
     require(value in allowed, field, f"must be one of {list(allowed)}, got {value!r}")
 
 
-def option(
-    default: Any, help: str, *, flag: str | None = None, set_by: str | None = None, **kwargs: Any
-) -> Any:
+def option(default: T, help: str, *, flag: str | None = None, set_by: str | None = None, **kwargs: Any) -> T:
     """A config field with its documentation (``--help`` shows it). ``default`` may be a brick config (a
     dataclass instance); ``flag`` is a second, historical flag besides the derived ``--prefix-name`` one;
     ``set_by`` names who sets a field a person never types (no flag, no config-file key: it has one source)."""
@@ -44,7 +44,7 @@ def option(
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
 
 
-def slot(registry: Registry, default: Any, help: str, *, flag: str | None = None) -> Any:
+def slot(registry: Registry, default: T, help: str, *, flag: str | None = None) -> T:
     """A config field holding one brick of a seam: any kind ``registry`` has registered (``default`` is an
     instance of one). On the command line ``--<name> KIND`` (or ``flag``) picks the kind and the kind's fields
     follow as ``--<name>-<field>``; in a file it is ``<name>: {kind: KIND, <field>: ...}`` (or just ``KIND``)."""

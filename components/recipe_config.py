@@ -19,9 +19,14 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from components.config import option, slot
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    from components.registry import Registry
 
 __all__ = [
     "REDACTED",
@@ -34,7 +39,7 @@ __all__ = [
     "slot",
 ]
 
-ConfigT = TypeVar("ConfigT")
+ConfigT = TypeVar("ConfigT", bound="DataclassInstance")
 
 
 def _parse_bool(text: str) -> bool:
@@ -46,7 +51,7 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
-def _converter(annotation: Any) -> tuple[Any, tuple[Any, ...] | None]:
+def _converter(annotation: object) -> tuple[Callable[[str], object], tuple[object, ...] | None]:
     """(type converter, choices) for a field annotation."""
     origin = typing.get_origin(annotation)
     if origin is Literal:
@@ -65,7 +70,7 @@ def _converter(annotation: Any) -> tuple[Any, tuple[Any, ...] | None]:
     return str, None
 
 
-def _representable(annotation: Any) -> bool:
+def _representable(annotation: object) -> bool:
     """Whether a value of this type can be typed on a command line (a callable or ``Any`` field cannot: it is
     set from Python only)."""
     origin = typing.get_origin(annotation)
@@ -78,11 +83,11 @@ def _representable(annotation: Any) -> bool:
     return False
 
 
-def _is_brick(annotation: Any) -> bool:
+def _is_brick(annotation: object) -> bool:
     return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
 
 
-def _registry(field: dataclasses.Field, annotation: Any = None) -> Any:
+def _registry(field: dataclasses.Field, annotation: object = None) -> Registry | None:
     """The seam's registry of a slot: a ``slot(...)`` field, or a field typed by a seam's Protocol whose default
     is a registered kind (a recipe overriding a slot's default with ``option(LocalProxyConfig(), ...)``)."""
     if "registry" in field.metadata:
@@ -98,8 +103,8 @@ def _registry(field: dataclasses.Field, annotation: Any = None) -> Any:
 class _Leaf:
     path: tuple[str, ...]  # ("trainer", "workers"); a slot's kind: ("engine", "kind")
     flags: tuple[str, ...]  # ("trainer-workers",): the derived flag first, then a historical one
-    annotation: Any
-    default: Any
+    annotation: object
+    default: object
     help: str
     choices: tuple[str, ...] | None = None  # a slot's registered kinds
 
@@ -108,7 +113,7 @@ class _Leaf:
         return ".".join(self.path)
 
 
-def _field_default(field: dataclasses.Field) -> Any:
+def _field_default(field: dataclasses.Field) -> object:
     return field.default if field.default is not dataclasses.MISSING else field.default_factory()
 
 
@@ -121,7 +126,7 @@ def _flags(path: tuple[str, ...], field: dataclasses.Field) -> tuple[str, ...]:
 def _leaves(
     config_class: type,
     path: tuple[str, ...] = (),
-    brick_default: Any = None,
+    brick_default: object = None,
     kinds: Mapping[tuple[str, ...], str] | None = None,
 ) -> list[_Leaf]:
     """Every plain field of ``config_class`` and of its brick configs, depth first, with its flags and default
@@ -178,7 +183,7 @@ def config_flags(config_class: type, kinds: Mapping[str, str] | None = None) -> 
     return {leaf.dotted: f"--{leaf.flags[-1]}" for leaf in _leaves(config_class, kinds=by_path)}
 
 
-def _coerce(value: Any, annotation: Any, where: str) -> Any:
+def _coerce(value: object, annotation: object, where: str) -> object:
     """A value read from a config file as the field's type (lists → tuples, str → Path, checked Literals)."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -192,6 +197,8 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
             raise ValueError(f"{where}: must be one of {list(choices)}, got {value!r}")
         return value
     if origin is tuple:
+        if not isinstance(value, str | list | tuple):
+            raise ValueError(f"{where}: expected a list or comma-separated items, got {value!r}")
         items = value.split(",") if isinstance(value, str) else value
         item_type = typing.get_args(annotation)[0]
         return tuple(item_type(item) for item in items)
@@ -200,6 +207,8 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if annotation is Path:
+        if not isinstance(value, str | Path):
+            raise ValueError(f"{where}: expected a path, got {value!r}")
         return Path(value)
     if annotation in (int, float, str) and not isinstance(value, annotation):
         raise ValueError(f"{where}: expected {annotation.__name__}, got {value!r}")
@@ -232,7 +241,7 @@ def _kind_choice(choices: tuple[str, ...]) -> Callable[[str], str]:
     return check
 
 
-def _kind_and_fields(value: Any, where: str) -> tuple[str | None, dict[str, Any]]:
+def _kind_and_fields(value: object, where: str) -> tuple[str | None, dict[str, object]]:
     """A slot's overrides: ``KIND`` or ``{kind: KIND, field: ...}`` (kind optional)."""
     if isinstance(value, str):
         return value, {}
@@ -243,13 +252,16 @@ def _kind_and_fields(value: Any, where: str) -> tuple[str | None, dict[str, Any]
 
 
 def _build(
-    config_class: type, overrides: Mapping[str, Any], path: tuple[str, ...] = (), base: Any = None
-) -> Any:
+    config_class: type[ConfigT],
+    overrides: Mapping[str, object],
+    path: tuple[str, ...] = (),
+    base: ConfigT | None = None,
+) -> ConfigT:
     """``config_class`` (or ``base``, a brick's default) with ``overrides`` (nested dicts) applied; validation
     errors name the dotted field."""
     hints = typing.get_type_hints(config_class)
     fields = {f.name: f for f in dataclasses.fields(config_class) if f.init and "set_by" not in f.metadata}
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     for name, value in overrides.items():
         where = ".".join((*path, name))
         if name not in fields:
@@ -286,7 +298,7 @@ def _build(
         ) from None
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
+def read_config_file(path: str | Path) -> dict[str, object]:
     """A YAML (``.yaml``/``.yml``) or JSON config file as nested dicts."""
     path = Path(path)
     text = path.read_text()
@@ -301,16 +313,21 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return loaded
 
 
-def _merge(base: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    for key in path[:-1]:
+def _merge(base: dict[str, object], path: tuple[str, ...], value: object) -> None:
+    for depth, key in enumerate(path[:-1]):
         if isinstance(base.get(key), str):  # a slot given as its kind alone (``algorithm: gspo``)
             base[key] = {"kind": base[key]}
-        base = base.setdefault(key, {})
+        child = base.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ValueError(
+                f"{'.'.join(path[: depth + 1])}: expected a mapping of its fields, got {child!r}"
+            )
+        base = child
     base[path[-1]] = value
 
 
 def _chosen_kinds(
-    config_class: type, argv: Sequence[str] | None, file_fields: Mapping[str, Any]
+    config_class: type, argv: Sequence[str] | None, file_fields: Mapping[str, object]
 ) -> dict[tuple[str, ...], str]:
     """The kind of every slot, from its flag, else from the config file (else its default): the fields a
     slot's kind brings depend on it, so the full parser is built after this first pass."""
@@ -334,8 +351,8 @@ def _chosen_kinds(
     return kinds
 
 
-def _file_kind(file_fields: Mapping[str, Any], slot_path: tuple[str, ...]) -> str | None:
-    value: Any = file_fields
+def _file_kind(file_fields: Mapping[str, object], slot_path: tuple[str, ...]) -> str | None:
+    value: object = file_fields
     for key in slot_path:
         if not isinstance(value, Mapping) or key not in value:
             return None
@@ -362,7 +379,7 @@ def parse_config(
     pre.add_argument("--config", default=None)
     config_file = vars(pre.parse_known_args(argv)[0])["config"]
     try:
-        file_fields: dict[str, Any] = read_config_file(config_file) if config_file else {}
+        file_fields: dict[str, object] = read_config_file(config_file) if config_file else {}
     except (ValueError, OSError) as error:
         parser.error(str(error))
     leaves = _leaves(config_class, kinds=_chosen_kinds(config_class, argv, file_fields))
@@ -373,9 +390,9 @@ def parse_config(
         for f in fields
         if _registry(f, hints[f.name]) is not None or _is_brick(hints[f.name])
     }
-    groups: dict[str, Any] = {}
+    groups: dict[str, argparse._ActionsContainer] = {}
     for leaf in leaves:
-        convert, choices = _converter(leaf.annotation) if leaf.choices is None else (None, leaf.choices)
+        convert, choices = _converter(leaf.annotation) if leaf.choices is None else (str, leaf.choices)
         shown = ",".join(map(str, leaf.default)) if isinstance(leaf.default, tuple) else leaf.default
         brick = leaf.path[0] if len(leaf.path) > 1 else ""
         if brick not in groups:
@@ -390,7 +407,7 @@ def parse_config(
             dest="/".join(leaf.path),
             metavar=leaf.flags[0].upper().replace("-", "_")
             if choices is None
-            else f"{{{','.join(choices)}}}",
+            else f"{{{','.join(map(str, choices))}}}",
             type=convert if leaf.choices is None else _kind_choice(leaf.choices),
             choices=choices if leaf.choices is None else None,
             default=dataclasses.MISSING,
@@ -417,18 +434,20 @@ _SECRET_NAME = re.compile(
 )
 
 
-def config_to_json(config: Any) -> str:
+def config_to_json(config: object) -> str:
     """A config as indented JSON (paths and tuples made plain; credentials ``REDACTED``, their names kept)."""
 
-    def field(name: str, value: Any) -> Any:
+    def field(name: str, value: object) -> object:
         if _SECRET_NAME.search(name) and value not in (None, ""):  # unset stays visible: it is no secret
             return REDACTED
         return plain(value)
 
-    def brick(registry: Any, value: Any) -> Any:  # a slot's brick names its kind
-        return {"kind": registry.name_of(value), **plain(value)}
+    def brick(registry: Registry, value: object) -> dict[str, object]:  # a slot's brick names its kind
+        fields = plain(value)
+        assert isinstance(fields, dict), f"{registry.seam}: a registered kind is a dataclass config"
+        return {"kind": registry.name_of(value), **fields}
 
-    def registries(value: Any) -> dict[str, Any]:
+    def registries(value: DataclassInstance | type[DataclassInstance]) -> dict[str, Registry]:
         try:
             hints = typing.get_type_hints(type(value))
         except (NameError, TypeError):  # annotations only importable for type checkers: no slot among them
@@ -436,7 +455,7 @@ def config_to_json(config: Any) -> str:
         found = {f.name: _registry(f, hints.get(f.name)) for f in dataclasses.fields(value)}
         return {name: registry for name, registry in found.items() if registry is not None}
 
-    def plain(value: Any) -> Any:
+    def plain(value: object) -> object:
         if dataclasses.is_dataclass(value):
             slots = registries(value)
             return {

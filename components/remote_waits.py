@@ -18,12 +18,15 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, overload
 
 from components.errors import EngineError, ReinError
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 logger = logging.getLogger(__name__)
 
@@ -100,15 +103,37 @@ class PendingWaits:
             except TimeoutError:
                 raise error(f"{component} did not answer {request} within {deadline_s:g} s") from None
 
+    @overload
     def get_within(
         self,
-        references: Any,
+        references: ObjectRef[T],
+        *,
+        deadline_s: float,
+        component: str,
+        request: str,
+        error: type[RemoteStalledError] = ...,
+    ) -> T: ...
+
+    @overload
+    def get_within(
+        self,
+        references: Sequence[ObjectRef[T]],
+        *,
+        deadline_s: float,
+        component: str,
+        request: str,
+        error: type[RemoteStalledError] = ...,
+    ) -> list[T]: ...
+
+    def get_within(
+        self,
+        references: ObjectRef[T] | Sequence[ObjectRef[T]],
         *,
         deadline_s: float,
         component: str,
         request: str,
         error: type[RemoteStalledError] = RemoteStalledError,
-    ) -> Any:
+    ) -> T | list[T]:
         """``ray.get(references)`` for at most ``deadline_s`` (past it: ``error`` naming what stalled)."""
         import ray
         from ray.exceptions import GetTimeoutError

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from components.json_types import JsonObject
 from components.sampling import SamplingDistribution
 
 
@@ -278,7 +279,7 @@ class Trajectory:
         return self.status in TRAINABLE_STATUSES and self.reward is not None
 
     @property
-    def messages(self) -> list[dict[str, Any]]:
+    def messages(self) -> list[JsonObject]:
         return json.loads(self.messages_json)
 
 
@@ -326,7 +327,7 @@ TRAJECTORY_SCHEMA = pa.schema(
 )
 
 
-def _segment_to_row(segment: Segment) -> dict[str, Any]:
+def _segment_to_row(segment: Segment) -> dict[str, object]:
     return {
         "reason": segment.reason.value,
         "token_ids": segment.token_ids,

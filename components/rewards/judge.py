@@ -24,11 +24,15 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from components.config import require, require_non_negative, require_positive
 from components.protocols import InferenceEngine, RewardResult, SamplingParams, Task
 from components.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +72,7 @@ class OpenAIJudgeClient:
         )
         require(bool(model), "judge_model", "must name the judge model")
         self.base_url, self.model, self.api_key, self.timeout_s = base_url, model, api_key, timeout_s
-        self._client: Any = None  # opened lazily, so the client pickles into Ray actors
+        self._client: AsyncOpenAI | None = None  # opened lazily, so the client pickles into Ray actors
 
     async def complete(
         self, messages: Sequence[Mapping[str, str]], *, max_tokens: int, temperature: float
@@ -89,7 +93,7 @@ class OpenAIJudgeClient:
             num_output_tokens=usage.completion_tokens if usage else 0,
         )
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_client": None}
 
 
@@ -97,7 +101,9 @@ class EngineJudgeClient:
     """A judge served by an ``InferenceEngine`` directly (token ids in and out, no proxy session): e.g. a frozen
     copy of the base policy beside the trained one."""
 
-    def __init__(self, engine: InferenceEngine, tokenizer: Any, *, model: str = "engine-judge") -> None:
+    def __init__(
+        self, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase, *, model: str = "engine-judge"
+    ) -> None:
         self.engine, self.tokenizer, self.model = engine, tokenizer, model
 
     async def complete(

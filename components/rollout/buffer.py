@@ -16,11 +16,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from components.config import require, require_non_negative, require_positive
+from components.json_types import JsonObject, JsonValue
 from components.trajectory import Trajectory
 
 # Group ids the producer gives out: ``g<index>-<task id>``, so a resumed run knows each group's index.
@@ -223,14 +223,14 @@ class TrajectoryLedger:
         """Shards that must never be trained again: trained into a step, or dropped."""
         return self.trained() | set(self.dropped)
 
-    def to_state(self) -> dict[str, Any]:
+    def to_state(self) -> JsonObject:
         return {
             "step_shards": {str(k): list(v) for k, v in self.step_shards.items()},
             "dropped": dict(self.dropped),
         }
 
     @classmethod
-    def from_state(cls, extra: Mapping[str, Any]) -> TrajectoryLedger:
+    def from_state(cls, extra: Mapping[str, JsonValue]) -> TrajectoryLedger:
         data = extra.get(LEDGER_KEY) or {}
         return cls(
             step_shards={int(k): list(v) for k, v in dict(data.get("step_shards", {})).items()},

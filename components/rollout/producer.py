@@ -20,7 +20,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from components.protocols import (
     GroupReward,
@@ -36,7 +36,13 @@ from components.rewards.compose import RewardWeights
 from components.rollout.runner import GroupRollouts, RolloutConfig, RolloutRunner
 from components.trajectory import Trajectory, TrajectoryStatus
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
 logger = logging.getLogger("rein.rollout.producer")
+
+ResultT = TypeVar("ResultT")
 ACTOR_CALL_MARGIN_S = 60.0  # beyond a call's own bounds: shipping it and its result
 
 
@@ -116,12 +122,12 @@ class ActorRolloutRunner(GroupRollouts):
 
     def __init__(
         self,
-        actor: Any,
+        actor: ActorHandle[RolloutWorker],
         *,
         config: RolloutConfig,
         node_id: str,
         harness_name: str = "",
-        parts: Any = None,
+        parts: ObjectRef[RunnerParts] | None = None,
     ) -> None:
         self.actor = actor
         self.config = config
@@ -226,7 +232,7 @@ class ActorRolloutRunner(GroupRollouts):
         ray.kill(self.actor)
 
 
-async def _await_ref(reference: Any) -> Any:
+async def _await_ref(reference: ObjectRef[ResultT]) -> ResultT:
     """Await an actor call; cancelling the waiter cancels the call in the actor too."""
     import ray
 

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from components.config import require_positive
 from components.errors import SandboxBackendDownError, grading_failure_reason
@@ -162,7 +162,7 @@ class GroupRollouts:
         *,
         group_id: str,
         step: int,
-        slots: AbstractAsyncContextManager[Any] | None = None,
+        slots: AbstractAsyncContextManager[object] | None = None,
         on_member: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """One GRPO group: ``task`` rolled out ``group_size`` times, each rollout inside ``async with slots``
@@ -312,7 +312,9 @@ class RolloutRunner(GroupRollouts):
                         step=step,
                         policy=self.config.policy,
                         max_calls=(
-                            self.harness.max_policy_calls if isinstance(self.harness, CallBoundedHarness) else 0
+                            self.harness.max_policy_calls
+                            if isinstance(self.harness, CallBoundedHarness)
+                            else 0
                         ),
                     )
                 )
@@ -412,9 +414,13 @@ class RolloutRunner(GroupRollouts):
                 f"(last: {described.last_engine_error}); the agent then ended with "
                 f"{rollout.status.value}: {rollout.failure_reason or 'ok'}",
             )
-        elif described.status == TrajectoryStatus.TURN_LIMIT.value and rollout.status in (
-            TrajectoryStatus.OK,
-            TrajectoryStatus.AGENT_ERROR,
+        elif (
+            described.status == TrajectoryStatus.TURN_LIMIT.value
+            and rollout.status
+            in (
+                TrajectoryStatus.OK,
+                TrajectoryStatus.AGENT_ERROR,
+            )
         ):  # the agent had no turn bound of its own: the proxy refused its call past the bound, and it stopped
             rollout.fail(
                 TrajectoryStatus.TURN_LIMIT,

@@ -13,11 +13,14 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from components.config import option, require
 from components.protocols import Reward, SandboxProvider, Task
 from components.registry import TASK_SOURCES
+
+if TYPE_CHECKING:
+    from components.tasks.swebench import RowConverter
 
 
 class TaskSourceConfig(Protocol):
@@ -92,7 +95,7 @@ class SweBenchTaskSourceConfig:
     def __post_init__(self) -> None:
         require(bool(self.path), "path", "names the rows file (--tasks swebench:PATH)")
 
-    def row_converter(self):  # noqa: ANN201 -- None: the rows are SWE-bench's own
+    def row_converter(self) -> RowConverter | None:  # None: the rows are SWE-bench's own
         return None
 
     def hidden_paths(self) -> tuple[str, ...]:
@@ -142,7 +145,7 @@ class R2ETaskSourceConfig(SweBenchTaskSourceConfig):
     """R2E-Gym rows, converted to SWE-bench's format (``components/tasks/swebench.py: r2e_row``); the images'
     hidden tests are hidden from the agents."""
 
-    def row_converter(self):  # noqa: ANN201
+    def row_converter(self) -> RowConverter | None:
         from components.tasks.swebench import r2e_row
 
         return r2e_row

@@ -48,9 +48,9 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from components.errors import SandboxError
+from components.json_types import JsonObject, JsonValue
 from components.protocols import Sandbox, SandboxLimits, SandboxSpec
 
 TASK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -198,7 +198,7 @@ _KNOWN_FIELDS = {
 
 
 def _task_from_record(
-    record: Any, *, base_dir: Path, cache_dir: Path | None, tool_paths: tuple[str, ...] | None
+    record: JsonValue, *, base_dir: Path, cache_dir: Path | None, tool_paths: tuple[str, ...] | None
 ) -> SweTask:
     if not isinstance(record, dict):
         raise _LineError("<line>", f"must be a JSON object, got {type(record).__name__}")
@@ -225,11 +225,6 @@ def _task_from_record(
         raise _LineError("bug_patch", "must be a unified diff (string)")
     if repo.is_file() and bug_patch:
         raise _LineError("bug_patch", "only supported when 'repo' is a directory")
-    extra: dict[str, Any] = {}
-    if cache_dir is not None:
-        extra["cache_dir"] = Path(cache_dir)
-    if tool_paths is not None:
-        extra["tool_paths"] = tuple(tool_paths)
     return SweTask(
         task_id=task_id,
         problem_statement=_string(record, "problem_statement"),
@@ -240,11 +235,12 @@ def _task_from_record(
         reference_patch=_string(record, "reference_patch"),
         bug_patch=bug_patch,
         setup_commands=tuple(setup_commands),
-        **extra,
+        cache_dir=DEFAULT_CACHE_DIR if cache_dir is None else Path(cache_dir),
+        tool_paths=python_tool_paths() if tool_paths is None else tuple(tool_paths),
     )
 
 
-def _string(record: dict[str, Any], name: str) -> str:
+def _string(record: JsonObject, name: str) -> str:
     if name not in record:
         raise _LineError(name, "is required")
     value = record[name]
@@ -264,10 +260,11 @@ def _check_relative_path(name: str, path: str) -> None:
         raise _LineError(name, f"path {path!r} must be relative, inside the workspace, with '/' separators")
 
 
-def _hidden_tests(record: dict[str, Any], base_dir: Path) -> dict[str, str]:
+def _hidden_tests(record: JsonObject, base_dir: Path) -> dict[str, str]:
     if "hidden_tests" not in record:
         raise _LineError("hidden_tests", "is required")
     value = record["hidden_tests"]
+    files: Mapping[str, JsonValue]
     if isinstance(value, str):
         directory = _resolve(base_dir, value)
         if not directory.is_dir():
@@ -283,15 +280,17 @@ def _hidden_tests(record: dict[str, Any], base_dir: Path) -> dict[str, str]:
         raise _LineError("hidden_tests", "must be a mapping of path to content, or a directory")
     if not files:
         raise _LineError("hidden_tests", "has no files")
+    checked: dict[str, str] = {}
     for test_path, content in files.items():
         _check_relative_path("hidden_tests", test_path)
         if not isinstance(content, str):
             raise _LineError("hidden_tests", f"content of {test_path!r} must be a string")
-    return dict(files)
+        checked[test_path] = content
+    return checked
 
 
 def _node_ids(
-    record: dict[str, Any], name: str, hidden_tests: Mapping[str, str], *, allow_empty: bool
+    record: JsonObject, name: str, hidden_tests: Mapping[str, str], *, allow_empty: bool
 ) -> tuple[str, ...]:
     if name not in record:
         raise _LineError(name, "is required")

@@ -44,10 +44,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from components.config import require
 from components.errors import SandboxError
@@ -85,6 +84,8 @@ SWEBENCH_CONDA_ENV = "/opt/miniconda3/envs/testbed"
 DEFAULT_TASK_CACHE = Path.home() / ".cache" / "rein" / "swebench"
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+# Maps a foreign data set's row (R2E-Gym) to a SWE-bench row.
+RowConverter = Callable[[Mapping[str, object]], dict[str, object]]
 
 
 class RowError(ValueError):
@@ -115,14 +116,14 @@ class SweBenchInstance:
     image_name: str = ""
     test_cmd: str = ""
     log_parser: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, object] = field(default_factory=dict)
 
     def __hash__(self) -> int:
         return hash((self.instance_id, self.patch, self.test_patch))
 
-    def to_row(self) -> dict[str, Any]:
+    def to_row(self) -> dict[str, object]:
         """The row in the data set's own encoding (FAIL_TO_PASS / PASS_TO_PASS as JSON strings)."""
-        row: dict[str, Any] = {name: getattr(self, name) for name in SWEBENCH_COLUMNS[:10]}
+        row: dict[str, object] = {name: getattr(self, name) for name in SWEBENCH_COLUMNS[:10]}
         row["FAIL_TO_PASS"] = json.dumps(list(self.fail_to_pass))
         row["PASS_TO_PASS"] = json.dumps(list(self.pass_to_pass))
         for name in OPTIONAL_REIN_COLUMNS:
@@ -151,7 +152,7 @@ class SweBenchInstance:
         return f"python3 -m pytest --no-header -rA --tb=no -p no:cacheprovider {files}".rstrip()
 
 
-def instance_from_row(row: Mapping[str, Any], *, row_number: int = 0) -> SweBenchInstance:
+def instance_from_row(row: Mapping[str, object], *, row_number: int = 0) -> SweBenchInstance:
     """Validate one row; ``RowError`` names the instance and the field."""
     instance_id = row.get("instance_id")
     label = instance_id if isinstance(instance_id, str) and instance_id else f"<row {row_number}>"
@@ -192,7 +193,7 @@ def instance_from_row(row: Mapping[str, Any], *, row_number: int = 0) -> SweBenc
     )
 
 
-def _test_ids(label: str, value: Any, name: str) -> tuple[str, ...]:
+def _test_ids(label: str, value: object, name: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
@@ -207,7 +208,7 @@ def _test_ids(label: str, value: Any, name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def read_rows(path: Path) -> Iterator[dict[str, Any]]:
+def read_rows(path: Path) -> Iterator[dict[str, object]]:
     """Rows of a Parquet (``.parquet``) or JSONL file, as dicts; a JSONL line that is not JSON yields
     ``{"__error__": ...}`` so that the loader reports it with its line number."""
     path = Path(path)
@@ -553,7 +554,7 @@ def load_swebench(
     *,
     check_patches: bool = True,
     limits: SandboxLimits | None = None,
-    row_converter: Any = None,
+    row_converter: RowConverter | None = None,
 ) -> SweBenchLoad:
     """Load a SWE-bench-format file (Parquet or JSONL) into tasks; bad rows are rejected, never raised.
 
@@ -568,7 +569,7 @@ def load_swebench(
     for row_number, row in enumerate(read_rows(Path(path)), start=1):
         try:
             if "__error__" in row:
-                raise RowError(f"<row {row_number}>", row["__error__"])
+                raise RowError(f"<row {row_number}>", str(row["__error__"]))
             if row_converter is not None:
                 row = row_converter(row)
             instance = instance_from_row(row, row_number=row_number)
@@ -594,9 +595,6 @@ def load_swebench(
 def _task_for(instance: SweBenchInstance, sources: RepoSources, limits: SandboxLimits | None) -> SweBenchTask:
     image = sources.image_for(instance)
     snapshot = sources.snapshot_for(instance)
-    extra: dict[str, Any] = {}
-    if limits is not None:
-        extra["limits"] = limits
     return SweBenchTask(
         instance=instance,
         image=image,
@@ -605,7 +603,7 @@ def _task_for(instance: SweBenchInstance, sources: RepoSources, limits: SandboxL
         cache_dir=sources.cache_dir,
         image_cache=sources.image_cache,
         tool_paths=python_tool_paths() if image is None else (),
-        **extra,
+        limits=SandboxLimits() if limits is None else limits,
     )
 
 
@@ -679,7 +677,7 @@ def parse_r2e_log(log: str) -> dict[str, str]:
     return statuses
 
 
-def r2e_row(row: Mapping[str, Any]) -> dict[str, Any]:
+def r2e_row(row: Mapping[str, object]) -> dict[str, object]:
     """An R2E-Gym row (``repo_name, docker_image, commit_hash, parsed_commit_content, problem_statement,
     expected_output_json, execution_result_content, …``) as a SWE-bench-format row.
 
@@ -709,7 +707,7 @@ def r2e_row(row: Mapping[str, Any]) -> dict[str, Any]:
     image_name = str(row["docker_image"])
     tag = image_name.rpartition(":")[2]
     known = {"repo_name", "docker_image", "commit_hash", "problem_statement", "expected_output_json"}
-    converted = {
+    converted: dict[str, object] = {
         "instance_id": re.sub(
             r"[^A-Za-z0-9._-]", "_", f"r2e__{row['repo_name']}-{tag or row.get('commit_hash', '')}"
         ),

@@ -18,10 +18,15 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import torch
+
+from components.json_types import JsonValue
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +51,7 @@ class TrainerState:
     step: int = 0
     weight_version: int = 0
     consumed_shards: tuple[str, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, JsonValue] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "consumed_shards": list(self.consumed_shards)}, indent=2)
@@ -80,12 +85,20 @@ def _fsync_tree(directory: Path) -> None:
         os.close(fd)
 
 
-def rng_state() -> dict[str, Any]:
+class RngState(TypedDict):
+    """This process's RNG states, as ``rng.pt`` holds them."""
+
+    torch: torch.Tensor
+    numpy: dict[str, object] | tuple[str, np.ndarray, int, int, float]  # np.random.get_state()
+    python: tuple[object, ...]  # random.getstate()
+
+
+def rng_state() -> RngState:
     """This process's torch / numpy / python RNG states."""
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
 
-def restore_rng_state(state: Mapping[str, Any]) -> None:
+def restore_rng_state(state: RngState) -> None:
     """Restore what ``rng_state`` captured."""
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
@@ -96,7 +109,7 @@ def save_hf_model(
     directory: Path,
     model_state_dict: Mapping[str, torch.Tensor],
     *,
-    model_config: Any,
+    model_config: PretrainedConfig,
     tokenizer_source: Path,
 ) -> None:
     """Write ``model.safetensors`` + ``config.json`` + tokenizer files into ``directory`` (an HF folder)."""
@@ -120,8 +133,8 @@ def write_checkpoint(
     *,
     state: TrainerState,
     model_state_dict: Mapping[str, torch.Tensor] | None,
-    optimizer_state_dict: Mapping[str, Any] | None,
-    model_config: Any,
+    optimizer_state_dict: Mapping[str, object] | None,
+    model_config: PretrainedConfig,
     tokenizer_source: Path,
     keep_last: int = 0,
     write_model: Callable[[Path], None] | None = None,

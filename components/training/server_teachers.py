@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from components.training.distillation import require_same_tokenizer
+
+if TYPE_CHECKING:
+    from components.engine.sglang import SGLangEngine
+    from components.engine.vllm import VLLMEngine
 
 # a teacher-forced probe of the vocabulary: words, digits, code, whitespace and non-ASCII text
 PROBE_TEXTS = (
@@ -32,13 +36,13 @@ def server_kind(spec: str) -> str | None:
 
 async def connect_server_teacher(
     spec: str, *, policy_model: Path, field: str = "distillation.teachers"
-) -> Any:
+) -> VLLMEngine | SGLangEngine:
     """The server client of ``spec``, connected, with its tokenizer checked against the policy's."""
     kind, _, url = spec.partition(":")
     return await SERVER_TEACHERS[kind](url, Path(policy_model), field)
 
 
-async def _vllm(url: str, policy_model: Path, field: str) -> Any:
+async def _vllm(url: str, policy_model: Path, field: str) -> VLLMEngine:
     from components.engine.vllm import VLLMEngine, VLLMEngineConfig
 
     engine = await VLLMEngine.connect(VLLMEngineConfig(base_url=url, logprobs_mode="processed_logprobs"))
@@ -55,7 +59,7 @@ async def _vllm(url: str, policy_model: Path, field: str) -> Any:
     return engine
 
 
-async def _require_same_tokenization(engine: Any, policy_model: Path, field: str, url: str) -> None:
+async def _require_same_tokenization(engine: VLLMEngine, policy_model: Path, field: str, url: str) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(policy_model)
@@ -69,7 +73,7 @@ async def _require_same_tokenization(engine: Any, policy_model: Path, field: str
             )
 
 
-async def _sglang(url: str, policy_model: Path, field: str) -> Any:
+async def _sglang(url: str, policy_model: Path, field: str) -> SGLangEngine:
     from components.engine.sglang import SGLangEngine, SGLangEngineConfig
 
     engine = await SGLangEngine.connect(SGLangEngineConfig(base_url=url))
@@ -88,4 +92,7 @@ async def _sglang(url: str, policy_model: Path, field: str) -> Any:
     return engine
 
 
-SERVER_TEACHERS: dict[str, Callable[[str, Path, str], Awaitable[Any]]] = {"vllm": _vllm, "sglang": _sglang}
+SERVER_TEACHERS: dict[str, Callable[[str, Path, str], Awaitable[VLLMEngine | SGLangEngine]]] = {
+    "vllm": _vllm,
+    "sglang": _sglang,
+}

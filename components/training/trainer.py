@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar
 
 import numpy as np
 
@@ -45,6 +45,20 @@ from components.training.data import TrajectorySource, build_micro_batches_with_
 from components.training.trainer_config import TrainerConfig
 from components.trajectory import Trajectory
 
+if TYPE_CHECKING:
+    import ray.data
+    import torch
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+    from ray.train.torch import TorchTrainer
+    from transformers import PretrainedConfig
+
+    from components.engine.sglang import SGLangEngine
+    from components.engine.sglang_weight_transfer import (
+        DistributedWeightSyncConfig,
+        RankZeroWeightBroadcaster,
+    )
+
 logger = logging.getLogger(__name__)
 
 COORDINATOR_DEADLINE_S = 120.0  # handing a command to the workers' coordinator actor (no work in it)
@@ -63,54 +77,70 @@ class TrainerStalledError(TrainerError, RemoteStalledError):
 # ------------------------------------------------------------------------------------------------------------
 
 
+ReplyT = TypeVar("ReplyT")
+FetchedT = TypeVar("FetchedT")
+
+
+class _Command(Generic[ReplyT]):
+    """A worker command whose rank-0 reply is a ``ReplyT`` (the other ranks reply None where rank 0 alone has
+    the answer)."""
+
+
 @dataclass(frozen=True)
-class TrainOnShards:
+class TrainOnShards(_Command[dict[str, float]]):
     """One optimizer step: rank ``r`` trains on ``shards[r]`` padded to ``micro_batches_per_rank`` rows
     (``apply_update=False``: everything but the update, see ``run_train_step``)."""
 
-    shards: Sequence[Any]
+    shards: Sequence[ray.data.Dataset]
     micro_batches_per_rank: int
     apply_update: bool = True
 
 
 @dataclass(frozen=True)
-class GatherFullStateDict:
+class GatherFullStateDict(_Command[list["ObjectRef[dict[str, torch.Tensor]]"]]):
     """Rank 0 replies with ``[ObjectRef]`` of the full (unsharded, CPU) state dict."""
 
 
 @dataclass(frozen=True)
-class GatherAdapter:
+class GatherAdapter(_Command[list["ObjectRef[LoraAdapter]"]]):
     """LoRA: every rank gathers the adapter's (trainable) tensors only; rank 0 replies with ``[ObjectRef]`` of
     the ``LoraAdapter``."""
 
 
 @dataclass(frozen=True)
-class WriteCheckpoint:
+class WriteCheckpoint(_Command[str]):
     """Rank 0 writes a complete checkpoint carrying ``state`` and replies with its folder."""
 
     state: TrainerState
 
 
+class SequenceToScore(TypedDict):
+    """One sequence ``Trainer.score`` sends: its tokens and, for an MoE policy, its routes to replay."""
+
+    token_ids: list[int]
+    routed_experts: np.ndarray | None  # [positions, layers, top_k]
+
+
 @dataclass(frozen=True)
-class ScoreSequences:
+class ScoreSequences(_Command[list[np.ndarray]]):
     """Rank 0 replies with the current policy's logprobs of each sequence (``token_ids``, ``routed_experts``)."""
 
-    sequences: Sequence[dict[str, Any]]
+    sequences: Sequence[SequenceToScore]
 
 
 @dataclass(frozen=True)
-class StopWorkers:
+class StopWorkers(_Command[None]):
     """Every worker leaves its command loop."""
 
 
 @dataclass(frozen=True)
-class BroadcastWeights:
+class BroadcastWeights(_Command[dict[str, float]]):
     """Every rank gathers the full state dict; rank 0 broadcasts it as ``version`` to SGLang ``servers`` over
     their weight-update group (``sglang_weight_transfer``: NCCL on GPUs, gloo on CPU) and replies with its
     figures - the weights never pass through the driver."""
 
-    servers: tuple[Any, ...]  # SGLangEngine clients (they carry only their config)
-    sync: Any  # DistributedWeightSyncConfig
+    servers: tuple[SGLangEngine, ...]  # clients: they carry only their config
+    sync: DistributedWeightSyncConfig
     version: int
 
 
@@ -136,7 +166,7 @@ class _Coordinator:
     def __init__(self, world_size: int, restore_from: str | None) -> None:
         self.world_size = world_size
         self.queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(world_size)]
-        self.results: dict[str, dict[int, Any]] = {}
+        self.results: dict[str, dict[int, object]] = {}
         self.complete: dict[str, asyncio.Event] = {}
         self.restore_from = restore_from
         self.num_restarts = 0
@@ -191,13 +221,13 @@ class _Coordinator:
     async def next_command(self, rank: int) -> tuple[str, WorkerCommand]:
         return await self.queues[rank].get()
 
-    async def report(self, command_id: str, rank: int, result: Any) -> None:
+    async def report(self, command_id: str, rank: int, result: object) -> None:
         slot = self.results.setdefault(command_id, {})
         slot[rank] = result
         if len(slot) == self.world_size:
             self._event(command_id).set()
 
-    async def wait(self, command_id: str) -> list[Any] | None:
+    async def wait(self, command_id: str) -> list[object] | None:
         """One reply per rank; None when the worker group restarted before every rank replied."""
         await self._event(command_id).wait()
         slot = self.results.pop(command_id, {})
@@ -217,13 +247,13 @@ def _build_sharded_model(
     model_dir: Path,
     *,
     use_gpu: bool,
-    device: Any,
+    device: torch.device,
     trainable: bool,
     lora: LoraSettings | None = None,
     adapter_dir: Path | None = None,
     seed: int = 0,
     gradient_checkpointing: bool = False,
-) -> Any:
+) -> torch.nn.Module:
     """The policy sharded with FSDP2; with ``lora`` enabled, a ``PeftModel`` whose base weights are frozen
     (FSDP2 shards frozen and trainable parameters side by side; only the adapter reaches the optimizer)."""
     import torch
@@ -254,7 +284,7 @@ def _build_sharded_model(
 
 
 def _score_sequences(
-    model: Any, sequences: Sequence[dict], *, temperature: float, device: Any
+    model: torch.nn.Module, sequences: Sequence[SequenceToScore], *, temperature: float, device: torch.device
 ) -> list[np.ndarray]:
     import torch
 
@@ -284,7 +314,15 @@ def _score_sequences(
     return out
 
 
-def _train_loop(loop_config: dict[str, Any]) -> None:
+class TrainLoopConfig(TypedDict):
+    """What ``Trainer`` hands every Ray Train worker (``train_loop_config``)."""
+
+    config: TrainerConfig
+    algorithm: Algorithm
+    coordinator: ActorHandle[_Coordinator]
+
+
+def _train_loop(loop_config: TrainLoopConfig) -> None:
     """Ray Train worker: build the sharded model and optimizer once, then serve commands until 'stop'."""
     import ray
     import ray.train
@@ -302,7 +340,7 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
     algorithm: Algorithm = loop_config["algorithm"]
     coordinator = loop_config["coordinator"]
     # the newest checkpoint the driver wrote (a restarted group resumes there), else the run's start point
-    restore_point = ray.get(coordinator.restore_point.remote())
+    restore_point: str | None = ray.get(coordinator.restore_point.remote())
     resume_from = Path(restore_point) if restore_point is not None else None
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -369,15 +407,15 @@ class _Worker:
     algorithm: Algorithm
     rank: int
     world_size: int
-    device: object  # torch.device
-    model: object  # the FSDP2-sharded policy (a torch.nn.Module)
-    reference: object | None  # the frozen reference policy when the algorithm needs one
-    optimizer: object  # torch.optim.Optimizer
+    device: torch.device
+    model: torch.nn.Module  # the FSDP2-sharded policy
+    reference: torch.nn.Module | None  # the frozen reference policy when the algorithm needs one
+    optimizer: torch.optim.Optimizer
     adapter_gatherer: AdapterGatherer | None  # LoRA: gathers the adapter's tensors only
-    model_config: object  # the policy's transformers config
-    broadcaster: object | None = None  # rank 0's weight-update group with SGLang servers, kept across steps
+    model_config: PretrainedConfig  # the policy's transformers config
+    broadcaster: RankZeroWeightBroadcaster | None = None  # rank 0's weight-update group, kept across steps
 
-    def _full_state_dict(self) -> dict[str, object]:
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -412,13 +450,15 @@ class _Worker:
         result["num_micro_batches_rank0"] = float(len(batches))
         return result
 
-    def gather_full_state_dict(self, command: GatherFullStateDict) -> list[object] | None:
+    def gather_full_state_dict(
+        self, command: GatherFullStateDict
+    ) -> list[ObjectRef[dict[str, torch.Tensor]]] | None:
         import ray
 
         state_dict = self._full_state_dict()
         return [ray.put(state_dict)] if self.rank == 0 else None
 
-    def gather_adapter(self, command: GatherAdapter) -> list[object] | None:
+    def gather_adapter(self, command: GatherAdapter) -> list[ObjectRef[LoraAdapter]] | None:
         import ray
 
         if self.adapter_gatherer is None:
@@ -459,7 +499,7 @@ class _Worker:
         self.broadcaster = self.broadcaster or RankZeroWeightBroadcaster()
         return self.broadcaster.push(command.servers, command.sync, state_dict, command.version)
 
-    def score_sequences(self, command: ScoreSequences) -> list[object] | None:
+    def score_sequences(self, command: ScoreSequences) -> list[np.ndarray] | None:
         scored = _score_sequences(
             self.model, command.sequences, temperature=self.config.temperature, device=self.device
         )
@@ -557,13 +597,13 @@ class Trainer:
             self.shutdown()
             raise
 
-    def _fit(self, torch_trainer: Any) -> None:
+    def _fit(self, torch_trainer: TorchTrainer) -> None:
         try:
             torch_trainer.fit()
         except BaseException as error:  # surfaced to the caller by _wait
             self._fit_error = error
 
-    def _wait(self, command_id: str, *, timeout_s: float) -> list[Any] | None:
+    def _wait(self, command_id: str, *, timeout_s: float) -> list[Any] | None:  # ray.get of a reply: untyped
         import ray
 
         reply = self._coordinator.wait.remote(command_id)
@@ -578,7 +618,7 @@ class Trainer:
                 if time.monotonic() > deadline:
                     raise TrainerError(f"trainer command {command_id} did not finish within {timeout_s:.0f}s")
 
-    def _call(self, command: WorkerCommand, *, timeout_s: float | None = None) -> list[Any]:
+    def _call(self, command: _Command[ReplyT], *, timeout_s: float | None = None) -> list[ReplyT]:
         """Run ``command`` on every worker; one reply per rank. When Ray Train restarted the worker group
         meanwhile (a worker died), the new group, restored from the newest checkpoint, first trains the steps
         sent since again, then gets ``command`` again."""
@@ -594,7 +634,7 @@ class Trainer:
                 replies = self._send(command, timeout_s=timeout_s)
         return replies
 
-    def _send(self, command: WorkerCommand, *, timeout_s: float | None = None) -> list[Any] | None:
+    def _send(self, command: _Command[ReplyT], *, timeout_s: float | None = None) -> list[ReplyT] | None:
         """Submit ``command`` and wait for it: one reply per rank, or None when the group restarted meanwhile."""
         if self._closed:
             raise TrainerError("the trainer was shut down")
@@ -695,18 +735,20 @@ class Trainer:
             )
         return time.perf_counter() - started
 
-    def full_state_dict_ref(self) -> Any:
+    def full_state_dict_ref(self) -> ObjectRef[dict[str, torch.Tensor]]:
         """A Ray ObjectRef to the full (unsharded, CPU) state dict of the current policy (LoRA: the PeftModel's,
         keyed ``base_model.model.…`` with the adapter's tensors; engines get ``adapter_ref`` instead)."""
         return self._call(GatherFullStateDict())[0][0]
 
-    def broadcast_weights(self, servers: Sequence[Any], sync: Any, version: int) -> dict[str, float]:
+    def broadcast_weights(
+        self, servers: Sequence[SGLangEngine], sync: DistributedWeightSyncConfig, version: int
+    ) -> dict[str, float]:
         """Rank 0 broadcasts the current policy as ``version`` to SGLang ``servers`` (``BroadcastWeights``)."""
         if self.config.lora.enabled:
             raise TrainerError("broadcast_weights: a LoRA trainer syncs its adapter (WeightSync mode 'disk')")
         return self._call(BroadcastWeights(servers=tuple(servers), sync=sync, version=version))[0]
 
-    def adapter_ref(self) -> Any:
+    def adapter_ref(self) -> ObjectRef[LoraAdapter]:
         """LoRA: a Ray ObjectRef to the current ``LoraAdapter`` (only the adapter's tensors are gathered)."""
         if not self.config.lora.enabled:
             raise TrainerError(
@@ -718,11 +760,11 @@ class Trainer:
         """LoRA: the current adapter."""
         return self._fetch(self.adapter_ref(), "adapter")
 
-    def full_state_dict(self) -> dict[str, Any]:
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full (unsharded, CPU) state dict of the current policy."""
         return self._fetch(self.full_state_dict_ref(), "full state dict")
 
-    def _fetch(self, reference: Any, what: str) -> Any:
+    def _fetch(self, reference: ObjectRef[FetchedT], what: str) -> FetchedT:
         """``ray.get`` of an object rank 0 produced, within the step deadline (``TrainerStalledError`` past it)."""
         return PENDING_WAITS.get_within(
             reference,
@@ -746,11 +788,11 @@ class Trainer:
         return Path(folder)
 
     def score(
-        self, sequences: Sequence[Sequence[int]], routed_experts: Sequence[Any] | None = None
+        self, sequences: Sequence[Sequence[int]], routed_experts: Sequence[np.ndarray] | None = None
     ) -> list[np.ndarray]:
         """The current policy's logprob of every token after the first of each sequence (routes replayed when
         given, one [positions, layers, top_k] array per sequence)."""
-        payload = [
+        payload: list[SequenceToScore] = [
             {"token_ids": list(ids), "routed_experts": None if routed_experts is None else routed_experts[i]}
             for i, ids in enumerate(sequences)
         ]

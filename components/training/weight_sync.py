@@ -27,9 +27,10 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from components.config import require, require_one_of
 from components.protocols import (
@@ -43,6 +44,8 @@ from components.protocols import (
 from components.training.checkpoint import save_hf_model
 
 if TYPE_CHECKING:
+    import torch
+
     from components.training.trainer import Trainer
 
 WeightSyncMode = Literal["memory", "disk", "distributed"]
@@ -143,7 +146,7 @@ class WeightSync:
             "weight_sync/bytes": float(adapter.num_bytes),
         }
 
-    def _write_weights(self, state_dict: Any, version: int, model_path: Path) -> Path:
+    def _write_weights(self, state_dict: Mapping[str, torch.Tensor], version: int, model_path: Path) -> Path:
         from transformers import AutoConfig
 
         weights_dir = Path(self.config.weights_dir)

@@ -77,6 +77,8 @@ def test_config_file_then_command_line_overrides(tmp_path, suffix):
         ([], "engine:\n  backend: vllm\n", "engine.backend: must be one of"),
         ([], "num_steps: many\n", "num_steps: expected int"),
         (["--engine", "vllm"], None, "invalid choice"),
+        ([], "engine:\n  urls: 5\n", "engine.urls: expected a list or comma-separated items"),
+        (["--trainer-workers", "2"], "trainer: 5\n", "trainer: expected a mapping of its fields"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, capsys, argv, file_text, message):
