@@ -10,9 +10,10 @@ from typing import Any
 
 from rich.console import Console
 
-from components.launch import Bricks, RunConfig
 from components.protocols import MetricsLogger, MetricsLoggerProvider
 from components.recipe_config import parse_config
+from components.run.config import RunConfig
+from components.run.stack import Bricks
 from monitoring.logger import WandbLoggerProvider, read_metrics
 from monitoring.run_monitor import RunMonitor, RunMonitorConfig
 
