@@ -41,7 +41,8 @@ NO_TOOL_CALL_REMINDER = (
 @dataclass(kw_only=True, frozen=True)
 class SweAgentBrickConfig:
     """The ``harness`` kind ``swe_agent``: the white-box coding agent (OpenAI SDK tool loop). Its fields are the
-    agent's own settings, with one home: ``SweAgentConfig.settings`` holds this object, the run adds its bounds."""
+    agent's own settings, with one home: ``SweAgentConfig.settings`` holds this object; the run adds its
+    bounds and sampling."""
 
     command_timeout_s: float = option(60.0, "swe_agent: bound of one bash command")
     tool_call_reward: float = option(
