@@ -194,7 +194,7 @@ def read_run(metrics_path: Path) -> ModeRun:
 async def run_mode(args: argparse.Namespace, mode: str, seed: int, warm_up: bool, run_dir: Path) -> ModeRun:
     """One run of the toy recipe (its own ``train``) in ``mode`` with the tool-latency agent; a warm-up run is
     1 step × 1 group with short tool calls."""
-    from components.launch import RolloutBrickConfig, SamplingBrickConfig
+    from components.run.config import RolloutBrickConfig, SamplingBrickConfig
     from components.training.step import OptimizerConfig
     from components.training.trainer_config import TrainerBrickConfig
     from monitoring.logger import WandbLoggersConfig

@@ -240,7 +240,7 @@ class Task(Protocol):
 
 @runtime_checkable
 class TaskSource(Protocol):
-    """Which tasks make each training step's groups (what a recipe hands ``components.loop`` as
+    """Which tasks make each training step's groups (what a recipe hands ``components.run.loop`` as
     ``tasks_for_step``).
 
     Contract: ``source(step)`` returns the same non-empty number of tasks for every step, and the same tasks

@@ -37,30 +37,67 @@ NO_TOOL_CALL_REMINDER = (
 )
 
 
+@HARNESSES.register("swe_agent")
+@dataclass(kw_only=True, frozen=True)
+class SweAgentBrickConfig:
+    """The ``harness`` kind ``swe_agent``: the white-box coding agent (OpenAI SDK tool loop). Its fields are the
+    agent's own settings, with one home: ``SweAgentConfig.settings`` holds this object; the run adds its
+    bounds and sampling."""
+
+    command_timeout_s: float = option(60.0, "swe_agent: bound of one bash command")
+    tool_call_reward: float = option(
+        0.0,
+        "swe_agent: process reward per model call (turn credit): w x mean(+1 per tool call run, -1 per call "
+        "refused), -w for a reply with no tool call; 0 = none",
+    )
+    max_retries: int = option(
+        1,
+        "swe_agent: the OpenAI client's retries of a failed model call (connection errors, 5xx; 0 = none); a "
+        "rollout whose call the engine failed is engine_error either way (the proxy counts the failure)",
+    )
+
+    def __post_init__(self) -> None:
+        require_positive(self.command_timeout_s, "command_timeout_s")
+        require_non_negative(self.tool_call_reward, "tool_call_reward")
+        require_non_negative(self.max_retries, "max_retries")
+
+    def read_only_paths(self) -> tuple[str, ...]:
+        return ()
+
+    def build(self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float) -> Harness:
+        """The harness: these settings plus the run's bounds and sampling."""
+        config = SweAgentConfig(
+            max_turns=max_turns,
+            wall_time_s=wall_time_s,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            settings=self,
+        )
+        return SweAgentHarness(config)
+
+
 @dataclass(kw_only=True, frozen=True)
 class SweAgentConfig:
     """Bounds and sampling of the white-box coding agent."""
 
     max_turns: int = 30  # model calls; running out ends the run with status turn_limit
     wall_time_s: float = 600.0  # the whole run; running out ends it with status timeout
-    command_timeout_s: float = 60.0  # one bash command
     max_tokens: int = 1024  # per model reply
     temperature: float = 1.0
     model: str = "policy"  # the model name sent to the proxy
     max_output_chars: int = 8000  # tool output shown to the model (head and tail kept)
     max_log_chars: int = 100_000  # the run log kept in the trajectory
-    max_retries: int = 1  # the OpenAI client's retries of connection errors / 5xx
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     # Directories put before the system ones on PATH for `bash` (default: the project venv's bin, so that
     # `python` / `pytest` work inside a sandbox that mounts the venv, as SWE tasks do).
     path_prepend: tuple[str, ...] = field(default_factory=project_bin_dirs)
-    # Per model call: w × mean(+1 per tool call run, −1 per call refused); −w for no tool call; 0: no turn rewards.
-    tool_call_reward: float = 0.0
+    # The brick's own settings (bash command bound, turn reward, client retries): flags --swe-agent-*.
+    settings: SweAgentBrickConfig = SweAgentBrickConfig()
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "wall_time_s", "command_timeout_s", "max_tokens", "max_output_chars"):
+        for name in ("max_turns", "wall_time_s", "max_tokens", "max_output_chars"):
             require_positive(getattr(self, name), name)
-        for name in ("temperature", "max_retries", "max_log_chars", "tool_call_reward"):
+        for name in ("temperature", "max_log_chars"):
             require_non_negative(getattr(self, name), name)
         require(bool(self.model), "model", "must be a non-empty model name")
 
@@ -109,7 +146,7 @@ class SweAgentHarness:
         state = _Run(
             CodingTools(
                 sandbox,
-                command_timeout_s=config.command_timeout_s,
+                command_timeout_s=config.settings.command_timeout_s,
                 max_output_chars=config.max_output_chars,
                 env={"PATH": search_path(config.path_prepend)},
             )
@@ -117,7 +154,7 @@ class SweAgentHarness:
         client = AsyncOpenAI(
             base_url=f"{base_url.rstrip('/')}/v1",
             api_key=api_key,
-            max_retries=config.max_retries,
+            max_retries=config.settings.max_retries,
             timeout=config.wall_time_s,
         )
         try:
@@ -143,7 +180,7 @@ class SweAgentHarness:
             log=self._log(state),
             # a timed-out run may have lost the call it was waiting for: its count could be off
             turn_rewards=tuple(state.turn_rewards)
-            if config.tool_call_reward > 0 and status != TrajectoryStatus.TIMEOUT
+            if config.settings.tool_call_reward > 0 and status != TrajectoryStatus.TIMEOUT
             else (),
         )
 
@@ -176,7 +213,7 @@ class SweAgentHarness:
             messages.append(assistant)
             state.log_lines.append(f"--- turn {state.num_turns}: {clip_text(message.content or '', 2000)}")
             if not tool_calls:
-                state.turn_rewards.append(-config.tool_call_reward)
+                state.turn_rewards.append(-config.settings.tool_call_reward)
                 state.num_text_only_replies += 1
                 messages.append({"role": "user", "content": NO_TOOL_CALL_REMINDER})
                 continue
@@ -187,7 +224,7 @@ class SweAgentHarness:
             for call in tool_calls:
                 result = await state.tools.call(call.function.name, call.function.arguments)
                 scores.append(-1.0 if result.refused else 1.0)
-                state.turn_rewards[-1] = config.tool_call_reward * sum(scores) / len(scores)
+                state.turn_rewards[-1] = config.settings.tool_call_reward * sum(scores) / len(scores)
                 state.log_lines.append(
                     f"> {call.function.name} {clip_text(call.function.arguments, 1000)}\n{clip_text(result.output, 2000)}"
                 )
@@ -199,41 +236,3 @@ class SweAgentHarness:
 
     def _log(self, state: _Run) -> str:
         return clip_text("\n".join(state.log_lines), self.config.max_log_chars)
-
-
-@HARNESSES.register("swe_agent")
-@dataclass(kw_only=True, frozen=True)
-class SweAgentBrickConfig:
-    """The ``harness`` kind ``swe_agent``: the white-box coding agent (OpenAI SDK tool loop)."""
-
-    command_timeout_s: float = option(60.0, "swe_agent: bound of one bash command")
-    tool_call_reward: float = option(
-        0.0,
-        "swe_agent: process reward per model call (turn credit): w x mean(+1 per tool call run, -1 per call "
-        "refused), -w for a reply with no tool call; 0 = none",
-    )
-    max_retries: int = option(
-        1,
-        "swe_agent: the OpenAI client's retries of a failed model call (connection errors, 5xx; 0 = none); a "
-        "rollout whose call the engine failed is engine_error either way (the proxy counts the failure)",
-    )
-
-    def __post_init__(self) -> None:
-        require_positive(self.command_timeout_s, "command_timeout_s")
-        require_non_negative(self.tool_call_reward, "tool_call_reward")
-        require_non_negative(self.max_retries, "max_retries")
-
-    def read_only_paths(self) -> tuple[str, ...]:
-        return ()
-
-    def build(self, *, max_turns: int, wall_time_s: float, max_tokens: int, temperature: float) -> Harness:
-        config = SweAgentConfig(
-            max_turns=max_turns,
-            wall_time_s=wall_time_s,
-            command_timeout_s=self.command_timeout_s,
-            tool_call_reward=self.tool_call_reward,
-            max_retries=self.max_retries,
-            max_tokens=max_tokens,
-            temperature=temperature,
-        )
-        return SweAgentHarness(config)

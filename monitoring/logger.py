@@ -349,30 +349,27 @@ class WandbLoggersConfig:
 
     def build(self) -> MetricsLoggerProvider:
         """The provider of this config."""
-        return WandbLoggerProvider(mode=self.wandb_mode, project=self.wandb_project)
+        return WandbLoggerProvider(self)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class WandbLoggerProvider:
-    """``MetricsLoggerProvider``: a Weights & Biases run under ``RUN_DIR/wandb`` in ``mode`` (see
-    ``WandbLoggerConfig``); no tracker when ``mode="disabled"``, or when wandb cannot start (the run keeps
-    logging to ``metrics.jsonl`` and says so once)."""
+    """``MetricsLoggerProvider``: a Weights & Biases run under ``RUN_DIR/wandb`` in the brick's ``wandb_mode``
+    (see ``WandbLoggerConfig``); no tracker when it is ``disabled``, or when wandb cannot start (the run keeps
+    logging to ``metrics.jsonl`` and says so once). Its settings are the brick's config, not a copy of it."""
 
-    mode: str = "auto"
-    project: str = "rein"
-
-    def __post_init__(self) -> None:
-        require_one_of(self.mode, "mode", WANDB_MODES)
+    settings: WandbLoggersConfig = WandbLoggersConfig()
 
     def open(
         self, run_dir: Path, *, run_name: str | None, run_config: Mapping[str, Any]
     ) -> list[MetricsLogger]:
         """The wandb logger of the run in ``run_dir`` (a list of at most one)."""
-        if self.mode == "disabled":
+        mode, project = self.settings.wandb_mode, self.settings.wandb_project
+        if mode == "disabled":
             return []
         run_dir = Path(run_dir)
         wandb_config = WandbLoggerConfig(
-            run_dir=run_dir, project=self.project, name=run_name, config=dict(run_config), mode=self.mode
+            run_dir=run_dir, project=project, name=run_name, config=dict(run_config), mode=mode
         )
         try:
             return [WandbLogger(wandb_config)]
@@ -395,7 +392,7 @@ def run_loggers(
     """The loggers of a run: ``metrics.jsonl`` (always) plus what ``trackers`` opens (default: wandb in
     ``wandb_mode``)."""
     run_dir = Path(run_dir)
-    trackers = trackers or WandbLoggerProvider(mode=wandb_mode, project=project)
+    trackers = trackers or WandbLoggersConfig(wandb_mode=wandb_mode, wandb_project=project).build()
     return MultiLogger(
         [JsonlLogger(run_dir), *trackers.open(run_dir, run_name=name, run_config=config or {})]
     )

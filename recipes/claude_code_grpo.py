@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.launch import SamplingBrickConfig, main_entry
 from components.recipe_config import option
+from components.run.config import SamplingBrickConfig
+from components.run.entry import main_entry
 from recipes.swe_grpo import SweGrpoConfig, main
 
 

@@ -11,7 +11,7 @@
 Each step: roll out ``num_tasks`` tasks × ``group_size`` samples (agent in a warm sandbox → proxy session →
 grade in a fresh sandbox) → write one trajectory shard → one GRPO step → push the new weights to the engine →
 log (and checkpoint) — in ``--rollout-mode`` sync; async and partial overlap rollouts and training (the loop
-all recipes share: ``components/loop.py``). Placement, run directory and resume: see ``components/launch.py``.
+all recipes share: ``components/run/loop.py``). Placement, run directory and resume: see ``components/run/__init__.py``.
 """
 
 from __future__ import annotations
@@ -21,21 +21,17 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from components.config import require, require_positive
-from components.launch import (
-    RunConfig,
-    RunDirectory,
-    RunStack,
-    SamplingBrickConfig,
-    main_entry,
-    tasks_for_step,
-)
-from components.loop import run_recipe_loop
 from components.protocols import Harness
 from components.recipe_config import option, slot
 from components.registry import HARNESSES, REWARDS, TASK_SOURCES
 from components.rewards.config import HiddenTestsRewardConfig, RewardBrickConfig
 from components.rollout import RolloutConfig, RolloutRunner
 from components.rollout.mixture import HarnessMix
+from components.run.config import RunConfig, SamplingBrickConfig
+from components.run.directory import RunDirectory
+from components.run.entry import main_entry
+from components.run.loop import run_recipe_loop, tasks_for_step
+from components.run.stack import RunStack
 from components.tasks.sources import BuiltinTaskSourceConfig, TaskSourceConfig
 from components.tasks.swe import python_tool_paths
 from harnesses.blackbox import HarnessBrickConfig

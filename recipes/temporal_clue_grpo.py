@@ -12,18 +12,15 @@ import functools
 from dataclasses import dataclass
 
 from components.config import require_positive
-from components.launch import (
-    RunConfig,
-    RunDirectory,
-    RunStack,
-    SamplingBrickConfig,
-    main_entry,
-)
-from components.loop import run_recipe_loop
 from components.proxy.providers import LocalProxyConfig, ProxyBrickConfig
 from components.recipe_config import option, slot
 from components.registry import PROXIES
 from components.rollout import RolloutConfig, RolloutRunner
+from components.run.config import RunConfig, SamplingBrickConfig
+from components.run.directory import RunDirectory
+from components.run.entry import main_entry
+from components.run.loop import run_recipe_loop
+from components.run.stack import RunStack
 from components.tasks.toys.temporal_clue import TemporalClueConfig, TemporalClueEnv
 from components.training.step import OptimizerConfig
 from components.training.trainer_config import TrainerBrickConfig

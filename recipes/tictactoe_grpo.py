@@ -6,11 +6,11 @@
 
 Each step: roll out ``games_per_step`` seeded games × ``group_size`` through the proxy → write one trajectory
 shard → one GRPO step → push the new weights to the engine → log (and checkpoint); ``--rollout-mode async``
-or ``partial`` overlaps rollouts and training (the loop all recipes share: ``components/loop.py``).
+or ``partial`` overlaps rollouts and training (the loop all recipes share: ``components/run/loop.py``).
 Reward: win 1, draw 0.5,
 loss or illegal move 0. ``--accept-text-moves`` (on by default) plays by text (no tool schemas), since the
 default model's chat template has no tool support (see ``harnesses/toy_agent.py``).
-Placement, run directory and resume: see ``components/launch.py``.
+Placement, run directory and resume: see ``components/run/__init__.py``.
 """
 
 from __future__ import annotations
@@ -20,20 +20,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from components.config import require_positive
-from components.launch import (
-    RolloutBrickConfig,
-    RunConfig,
-    RunDirectory,
-    RunStack,
-    SamplingBrickConfig,
-    main_entry,
-)
-from components.loop import run_recipe_loop
 from components.protocols import Harness, Reward
 from components.proxy.providers import LocalProxyConfig, ProxyBrickConfig
 from components.recipe_config import option, slot
 from components.registry import PROXIES
 from components.rollout import RolloutConfig, RolloutRunner
+from components.run.config import RolloutBrickConfig, RunConfig, SamplingBrickConfig
+from components.run.directory import RunDirectory
+from components.run.entry import main_entry
+from components.run.loop import run_recipe_loop
+from components.run.stack import RunStack
 from components.tasks.toys import TicTacToeConfig, TicTacToeEnv
 from components.tasks.toys.tictactoe import cell_name
 from components.tito.messages import ToolCall

@@ -200,7 +200,7 @@ def test_readme_command_parses_with_its_programs_parser(command, placeholders):
 
 def _recipe_config(recipe: str) -> type:
     """The config class ``recipes/<recipe>.py`` defines (its command line)."""
-    from components.launch import RunConfig
+    from components.run.config import RunConfig
 
     module = importlib.import_module(f"recipes.{recipe}")
     [config_class] = [

@@ -1,7 +1,7 @@
 """Dynamic sampling (DAPO): a group whose trainable members all got the same reward has advantage 0 everywhere
 and teaches nothing, so it is dropped before training and another group is drawn in its place, up to a cap of
 extra groups per step. Sync mode (``sample_step``) rolls the replacements out in rounds; the overlapped loop
-(``components/loop.py``) asks ``is_informative`` of each group as it completes and draws another group instead.
+(``components/run/overlapped.py``) asks ``is_informative`` of each group as it completes and draws another group instead.
 Dropped groups are still written to the run's store (every rollout is kept); they just never reach the trainer:
 the overlapped loop commits each group and records the dropped ones in its ledger, the sync step writes its left-out
 groups (``SampledStep.left_out``) to the run's untrained store (``RUN_DIR/untrained/trajectories``), beside the

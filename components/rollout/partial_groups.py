@@ -4,7 +4,7 @@
 trainable members alone), else it is *short*: replaced by another group, up to ``max_replacements`` per step.
 Past the cap a short group is trained with whatever survivors it has, so a step never waits for groups that
 will not come. Sync mode replaces short groups in ``sample_step`` (``components/rollout/dynamic_sampling.py``),
-the overlapped loop as each group commits (``components/loop.py``); both count them (``partial_groups/*``).
+the overlapped loop as each group commits (``components/run/overlapped.py``); both count them (``partial_groups/*``).
 A group that lost members to the agent's own errors is not short: replacing it would hide a policy's failures.
 """
 

@@ -5,7 +5,7 @@ pyarrow path (tests, benchmarks, single-process training) built from the same th
    reward); trajectories that are not trainable (infrastructure failures, no reward) become one empty row so
    they are counted, and never reach a batch.
 2. ``plan_step`` (on the driver, over a small summary: ids, rewards, token counts, versions): group
-   advantages from the ``Algorithm``, the staleness measured (the loop bounds it: ``components/loop.py``), and
+   advantages from the ``Algorithm``, the staleness measured (the loop bounds it: ``components/run/overlapped.py``), and
    per-segment weights from the ``Algorithm``
    (GRPO's default gives a segment its share of its trajectory's sampled tokens, so a trajectory split into
    many segments weighs the same as one that was not). Groups whose rewards are all equal get advantage 0

@@ -10,10 +10,11 @@ from components.engine.providers import (
     SGLangBrickConfig,
     SGLangEngineProvider,
 )
-from components.launch import Bricks, RunConfig
 from components.protocols import Algorithm, SandboxProvider
 from components.proxy.providers import LocalProxyProvider, ProxyProvider, ServeProxyProvider
 from components.recipe_config import parse_config
+from components.run.config import RunConfig
+from components.run.stack import Bricks
 from components.training.algorithms import RLOO
 from sandboxes import SandboxPool
 from sandboxes.e2b import E2BSandboxProvider

@@ -20,12 +20,13 @@ import pytest
 from components.engine.providers import VLLMBrickConfig
 from components.engine.sglang_fleet import sglang_fleet_config
 from components.engine.vllm_fleet import vllm_fleet_config
-from components.launch import Bricks, RunDirectory, RunStack
 from components.recipe_config import _leaves, parse_config
 from components.registry import HARNESSES
+from components.run.directory import RunDirectory
+from components.run.stack import Bricks, RunStack
 from recipes.swe_grpo import SweGrpoConfig, build_harness, harness_kinds
 
-# Read by the run wing (components/launch.py, components/loop.py) or the recipe's own task loading, not by a
+# Read by the run wing (components/run/) or the recipe's own task loading, not by a
 # brick's build: each is checked by the tests of its reader (tests/components/test_loop_scheduling.py,
 # tests/recipes/).
 RUN_WING_FIELDS = {
@@ -41,7 +42,7 @@ RUN_WING_FIELDS = {
     "harness_mix_within_groups": "the recipe's harness mix",
 }
 RUN_WING_BRICKS = {
-    "rollout": "the loop (components/loop.py) and RolloutConfig in the recipe",
+    "rollout": "the loop (components/run/loop.py) and RolloutConfig in the recipe",
     "tasks": "the task source's build and environment (tests/components/tasks/test_task_sources.py)",
 }
 

@@ -7,8 +7,9 @@ import json
 import logging
 
 from components.engine.providers import SGLangBrickConfig
-from components.launch import RunConfig, RunDirectory
 from components.recipe_config import REDACTED, config_to_json
+from components.run.config import RunConfig
+from components.run.directory import RunDirectory
 
 
 def test_run_directory_config_json_holds_no_secret(tmp_path):

@@ -1,7 +1,7 @@
-"""The import graph's layers: ``components/protocols.py`` (the seams) imports no implementation, nothing
-below the run wing (``components/launch.py``, ``components/loop.py``) imports it, and no import cycle spans
-modules of two packages. Imports are read from the source (every ``import``, under ``TYPE_CHECKING`` and
-inside functions too), so a lazy import counts."""
+"""The import graph's layers: ``components/protocols.py`` (the seams) imports no implementation, the run wing
+(``components/run/``) is the top layer of ``components`` (nothing below it imports it: recipes, benchmarks,
+examples and tests sit above), and no import cycle spans modules of two packages. Imports are read from the
+source (every ``import``, under ``TYPE_CHECKING`` and inside functions too), so a lazy import counts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN_WING = {"components.launch", "components.loop"}
+RUN_WING = "components.run"
 # What the seams may name besides the standard library and third-party types: helpers for config records, and
 # the records the seams exchange (the trajectory and its segments).
 SEAM_IMPORTS = {"components.config", "components.json_types", "components.trajectory"}
@@ -57,22 +57,60 @@ def test_the_check_sees_a_lazy_import_of_an_implementation(tmp_path):
     source = tmp_path / "protocols.py"
     source.write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from components.training.trainer import Trainer\n"
-        "def f():\n    import components.launch\n"
+        "def f():\n    import components.run.stack\n"
     )
-    assert {"components.training.trainer.Trainer", "components.launch"} <= imported_modules(source)
+    assert {"components.training.trainer.Trainer", "components.run.stack"} <= imported_modules(source)
+
+
+def in_run_wing(module: str) -> bool:
+    return module == RUN_WING or module.startswith(f"{RUN_WING}.")
+
+
+def run_wing_imports_from_below(root: Path, package: str) -> dict[str, list[str]]:
+    """Per module of ``package`` outside the run wing the run-wing modules it imports (none: not listed)."""
+    offenders = {}
+    for path in sorted((root / package).rglob("*.py")):
+        name = module_name(path, root)
+        if in_run_wing(name):
+            continue
+        # ``from components import run`` names ``components.run``: caught as well
+        wing = {m for m in imported_modules(path) if in_run_wing(m)}
+        if wing:
+            offenders[name] = sorted(wing)
+    return offenders
 
 
 @pytest.mark.parametrize("package", BELOW_RUN_WING)
 def test_nothing_below_the_run_wing_imports_it(package):
-    offenders = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        name = module_name(path)
-        if name in RUN_WING:
-            continue
-        wing = {m for m in imported_modules(path) if any(m == w or m.startswith(f"{w}.") for w in RUN_WING)}
-        if wing:
-            offenders[name] = sorted(wing)
+    offenders = run_wing_imports_from_below(ROOT, package)
     assert not offenders, f"modules below the run wing import it: {offenders}"
+
+
+def test_the_run_wing_is_the_package_recipes_build_on():
+    """The layer is real: ``components/run`` is a package, and the recipes import it (so a rename of the wing
+    that left ``RUN_WING`` behind would fail here, not make the check above vacuous)."""
+    assert (ROOT / "components" / "run" / "__init__.py").exists()
+    recipes = [path for path in (ROOT / "recipes").glob("*.py") if path.name != "__init__.py"]
+    assert recipes
+    for path in recipes:
+        assert any(in_run_wing(m) for m in imported_modules(path)), (
+            f"{path.name} does not import the run wing"
+        )
+
+
+def test_the_run_wing_check_sees_an_import_from_below(tmp_path):
+    """The checker is not blind: a lower module importing the wing (lazily, or as ``from components import
+    run``) is an offender; the wing's own modules importing each other are not."""
+    (tmp_path / "components" / "run").mkdir(parents=True)
+    (tmp_path / "components" / "run" / "loop.py").write_text("from components.run.stack import RunStack\n")
+    (tmp_path / "components" / "engine.py").write_text(
+        "def later():\n    from components.run.config import RunConfig\n"
+    )
+    (tmp_path / "components" / "proxy.py").write_text("from components import run\n")
+    assert run_wing_imports_from_below(tmp_path, "components") == {
+        "components.engine": ["components.run.config", "components.run.config.RunConfig"],
+        "components.proxy": ["components.run"],
+    }
 
 
 def owning_module(imported: str, modules: Container[str]) -> str | None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-from components.launch import RolloutBrickConfig
-from components.loop import run_recipe_loop
 from components.rollout.buffer import TrajectoryLedger, group_index
 from components.rollout.dynamic_sampling import ZERO_VARIANCE_DROP_REASON, DynamicSamplingConfig
+from components.run.config import RolloutBrickConfig
+from components.run.loop import run_recipe_loop
 from tests.components.test_loop_scheduling import (
     NUM_STEPS,
     InstantTrainer,

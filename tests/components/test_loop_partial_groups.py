@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from components.loop import run_recipe_loop
 from components.rollout.buffer import TrajectoryLedger, group_index
 from components.rollout.partial_groups import LOST_TO_INFRASTRUCTURE_DROP_REASON, PartialGroupConfig
+from components.run.loop import run_recipe_loop
 from components.trajectory import TrajectoryStatus
 from tests.components.test_loop_scheduling import (
     NUM_STEPS,

@@ -18,9 +18,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from components.launch import RolloutBrickConfig, RunConfig
-from components.loop import run_recipe_loop
 from components.rollout.buffer import TrajectoryLedger, group_index
+from components.run.config import RolloutBrickConfig, RunConfig
+from components.run.loop import run_recipe_loop
 from components.training.checkpoint import TrainerState
 from components.trajectory import Segment, Trajectory, TrajectoryStatus
 from components.trajectory_store import TrajectoryStore

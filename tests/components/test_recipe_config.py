@@ -111,8 +111,8 @@ def test_help_lists_every_field_with_meaning_and_default(capsys):
 
 def test_run_config_bricks_keep_their_flags_and_nest_in_files(tmp_path, capsys):
     from components.engine.providers import SGLangBrickConfig
-    from components.launch import RunConfig
     from components.proxy.providers import LocalProxyConfig, ServeProxyConfig
+    from components.run.config import RunConfig
 
     flags = [
         "--model",

@@ -43,7 +43,7 @@ class BuiltInTasks:
 
 
 def _minilib(request) -> TaskSource:
-    from components.launch import tasks_for_step
+    from components.run.loop import tasks_for_step
     from components.tasks.builtin import load_builtin_tasks
 
     tasks = load_builtin_tasks(cache_dir=request.getfixturevalue("tmp_path") / "task-cache")
@@ -57,7 +57,7 @@ def _tictactoe(request) -> TaskSource:
 
 
 def _swebench(request) -> TaskSource:
-    from components.launch import tasks_for_step
+    from components.run.loop import tasks_for_step
     from components.tasks.swebench import load_task_set
     from tests.components.tasks.swebench_fixtures import INSTANCES, SNAPSHOTS, require_fixtures
 

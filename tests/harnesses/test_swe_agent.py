@@ -11,7 +11,7 @@ import pytest
 from components.engine.scripted_policies import fixing_policy, step_policy, tool_call
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
-from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
+from harnesses.swe_agent import SweAgentBrickConfig, SweAgentConfig, SweAgentHarness
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -110,7 +110,9 @@ async def test_edit_file_needs_an_exact_unique_match(scripted_proxy, slugify_tas
 
 async def test_wall_time_bound_gives_timeout(scripted_proxy, slugify_task, sandbox_pool, swe_grader):
     policy = step_policy([tool_call("bash", command="sleep 30")])
-    harness = SweAgentHarness(SweAgentConfig(max_turns=5, wall_time_s=2, command_timeout_s=20))
+    harness = SweAgentHarness(
+        SweAgentConfig(max_turns=5, wall_time_s=2, settings=SweAgentBrickConfig(command_timeout_s=20))
+    )
     async with scripted_proxy(policy) as proxy:
         [trajectory] = await _runner(proxy, harness, sandbox_pool, swe_grader).run([slugify_task], step=0)
     assert trajectory.status == TrajectoryStatus.TIMEOUT, trajectory.failure_reason
@@ -136,7 +138,9 @@ async def test_tool_call_process_reward_lands_on_each_model_calls_turn(
             return replies[0]
         return replies[{0: 1, 2: 2, 3: 3, 4: 4}[prompt.count("<tool_response>")]]
 
-    harness = SweAgentHarness(SweAgentConfig(max_turns=8, wall_time_s=60, tool_call_reward=0.5))
+    harness = SweAgentHarness(
+        SweAgentConfig(max_turns=8, wall_time_s=60, settings=SweAgentBrickConfig(tool_call_reward=0.5))
+    )
     async with scripted_proxy(policy) as proxy:
         [trajectory] = await _runner(proxy, harness, sandbox_pool, swe_grader).run([slugify_task], step=0)
     assert trajectory.status == TrajectoryStatus.OK, f"{trajectory.failure_reason}\n{trajectory.log}"

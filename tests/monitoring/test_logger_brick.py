@@ -10,10 +10,11 @@ from typing import Any
 
 from rich.console import Console
 
-from components.launch import Bricks, RunConfig
 from components.protocols import MetricsLogger, MetricsLoggerProvider
 from components.recipe_config import parse_config
-from monitoring.logger import WandbLoggerProvider, read_metrics
+from components.run.config import RunConfig
+from components.run.stack import Bricks
+from monitoring.logger import WandbLoggerProvider, WandbLoggersConfig, read_metrics
 from monitoring.run_monitor import RunMonitor, RunMonitorConfig
 
 
@@ -71,6 +72,7 @@ def test_a_recipes_trackers_get_every_step_next_to_metrics_jsonl(tmp_path):
 def test_bricks_from_config_log_to_wandb_in_the_runs_mode(tmp_path):
     for mode in ("auto", "offline", "disabled"):
         bricks = Bricks.from_config(parse_config(RunConfig, ["--model", "tiny", "--wandb-mode", mode]))
-        assert isinstance(bricks.loggers, MetricsLoggerProvider) and bricks.loggers == WandbLoggerProvider(mode=mode)
-    assert WandbLoggerProvider(mode="disabled").open(tmp_path, run_name="r", run_config={}) == []
+        assert isinstance(bricks.loggers, MetricsLoggerProvider)
+        assert bricks.loggers == WandbLoggerProvider(WandbLoggersConfig(wandb_mode=mode))
+    assert WandbLoggersConfig(wandb_mode="disabled").build().open(tmp_path, run_name="r", run_config={}) == []
     assert not (tmp_path / "wandb").exists()

@@ -153,8 +153,8 @@ def test_partial_run_continues_rollouts_across_weight_pushes(tmp_path, tiny_mode
     """``partial`` in process (the recipe's own ``train`` with a wrapped agent): every committed group trained
     exactly once in the order it was started, and rollouts that were going when new weights arrived continued
     on them (never thrown away), with per-token behaviour logprobs and versions in the trainer's batches."""
-    from components.launch import RolloutBrickConfig, SamplingBrickConfig
     from components.proxy.providers import LocalProxyConfig
+    from components.run.config import RolloutBrickConfig, SamplingBrickConfig
     from components.training.step import OptimizerConfig
     from components.training.trainer_config import TrainerBrickConfig
     from monitoring.logger import WandbLoggersConfig

@@ -70,8 +70,8 @@ def test_producer_actor_runs_on_the_node_that_offers_its_resource(tmp_path, tiny
 
 def test_placement_actor_needs_the_serve_proxy(tmp_path, tiny_model_dir):
     """The in-driver proxy cannot serve a producer on another node: a clear error before anything starts."""
-    from components.launch import RolloutBrickConfig, RunConfig
     from components.proxy.providers import LocalProxyConfig
+    from components.run.config import RolloutBrickConfig, RunConfig
 
     with pytest.raises(ValueError, match="actor_resources"):
         RolloutBrickConfig(placement="actor", actor_resources="rollout")

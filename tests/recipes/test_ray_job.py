@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from components.launch import WORKING_DIR_EXCLUDES
+from components.run.stack import WORKING_DIR_EXCLUDES
 from tests.recipes.recipe_runs import REPO_ROOT, assert_complete_run, recipe_env
 from tests.required_tools import require_tool
 

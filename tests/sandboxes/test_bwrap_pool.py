@@ -89,8 +89,8 @@ async def test_the_stack_starts_the_pool_ahead_of_the_first_acquire():
     """``RunStack`` starts a pool that can start ahead (while the trainer warms up) when the rollouts run in the
     driver: the first step's acquires then find warm sandboxes. Not with the producer in an actor, which gets
     the provider shipped and starts it on its own node."""
-    from components.launch import start_sandboxes_ahead
     from components.protocols import SandboxProvider, StartsAhead
+    from components.run.stack import start_sandboxes_ahead
 
     spec = SandboxSpec(limits=SandboxLimits(workspace_mb=32))
     shipped = SandboxPool(SandboxPoolConfig(num_warm=2, workspace_mb=32))

@@ -242,8 +242,8 @@ def test_kv_cache_budget_is_validated(tiny_model_dir):
 
 
 def test_recipe_flag_sets_the_budget(capsys):
-    from components.launch import RunConfig
     from components.recipe_config import parse_config
+    from components.run.config import RunConfig
 
     assert parse_config(RunConfig, ["--engine-kv-cache-gb", "0.25"]).engine.kv_cache_gb == 0.25
     assert parse_config(RunConfig, []).engine.kv_cache_gb == 1.0

@@ -9,7 +9,8 @@ import pytest
 
 from components.engine.providers import SGLangBrickConfig
 from components.engine.sglang_fleet import sglang_fleet_config
-from components.launch import Bricks, RunConfig, SamplingBrickConfig
+from components.run.config import RunConfig, SamplingBrickConfig
+from components.run.stack import Bricks
 
 
 def fleet_config(config: RunConfig):

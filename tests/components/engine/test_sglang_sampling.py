@@ -17,10 +17,10 @@ import torch
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from components.engine.providers import SGLangBrickConfig
 from components.engine.sglang import SGLangEngine, SGLangEngineConfig, TruncatedSamplingError
-from components.launch import RunConfig, SamplingBrickConfig
 from components.protocols import SamplingParams
 from components.proxy.errors import classify_error
 from components.recipe_config import parse_config
+from components.run.config import RunConfig, SamplingBrickConfig
 from components.sampling import sampling_logprobs
 from tests.components.engine.fake_sglang import FakeSGLangServer
 

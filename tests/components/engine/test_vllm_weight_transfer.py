@@ -14,8 +14,8 @@ import torch
 from components.engine.providers import VLLMBrickConfig
 from components.engine.vllm_fleet import VLLMFleet, vllm_fleet_config
 from components.engine.vllm_weight_transfer import VLLMNcclConfig, VLLMNcclWeightSender
-from components.launch import RunConfig
 from components.recipe_config import parse_config
+from components.run.config import RunConfig
 
 DEAD_URL = "http://127.0.0.1:9"  # nothing listens: contacting it would wait out the start-up timeout
 REFUSED = r"weight_transfer: 'nccl' \(--vllm-weight-transfer nccl\).*or use --vllm-weight-transfer disk"

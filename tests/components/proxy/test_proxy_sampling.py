@@ -119,8 +119,8 @@ def test_anthropic_top_k_reaches_the_engine_when_agents_choose(start_proxy, toke
 
 
 def test_recipe_options_name_the_run_distribution(capsys):
-    from components.launch import RunConfig
     from components.recipe_config import parse_config
+    from components.run.config import RunConfig
 
     config = parse_config(
         RunConfig, ["--model", "tiny", "--temperature", "0.6", "--top-p", "0.95", "--top-k", "50"]

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.loop import RolloutBrickConfig
 from components.rollout.buffer import (
     LEDGER_KEY,
     GroupBuffer,
@@ -22,6 +21,7 @@ from components.rollout.buffer import (
     split_stale,
     staleness_histogram,
 )
+from components.run.config import RolloutBrickConfig
 from components.training.checkpoint import TrainerState
 from components.trajectory import Segment, Trajectory, TrajectoryStatus
 

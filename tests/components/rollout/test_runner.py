@@ -18,7 +18,7 @@ from components.errors import SandboxBackendDownError, SandboxError
 from components.protocols import HarnessOutcome, RewardResult, Sandbox, SandboxSpec, Task
 from components.rollout import RolloutConfig, RolloutRunner
 from components.trajectory import TrajectoryStatus
-from harnesses.swe_agent import SweAgentConfig, SweAgentHarness
+from harnesses.swe_agent import SweAgentBrickConfig, SweAgentConfig, SweAgentHarness
 from harnesses.wrap import AgentContext, agent_harness
 from sandboxes.resilient import ResilientSandboxProvider, SandboxResilienceConfig
 from tests.failing_bricks import FailingEngine
@@ -196,7 +196,7 @@ async def test_harness_that_never_returns_is_cut_off(scripted_proxy, slugify_tas
 
 
 async def test_engine_failure_is_an_engine_error(tokenizer, slugify_task, sandbox_pool, swe_grader):
-    harness = SweAgentHarness(SweAgentConfig(max_turns=3, max_retries=0))
+    harness = SweAgentHarness(SweAgentConfig(max_turns=3, settings=SweAgentBrickConfig(max_retries=0)))
     async with running_proxy(FailingEngine(), tokenizer) as proxy:
         [trajectory] = await _runner(proxy, harness, sandbox_pool, swe_grader).run([slugify_task], step=0)
     assert trajectory.status == TrajectoryStatus.ENGINE_ERROR, trajectory.failure_reason

@@ -153,8 +153,9 @@ def test_every_algorithm_trains_on_packed_micro_batches(name, tiny_model_dir):
 def test_every_recipe_takes_algorithm_gspo(recipe):
     import importlib
 
-    from components.launch import Bricks, RunConfig
     from components.recipe_config import parse_config
+    from components.run.config import RunConfig
+    from components.run.stack import Bricks
 
     module = importlib.import_module(f"recipes.{recipe}")
     config_class = next(
@@ -167,8 +168,9 @@ def test_every_recipe_takes_algorithm_gspo(recipe):
 
 
 def test_every_loss_knob_reaches_the_algorithm_from_flags_and_errors_name_the_dotted_field(capsys):
-    from components.launch import Bricks, RunConfig
     from components.recipe_config import parse_config
+    from components.run.config import RunConfig
+    from components.run.stack import Bricks
 
     flags = [
         "--algorithm", "gspo", "--algorithm-loss-clip-low", "0.01", "--algorithm-loss-clip-high", "0.02",

@@ -281,8 +281,8 @@ def test_rein_export_merged_writes_a_full_hf_model_with_the_adapters_logits(
 
 
 def test_recipe_flags_build_the_trainers_lora_settings():
-    from components.launch import RunConfig
     from components.recipe_config import parse_config
+    from components.run.config import RunConfig
 
     flags = ["--lora-rank", "16", "--lora-target", "all-linear", "--trainer-gradient-checkpointing", "true"]
     trainer = parse_config(RunConfig, flags).trainer

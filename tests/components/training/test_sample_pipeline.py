@@ -116,7 +116,7 @@ def test_staleness_is_measured_from_each_trajectorys_oldest_sampled_token():
     result = build_micro_batches_locally(
         [old, mixed, fresh], GRPO(), SampleBatchConfig(), current_version=5
     )
-    assert result.metrics["staleness_max"] == 3  # the loop bounds staleness (components/loop.py), not the trainer
+    assert result.metrics["staleness_max"] == 3  # the loop bounds staleness (components/run/overlapped.py), not the trainer
     assert len(segments_of(result.micro_batches)) == 4  # every segment is trained
 
 

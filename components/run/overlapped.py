@@ -1,75 +1,19 @@
-"""The one recipe loop: every recipe builds its bricks (tasks, harness, grader → a ``RolloutRunner``) and hands
-them to ``run_recipe_loop``, which runs the steps in the mode ``rollout_mode`` names.
-
-``sync`` (the reference)::
-
-    engine  |== rollouts step 0 ==|            |== rollouts step 1 ==|
-    trainer |                     |== train 0 ==|push|                |== train 1 ==|push|
-
-  Each step rolls out its groups, writes them as one shard, trains, pushes the weights; the engine idles while
-  the trainer trains and the trainer idles while the slowest rollout finishes.
-
-``async``::
-
-    engine  |== g0 ==|== g2 ====|== g4 ==|== g6 ==|...     (max_concurrency rollouts always in flight)
-            |== g1 =========|== g3 ==|== g5 =====|...
-    trainer |  wait  |== train 0 (g0,g1) ==|push|== train 1 (g2,g3) ==|push|...
-
-  A producer keeps ``max_concurrency`` rollouts in flight across steps (slots are per rollout: a member that
-  finished frees its slot for another group's rollout at once); each GRPO group is committed (one atomic shard)
-  the moment its last member finishes; the trainer steps as soon as ``groups_per_step`` complete groups are
-  buffered, in the order they completed, and pushes the new weights while rollouts keep running.
-
-  How far ahead the producer runs: a group starts only while, trained in order, it would stay within
-  ``max_staleness`` versions. While the trainer is the bottleneck (its last step found its groups complete)
-  the producer runs ``max_steps_ahead`` steps (default 1) ahead of the step the trainer is on: further ahead
-  would only fill the buffer with older groups. While rollouts are the bottleneck (the trainer waits for
-  groups, or had to for its last step) it runs up to ``max_staleness`` steps ahead, so the slots go to later
-  groups instead of idling behind a slow tail.
-
-  A group whose oldest sampled token lags the trainer's version by more than ``max_staleness`` (a slow group
-  overtaken by faster ones) is dropped, counted (``staleness/groups_dropped``), recorded in the ledger (never
-  silently trained) and replaced; when its finished members already lag that much it is given up without
-  waiting for its slow members.
-
-The rollouts run in the driver, or (``rollout.placement actor``) in a Ray actor placed by its resources
-(``components/rollout/producer.py``); the slots, the gate and the store's single writer stay in the driver.
-
-``partial``::
-
-    engine  |== step 0 groups ==|== step 1 groups ==...==|== step 2 groups ==|
-    trainer |                   |== train 0 ==|push|     |== train 1 ==|push|
-
-  Rollouts of step n+1 start while step n trains (up to ``max_steps_ahead`` steps ahead, as slots free up);
-  steps train their own groups in order (as ``sync``: never overtaken, so never too stale); a rollout still
-  generating when new weights arrive continues with them (the engine re-prefills in-flight requests and
-  stamps every token with its version), so no rollout is thrown away.
-
-In both overlapped modes every sampled token carries the version that produced it, and the trainer's truncated
-importance-sampling weights are computed per token from those behaviour logprobs.
-
-Resume (same ``--run-dir``), overlapped modes: which shard went into which step, and which were dropped, is the
-``trajectory_ledger`` in the checkpoint's trainer state, written together with the weights it describes.
-On restart, committed groups not in the ledger go back into the buffer (trained exactly once, after the
-restart); groups that were in flight (never committed) are rolled out again; the engine starts from the
-checkpoint's weights and version.
-"""
+"""The ``async`` and ``partial`` rollout modes (see ``components/run/loop.py``): a rollout producer and the trainer,
+joined by a buffer of complete groups, each group one shard committed as it completes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-from components.config import option, require, require_non_negative, require_one_of, require_positive
+from components.config import require
 from components.protocols import Task
-from components.remote_waits import StallReporter
 from components.rollout.buffer import (
     LEDGER_KEY,
     Group,
@@ -81,332 +25,18 @@ from components.rollout.buffer import (
     split_stale,
     staleness_histogram,
 )
-from components.rollout.dynamic_sampling import (
-    ZERO_VARIANCE_DROP_REASON,
-    DynamicSamplingConfig,
-    is_informative,
-)
-from components.rollout.partial_groups import (
-    LOST_TO_INFRASTRUCTURE_DROP_REASON,
-    PartialGroupConfig,
-    partial_group_metrics,
-)
+from components.rollout.dynamic_sampling import ZERO_VARIANCE_DROP_REASON, is_informative
+from components.rollout.partial_groups import LOST_TO_INFRASTRUCTURE_DROP_REASON, partial_group_metrics
+from components.run.step_metrics import EngineIdleProbe, engine_probe, step_monitor, timing_metrics
 from components.trajectory import Trajectory
 from components.trajectory_store import CorruptShard, TrajectoryStore
 
 if TYPE_CHECKING:
-    from components.launch import RunConfig, RunDirectory, RunStack
-    from components.rollout import RolloutRunner
-    from components.rollout.producer import ActorRolloutRunner
-    from monitoring.run_monitor import RunMonitor
+    from components.run.loop import LoopInputs
 
 logger = logging.getLogger("rein.loop")
 
-RolloutMode = Literal["sync", "async", "partial"]
-ROLLOUT_MODES: tuple[RolloutMode, ...] = ("sync", "async", "partial")
 STALENESS_DROP_REASON = "stale"
-
-TasksForStep = Callable[[int], Sequence[Task]]
-
-
-@dataclass(kw_only=True, frozen=True)
-class RolloutBrickConfig:
-    """How rollouts are scheduled against training (the loop: ``components/loop.py``)."""
-
-    mode: RolloutMode = option(
-        "sync",
-        "sync: roll out, then train (the reference); async: rollouts stay in flight across steps, the trainer "
-        "takes complete groups as they come; partial: step n+1 rolls out while step n trains, in-flight "
-        "rollouts continue on new weights (see components/loop.py)",
-    )
-    max_staleness: int = option(
-        1,
-        "async/partial: drop (and count) a group whose oldest sampled token is more versions behind",
-        flag="max-staleness",
-    )
-    max_steps_ahead: int = option(
-        1,
-        "async/partial: while the trainer is the bottleneck (its last step found its groups complete), start "
-        "groups at most this many steps beyond its step (capped by max_staleness; each step more would be a "
-        "version of staleness on every group); while rollouts are (it waits for groups), up to max_staleness",
-        flag="max-steps-ahead",
-    )
-    max_concurrency: int = option(4, "rollouts in flight at once", flag="max-concurrency")
-    placement: Literal["driver", "actor"] = option(
-        "driver",
-        "where the rollout producer runs: in the driver, or in a Ray actor placed by actor_num_cpus / "
-        "actor_resources on any node (needs proxy kind serve; see components/rollout/producer.py)",
-    )
-    actor_num_cpus: float = option(1.0, "Ray CPUs of the rollout producer actor (placement actor)")
-    actor_resources: str = option(
-        "", "custom Ray resources the producer actor needs, name=amount,... e.g. rollout=1 (placement actor)"
-    )
-    dynamic_sampling: DynamicSamplingConfig = option(
-        DynamicSamplingConfig(), "DAPO dynamic sampling (components/rollout/dynamic_sampling.py)"
-    )
-    partial_groups: PartialGroupConfig = option(
-        PartialGroupConfig(),
-        "groups that lost members to infrastructure failures (components/rollout/partial_groups.py)",
-    )
-    stall_report_after_s: float = option(
-        120.0,
-        "report any wait on a remote component (actor call, engine request) pending longer than this, naming "
-        "it, in the log and the run's stalls.jsonl (components/remote_waits.py)",
-    )
-
-    def __post_init__(self) -> None:
-        require_one_of(self.mode, "mode", ROLLOUT_MODES)
-        require_positive(self.max_concurrency, "max_concurrency")
-        require_positive(self.stall_report_after_s, "stall_report_after_s")
-        require_one_of(self.placement, "placement", ("driver", "actor"))
-        require_non_negative(self.actor_num_cpus, "actor_num_cpus")
-        self.actor_resource_amounts  # noqa: B018 -- validates actor_resources
-        require_non_negative(self.max_staleness, "max_staleness")
-        require_non_negative(self.max_steps_ahead, "max_steps_ahead")
-        require(
-            self.mode != "partial" or self.max_staleness >= 1,
-            "max_staleness",
-            "must be >= 1 in rollout mode partial (step n+1's rollouts start under step n's weights)",
-        )
-
-    @property
-    def actor_resource_amounts(self) -> dict[str, float]:
-        """``actor_resources`` as Ray custom resources."""
-        from components.rollout.producer import parse_resources
-
-        return parse_resources(self.actor_resources)
-
-    def steps_in_line(self, *, rollout_bound: bool) -> int:
-        """How many steps' groups may be in line for the trainer, counting the step it is on (collecting or
-        training: the engine serves that step's version meanwhile). While the trainer is the bottleneck
-        (``rollout_bound`` false): ``max_steps_ahead`` more, never more than ``max_staleness``. Starting further
-        ahead buys nothing then (the buffer just fills) and costs a version of staleness per step ahead. While
-        rollouts are the bottleneck: ``max_staleness`` more, the most that keeps a group started now within
-        ``max_staleness`` when it is trained, in order; the slots then serve later groups instead of idling
-        behind a slow tail. ``max_staleness`` beyond ``max_steps_ahead`` is also the slack that lets a slow group
-        overtaken by faster ones still be trained instead of dropped."""
-        ahead = self.max_staleness if rollout_bound else min(self.max_staleness, self.max_steps_ahead)
-        return ahead + 1
-
-
-@runtime_checkable
-class ReportsLoad(Protocol):
-    """An engine that reports its queues (``RayEngineClient.refresh``: num_running / num_prefilling /
-    num_waiting)."""
-
-    async def refresh(self) -> dict[str, Any]: ...
-
-
-class EngineIdleProbe:
-    """Samples the engine's queues a few times a second: the fraction of samples with no request in it is the
-    engine idle fraction (an engine that does not report its queues reports nothing)."""
-
-    def __init__(self, engine: Any, *, interval_s: float = 0.25) -> None:
-        self.engine = engine if isinstance(engine, ReportsLoad) else None
-        self.interval_s = interval_s
-        self._samples = 0
-        self._idle = 0
-
-    async def run(self) -> None:
-        if self.engine is None:
-            return
-        while True:
-            try:
-                info = await self.engine.refresh()
-            except Exception as error:  # a probe never takes the run down
-                logger.debug("engine probe failed: %s", error)
-            else:
-                busy = sum(int(info.get(key, 0)) for key in ("num_running", "num_prefilling", "num_waiting"))
-                self._samples += 1
-                self._idle += busy == 0
-            await asyncio.sleep(self.interval_s)
-
-    def take(self) -> dict[str, float]:
-        """The idle fraction since the last call (empty when nothing was sampled)."""
-        samples, idle = self._samples, self._idle
-        self._samples = self._idle = 0
-        return {"pipeline/engine_idle_fraction": idle / samples} if samples else {}
-
-
-@contextlib.asynccontextmanager
-async def engine_probe(engine: Any):
-    probe = EngineIdleProbe(engine)
-    task = asyncio.create_task(probe.run())
-    try:
-        yield probe
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoopInputs:
-    """What a recipe hands the loop: its config and run, the started stack, its bricks (as a runner), and
-    which tasks make each step's groups."""
-
-    config: RunConfig
-    run: RunDirectory
-    stack: RunStack
-    runner: RolloutRunner | ActorRolloutRunner
-    tasks_for_step: TasksForStep
-    groups_per_step: int
-    stalls: StallReporter
-
-
-async def run_recipe_loop(
-    config: RunConfig, run: RunDirectory, stack: RunStack, runner: RolloutRunner, tasks_for_step: TasksForStep
-) -> None:
-    """Run the recipe's steps in ``config.rollout.mode`` (see the module doc), with the run's monitor; the
-    rollouts run in the driver or, with ``rollout.placement actor``, in a Ray actor placed by its resources."""
-    groups_per_step = len(tasks_for_step(0))
-    require(groups_per_step > 0, "tasks", "a step needs at least one task")
-    if config.rollout.placement == "driver":
-        await _run_steps(config, run, stack, runner, tasks_for_step, groups_per_step)
-        return
-    from components.rollout.producer import ActorRolloutRunner
-
-    remote = await ActorRolloutRunner.start(
-        runner, num_cpus=config.rollout.actor_num_cpus, resources=config.rollout.actor_resource_amounts
-    )
-    try:
-        await _run_steps(config, run, stack, remote, tasks_for_step, groups_per_step)
-    finally:
-        await remote.close()
-
-
-async def _run_steps(
-    config: RunConfig,
-    run: RunDirectory,
-    stack: RunStack,
-    runner: RolloutRunner | ActorRolloutRunner,
-    tasks_for_step: TasksForStep,
-    groups_per_step: int,
-) -> None:
-    inputs = LoopInputs(
-        config=config,
-        run=run,
-        stack=stack,
-        runner=runner,
-        tasks_for_step=tasks_for_step,
-        groups_per_step=groups_per_step,
-        stalls=StallReporter(run.path, report_after_s=config.rollout.stall_report_after_s),
-    )
-    reporter = asyncio.create_task(inputs.stalls.run())  # no silent hang: see components/remote_waits.py
-    try:
-        if config.rollout.mode == "sync":
-            await _run_sync(inputs)
-        else:
-            await OverlappedLoop(inputs).run()
-    finally:
-        reporter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporter
-
-
-def _monitor(inputs: LoopInputs, *, rollouts_per_step: int, first_step: int) -> RunMonitor:
-    """The run's monitor: ``metrics.jsonl`` plus the trackers of the stack's ``loggers`` brick."""
-    from components.recipe_config import config_to_json
-    from monitoring.run_monitor import RunMonitor, RunMonitorConfig
-
-    config, run = inputs.config, inputs.run
-    return RunMonitor(
-        RunMonitorConfig(
-            run_dir=run.path,
-            num_steps=config.num_steps,
-            rollouts_per_step=rollouts_per_step,
-            first_step=min(first_step, config.num_steps),
-            run_config=json.loads(config_to_json(config)),
-            model=run.model_path,
-        ),
-        trackers=inputs.stack.bricks.loggers,
-    )
-
-
-def _slot_occupancy(trajectories: Sequence[Trajectory], *, max_concurrency: int, wall_s: float) -> float:
-    """The fraction of the rollout slots' time spent rolling out (1 - engine idle fraction)."""
-    busy = sum(t.metrics.get("rollout_wall_time_s", 0.0) for t in trajectories)
-    return min(1.0, busy / (max_concurrency * wall_s)) if wall_s > 0 else 0.0
-
-
-def _timing_metrics(
-    trajectories: Sequence[Trajectory],
-    *,
-    max_concurrency: int,
-    wall_s: float,
-    train_s: float,
-    trained_tokens: float,
-) -> dict[str, float]:
-    return {
-        "pipeline/trainer_idle_fraction": max(0.0, 1.0 - train_s / wall_s) if wall_s > 0 else 0.0,
-        "pipeline/rollout_slot_idle_fraction": 1.0
-        - _slot_occupancy(trajectories, max_concurrency=max_concurrency, wall_s=wall_s),
-        "pipeline/rollouts_per_min": 60.0 * len(trajectories) / wall_s if wall_s > 0 else 0.0,
-        "pipeline/trained_tokens_per_s": trained_tokens / wall_s if wall_s > 0 else 0.0,
-    }
-
-
-async def _run_sync(inputs: LoopInputs) -> None:
-    """Today's strict loop: roll out → one shard → train → push → log (and checkpoint); see ``launch.py``."""
-    config, stack = inputs.config, inputs.stack
-    pending = stack.ledger.pending_steps(config.num_steps)
-    first_step = pending[0] if pending else config.num_steps
-    rollouts_per_step = inputs.groups_per_step * config.group_size
-    monitor = _monitor(inputs, rollouts_per_step=rollouts_per_step, first_step=first_step)
-    async with engine_probe(stack.engine) as probe:
-        with monitor:
-            await _sync_steps(inputs, pending, monitor, probe)
-
-
-async def _sync_steps(
-    inputs: LoopInputs, pending: Sequence[int], monitor: Any, probe: EngineIdleProbe
-) -> None:
-    """Steps of ``sync``: roll out → one shard → train → push → log (and checkpoint)."""
-    config, stack, runner, groups_per_step = (
-        inputs.config,
-        inputs.stack,
-        inputs.runner,
-        inputs.groups_per_step,
-    )
-    for step in pending:
-        monitor.start_step(step)
-        started = time.monotonic()
-        # 1. rollout (or, after a restart, the step's stored shard)
-        trajectories, shard = await stack.rollout_or_load(
-            step,
-            runner,
-            inputs.tasks_for_step(step),
-            # dynamic sampling's replacements: the tasks of the same step of a later pass over the run
-            replacement_tasks=lambda round_, step=step: inputs.tasks_for_step(
-                step + round_ * config.num_steps
-            ),
-        )
-        for trajectory in trajectories:
-            monitor.rollout_finished(trajectory)
-        rollout_s = time.monotonic() - started
-        # 2. train, 3. sync weights to the engine
-        train_metrics = await stack.train_and_sync(step, shard)
-        wall_s = time.monotonic() - started
-        pipeline = _timing_metrics(
-            trajectories,
-            max_concurrency=config.rollout.max_concurrency,
-            wall_s=wall_s,
-            train_s=wall_s - rollout_s,
-            trained_tokens=float(train_metrics.get("train/num_tokens", 0.0)),
-        )
-        pipeline.update(staleness_histogram([0] * groups_per_step))
-        pipeline.update(stack.last_sampling_metrics)
-        pipeline.update(probe.take())
-        pipeline.update(inputs.stalls.take())
-        # 4. log, 5. checkpoint when due (after the log: see ``RunStack.train_and_sync``)
-        monitor.end_step(
-            step,
-            trajectories,
-            train_metrics=train_metrics,
-            rollout_wall_time_s=rollout_s,
-            extra_metrics=pipeline,
-        )
-        await stack.checkpoint_if_due(step)
 
 
 class RolloutSlots:
@@ -729,7 +359,7 @@ class OverlappedLoop:
         self.recover()
         first_step = self.ledger.steps_done
         rollouts_per_step = self.groups_per_step * self.config.group_size
-        monitor = _monitor(self.inputs, rollouts_per_step=rollouts_per_step, first_step=first_step)
+        monitor = step_monitor(self.inputs, rollouts_per_step=rollouts_per_step, first_step=first_step)
         self.monitor = monitor
         producer = asyncio.create_task(self.produce())
         try:
@@ -768,7 +398,7 @@ class OverlappedLoop:
                 )
                 now = time.monotonic()
                 committed, self.committed_since_step = self.committed_since_step, []
-                extra = _timing_metrics(
+                extra = timing_metrics(
                     committed,
                     max_concurrency=self.rollout.max_concurrency,
                     wall_s=now - step_started,
@@ -820,6 +450,3 @@ class OverlappedLoop:
             if not waiter.done():
                 waiter.cancel()
         return waiter.result()
-
-
-__all__ = ["LoopInputs", "RolloutBrickConfig", "ROLLOUT_MODES", "RolloutMode", "run_recipe_loop"]

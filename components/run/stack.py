@@ -1,70 +1,21 @@
-"""What every recipe shares: the run directory, Ray, the engine + proxy + trainer stack, and resume bookkeeping.
-
-A recipe builds its tasks, harness and grader, then drives ``RunStack`` step by step; the stack's own bricks
-(engine, proxy, algorithm, sandbox provider: objects satisfying ``components.protocols``) come from ``Bricks.from_config``
-unless the recipe passes its own, and the stack never asks which kind they are::
-
-    run = RunDirectory.create(config, recipe="swe_grpo")
-    async with RunStack.start(config, run, sandbox_paths=...) as stack:  # or bricks=Bricks(...)
-        for step in stack.ledger.pending_steps(config.num_steps):
-            trajectories, shard = await stack.rollout_or_load(step, runner, tasks)
-            train_metrics = await stack.train_and_sync(step, shard)
-            monitor.end_step(step, trajectories, train_metrics=train_metrics)  # the step's row first,
-            await stack.checkpoint_if_due(step)  # then the checkpoint that marks it done
-
-Run directory (``runs/<recipe>-<time>`` unless ``--run-dir``): ``config.json``, ``trajectories/`` (one Parquet
-shard per step; in ``--rollout-mode async`` / ``partial`` one per GRPO group), ``metrics.jsonl``, ``checkpoints/step-N`` (HF folders + optimizer + ``trainer_state.json``),
-``logs/driver.log``, ``wandb/`` (offline unless logged in), ``learning_curves.png``, ``viewer/index.html``.
-
-Placement through Ray resources:
-  - engine: one ``EngineActor`` with ``engine.num_cpus`` CPUs and ``engine.num_gpus`` GPUs (``--engine embedded``);
-    with ``--engine sglang`` the SGLang servers run outside Ray and the recipe only talks HTTP to ``sglang.url``;
-  - proxy: session-shard actors and ``proxy.replicas`` Ray Serve replicas, 0 CPUs each (they wait on I/O);
-    ``--proxy local`` serves it from the driver process instead (one fewer moving part, no Serve start-up);
-  - sandboxes: the driver's bubblewrap pool keeps ``sandbox.num_warm`` started (``--sandbox-backend e2b``: E2B's
-    cloud); on a multi-node cluster use ``sandboxes.ray_pool`` whose capacity is the ``sandbox_slots`` resource;
-  - trainer: ``trainer.num_workers`` Ray Train FSDP2 workers with ``trainer.cpus_per_worker`` CPUs (1 GPU each when
-    ``trainer.use_gpu``);
-  - rollout producer (harness runs, grading, the agents' sandboxes): in the driver, or with
-    ``--rollout-placement actor`` one Ray actor with ``rollout.actor_num_cpus`` CPUs and the custom resources
-    ``rollout.actor_resources`` (e.g. ``rollout=1`` that only sandbox nodes offer), its sandboxes started on its
-    node; it needs ``--proxy serve`` (``components/rollout/producer.py``).
-
-Resume rule (same ``--run-dir``): the trainer restarts from the newest complete checkpoint, whose
-``consumed_shards`` lists the step shards already trained into it. Each step is then, in order: *done* when its
-shard was consumed (skipped), *stored* when its shard exists but was not consumed (trained again from the shard,
-never rolled out again), *new* otherwise (rolled out, written as one shard, trained). A shard is written
-atomically, so a crash mid-rollout leaves no partial step: its rollouts are redone. No trajectory is lost or
-duplicated, and the engine restarts from the checkpoint's weights and version.
-
-Resume rule of ``--rollout-mode async`` and ``partial`` (``components/loop.py``): shards are per group, committed
-as each group completes, and which shard went into which step (and which were dropped for staleness) is the
-``trajectory_ledger`` in the checkpoint's trainer state, saved with the weights it describes. On restart the
-steps in the ledger are done; every committed group the ledger does not name goes back into the buffer and is
-trained exactly once; a group index handed out but never committed (in flight at the crash, or given up as too
-stale) is rolled out again; the engine restarts from the checkpoint's weights and version. A run directory
-keeps its mode's shard layout: resuming a sync run's untrained step shard in an overlapped mode is refused.
-"""
+"""The run's stack: Ray, then the bricks (engine, proxy, trainer + weight sync, sandboxes, loggers) started in
+order and stopped newest first, and the sync step's rollout → train → sync weights → checkpoint (see
+``components/run/__init__.py`` for placement and resume)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.config import require, require_non_negative, require_positive
-from components.engine.providers import EmbeddedEngineBrickConfig, EngineBrickConfig, EngineProvider
-from components.errors import ReinError
-from components.loop import RolloutBrickConfig
-from components.models.registry import REPO_ROOT, default_model_dir, resolve_model
+from components.engine.providers import EngineProvider
+from components.models.registry import REPO_ROOT, resolve_model
 from components.protocols import (
     Algorithm,
     MetricsLoggerProvider,
@@ -73,174 +24,22 @@ from components.protocols import (
     StartsAhead,
     Task,
 )
-from components.proxy.providers import ProxyBrickConfig, ProxyProvider, ServeProxyConfig
-from components.recipe_config import config_to_json, option, slot
-from components.registry import ALGORITHMS, ENGINES, LOGGERS, PROXIES, SANDBOXES
-from components.sampling import SamplingDistribution
-from components.training.algorithms import AlgorithmConfig, GRPOConfig
-from components.training.distillation import DistillationConfig
-from components.training.trainer_config import TrainerBrickConfig, TrainerConfig
+from components.proxy.providers import ProxyProvider
+from components.run.directory import UNTRAINED_DIR, RunDirectory, StepLedger
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
-from monitoring.logger import MetricsLoggersConfig, WandbLoggersConfig
-from sandboxes.provider import SandboxConfig, SandboxPoolConfig
-from sandboxes.resilient import SandboxResilienceConfig
 
 if TYPE_CHECKING:
     from components.proxy.config import ProxyConfig
     from components.rollout import RolloutRunner
+    from components.run.config import RunConfig
     from components.training import Trainer
+    from components.training.trainer_config import TrainerConfig
 
 logger = logging.getLogger("rein.recipe")
 
 # What `ray job submit --working-dir .` must not upload (Ray honours .gitignore too; this makes it explicit).
 WORKING_DIR_EXCLUDES = [".venv", ".models", ".agents", "runs", ".git", "**/__pycache__", "*.egg-info"]
-
-
-# Where a field goes: a field that configures one brick goes into that brick's config below (its flag is
-# ``--<brick>-<field>``, or a historical flag kept with ``option(..., flag=...)``); a field the whole run shares
-# (model, steps, seed, sampling) stays on ``RunConfig``. A recipe changes a brick's defaults by giving the brick
-# field a new default instance: ``sampling: SamplingBrickConfig = option(SamplingBrickConfig(max_tokens=192))``.
-# The trainer brick's config lives with the trainer (``components/training/trainer_config.py``).
-# ``--config FILE`` takes the same fields nested by brick (``trainer: {workers: 2}``).
-
-
-@dataclass(kw_only=True, frozen=True)
-class SamplingBrickConfig:
-    """How the policy samples (the proxy samples with it, each segment records it, the trainer recomputes
-    logprobs under it)."""
-
-    temperature: float = option(1.0, "sampling temperature of the policy", flag="temperature")
-    top_p: float = option(
-        1.0, "nucleus (top-p) mass of the policy's sampling; 1: no truncation", flag="top-p"
-    )
-    top_k: int = option(0, "top-k of the policy's sampling; 0: no truncation", flag="top-k")
-    agent_sampling: bool = option(
-        False,
-        "sample with each agent's own temperature/top_p/top_k instead of the run's (recorded either way)",
-        flag="agent-sampling",
-    )
-    max_tokens: int = option(128, "cap on the tokens of one model reply", flag="max-tokens")
-    record_routed_experts: bool = option(
-        False,
-        "MoE policies: record the experts the engine routed each token to and replay them in training (R3)",
-        flag="record-routed-experts",
-    )
-
-    def __post_init__(self) -> None:
-        self.distribution  # noqa: B018 -- validates temperature / top_p / top_k, naming the bad one
-        require_positive(self.max_tokens, "max_tokens")
-
-    @property
-    def distribution(self) -> SamplingDistribution:
-        """The run's sampling distribution (the proxy samples with it; each segment records it)."""
-        return SamplingDistribution(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-
-
-@dataclass(kw_only=True, frozen=True)
-class RunConfig:
-    """Fields every recipe has: the run's own (model, run directory, steps, seed, Ray) and one config per brick
-    (engine, sglang, proxy, rollout, sampling, sandbox, trainer, monitoring)."""
-
-    model: str = option(
-        "default", "policy: 'default' (SmolLM2-135M-Instruct), 'tiny' (test model) or an HF folder"
-    )
-    run_dir: str = option("", "run directory; '' makes runs/<recipe>-<time>; an existing one is resumed")
-    num_steps: int = option(2, "training steps (rollout → train → weight sync → log/checkpoint)")
-    group_size: int = option(2, "rollouts per task per step (one GRPO group)")
-    algorithm: AlgorithmConfig = slot(
-        ALGORITHMS,
-        GRPOConfig(),
-        "policy-gradient algorithm (components/training/algorithms/): GRPO, Dr.GRPO, GSPO (sequence-level ratio "
-        "and clipping) or RLOO (leave-one-out baseline); its fields are its loss knobs: clip range, mismatch "
-        "correction (importance_sampling), KL coefficient and estimator, loss aggregation (sample_weighting)",
-    )
-    checkpoint_every_steps: int = option(1, "write a checkpoint every N steps (and always after the last)")
-    seed: int = option(0, "seed of the trainer and of task selection")
-    engine: EngineBrickConfig = slot(
-        ENGINES,
-        EmbeddedEngineBrickConfig(),
-        "the inference engine: the embedded torch engine in one Ray actor, or SGLang / vLLM servers outside Ray",
-    )
-    proxy: ProxyBrickConfig = slot(
-        PROXIES,
-        ServeProxyConfig(),
-        "the inference proxy: Ray Serve deployment (serve) or in the driver (local)",
-    )
-    rollout: RolloutBrickConfig = option(RolloutBrickConfig(), "rollout scheduling")
-    sampling: SamplingBrickConfig = option(SamplingBrickConfig(), "the policy's sampling")
-    sandbox: SandboxConfig = slot(
-        SANDBOXES,
-        SandboxPoolConfig(num_warm=2),
-        "the agents' sandboxes: local bubblewrap pool (bwrap) or E2B",
-        flag="sandbox-backend",
-    )
-    sandbox_resilience: SandboxResilienceConfig = option(
-        SandboxResilienceConfig(), "retries and circuit breaker around the sandbox backend"
-    )
-    trainer: TrainerBrickConfig = option(TrainerBrickConfig(), "the trainer")
-    monitoring: MetricsLoggersConfig = slot(
-        LOGGERS, WandbLoggersConfig(), "metrics loggers besides metrics.jsonl"
-    )
-    distillation: DistillationConfig = option(
-        DistillationConfig(), "on-policy distillation from teachers (components/training/distillation.py)"
-    )
-    ray_address: str = option(
-        "", "Ray cluster to join; '' joins $RAY_ADDRESS when set, else starts a local one"
-    )
-    ray_num_cpus: int = option(8, "logical CPUs of a local Ray instance (oversubscribing 2 cores is fine)")
-
-    def __post_init__(self) -> None:
-        for name in ("num_steps", "group_size", "ray_num_cpus"):
-            require_positive(getattr(self, name), name)
-        require_non_negative(self.checkpoint_every_steps, "checkpoint_every_steps")
-        # Checks across bricks (each brick checks its own fields).
-        self.engine.check_sampling(self.sampling.distribution)  # e.g. SGLang's logprobs ignore top-p / top-k
-        require(
-            not self.engine.colocated or self.rollout.mode == "sync",
-            "engine.colocated",
-            "needs rollout mode sync (the servers give their GPU memory up while training)",
-        )
-        require(
-            self.rollout.placement == "driver" or self.proxy.reachable_from_other_processes,
-            "rollout.placement",
-            "actor needs proxy kind serve: the in-driver proxy (local) cannot be reached from the producer actor",
-        )
-        if self.model == "default":
-            require(
-                (default_model_dir() / "config.json").exists(),
-                "model",
-                f"the default model is missing at {default_model_dir()}: run `make setup`, or set REIN_MODELS_DIR "
-                "to the folder holding it (e.g. on a cluster, where the job's working dir has no .models)",
-            )
-        elif self.model != "tiny":
-            require((Path(self.model) / "config.json").exists(), "model", f"{self.model!r} is no HF folder")
-
-
-@dataclass(frozen=True)
-class RunDirectory:
-    """The one directory a run writes everything into."""
-
-    path: Path
-    recipe: str
-    model_path: Path
-
-    @classmethod
-    def create(cls, config: RunConfig, *, recipe: str) -> RunDirectory:
-        """Make (or reopen, to resume) the run directory; write ``config.json``; log to ``logs/driver.log``."""
-        path = Path(config.run_dir or REPO_ROOT / "runs" / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
-        path = path.resolve()
-        (path / "logs").mkdir(parents=True, exist_ok=True)
-        run = cls(path=path, recipe=recipe, model_path=resolve_model(config.model).resolve())
-        recorded = {"recipe": recipe, "model_path": str(run.model_path), **json.loads(config_to_json(config))}
-        (path / "config.json").write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
-        handler = logging.FileHandler(path / "logs" / "driver.log")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger().addHandler(handler)
-        logging.getLogger().setLevel(logging.INFO)
-        for chatty in ("httpx", "httpx2", "httpcore"):  # one line per model call otherwise
-            logging.getLogger(chatty).setLevel(logging.WARNING)
-        return run
 
 
 def connect_ray(config: RunConfig) -> None:
@@ -269,30 +68,6 @@ def connect_ray(config: RunConfig) -> None:
             runtime_env={"env_vars": env_vars},
             object_store_memory=1024 * 1024 * 1024,
         )
-
-
-UNTRAINED_DIR = "untrained"  # under the run directory: a store of rollouts left out of training
-
-
-class StepLedger:
-    """Which steps are done, stored (shard written, not trained into the checkpoint) or new (see module doc)."""
-
-    def __init__(self, store: TrajectoryStore, consumed_shards: Sequence[str]) -> None:
-        self.store = store
-        self.consumed = set(consumed_shards)
-        self.shards: dict[int, Path] = {}
-        for path in store.shard_paths():
-            trajectories = store.read_shard(path)
-            if trajectories:
-                self.shards.setdefault(trajectories[0].step, path)
-
-    def pending_steps(self, num_steps: int) -> list[int]:
-        """Steps not yet trained into the checkpoint, in order."""
-        return [step for step in range(num_steps) if self.shards.get(step, Path()).name not in self.consumed]
-
-    def stored_shard(self, step: int) -> Path | None:
-        """The shard of ``step`` written before a restart, if any."""
-        return self.shards.get(step)
 
 
 @dataclass(kw_only=True)
@@ -586,30 +361,3 @@ async def _to_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) ->
     import asyncio
 
     return await asyncio.to_thread(function, *args, **kwargs)
-
-
-def tasks_for_step(tasks: Sequence[Task], *, step: int, num_tasks: int) -> list[Task]:
-    """``num_tasks`` tasks for ``step``, walking through ``tasks`` in order (wrapping around)."""
-    return [tasks[(step * num_tasks + index) % len(tasks)] for index in range(num_tasks)]
-
-
-def main_entry(main: Callable[[Any], Awaitable[Any]], config_class: type, description: str) -> None:
-    """Parse the command line into ``config_class`` and run ``main(config)``."""
-    import asyncio
-
-    from components.recipe_config import parse_config
-
-    config = parse_config(config_class, sys.argv[1:], description=description)
-    try:
-        asyncio.run(main(config))
-    except ValueError as error:  # a value only checkable at run time (e.g. an unknown task id): no traceback
-        logger.info("run stopped", exc_info=True)  # the traceback goes to logs/driver.log only
-        sys.exit(f"{Path(sys.argv[0]).name}: error: {error}")
-    except ReinError as error:  # a fault the run did not survive (a sandbox backend down, a server gone)
-        logger.info("run stopped", exc_info=True)  # the traceback: logs/driver.log only
-        cause = getattr(error, "cause", None)  # raised in a Ray actor: Ray's wrapper carries the original
-        error = cause if isinstance(cause, ReinError) else error
-        sys.exit(
-            f"{Path(sys.argv[0]).name}: the run stopped: {type(error).__name__}: {error} (traceback in the run "
-            "directory's logs/driver.log; the same command resumes the run from its last checkpoint)"
-        )
