@@ -73,16 +73,25 @@ def read_codex_events(
     return status, reason, metrics
 
 
-def CodexAgent(*, executable: Path = NATIVE_CODEX, auto_compact_token_limit: int | None = None) -> AgentSpec:
+def CodexAgent(
+    *,
+    executable: Path = NATIVE_CODEX,
+    auto_compact_token_limit: int | None = None,
+    multi_agent: bool = False,
+) -> AgentSpec:
     """``codex exec --skip-git-repo-check --json --dangerously-bypass-approvals-and-sandbox PROMPT`` with one
     provider in ``$CODEX_HOME/config.toml`` pointing at the proxy session; codex's own sandbox is off because
     bwrap already is one. ``auto_compact_token_limit``: its ``model_auto_compact_token_limit`` (compact the
-    history once a turn's tokens pass it); None: its default for the model."""
+    history once a turn's tokens pass it); None: its default for the model. ``multi_agent``: its
+    ``[features] multi_agent`` (its sub-agent tools, ``spawn_agent`` … in the ``multi_agent_v1`` namespace: each
+    sub-agent is a conversation of its own through the same session, labelled ``subagent`` under the call that
+    spawned it)."""
     compaction = (
         {}
         if auto_compact_token_limit is None
         else {"model_auto_compact_token_limit": auto_compact_token_limit}
     )
+    features = {"features": {"multi_agent": True}} if multi_agent else {}
     return AgentSpec(
         name="codex",
         paths=(AGENTS_DIR,),  # the native binary; no Node needed
@@ -119,6 +128,7 @@ def CodexAgent(*, executable: Path = NATIVE_CODEX, auto_compact_token_limit: int
                         }
                     },
                     "analytics": {"enabled": False},
+                    **features,
                 }
             )
         },
@@ -132,5 +142,7 @@ def CodexAgent(*, executable: Path = NATIVE_CODEX, auto_compact_token_limit: int
 class CodexBrickConfig(BlackBoxBrickConfig):
     """The ``harness`` kind ``codex``: the unmodified Codex CLI (a black-box agent)."""
 
+    multi_agent: bool = False  # Codex's sub-agent tools (``[features] multi_agent``)
+
     def agent(self) -> AgentSpec:
-        return CodexAgent()
+        return CodexAgent(multi_agent=self.multi_agent)

@@ -65,10 +65,12 @@ def read_mini_exit_status(
     )
 
 
-def MiniSweAgent(*, executable: Path | None = None) -> AgentSpec:
+def MiniSweAgent(*, executable: Path | None = None, max_attempts: int = 2) -> AgentSpec:
     """``mini -y --exit-immediately -m openai/MODEL -c mini.yaml -c model.model_kwargs.api_base=…`` from the
     project's virtual environment (bound read-only with the Python it was made from), its global config dir
-    and trajectory file in HOME."""
+    and trajectory file in HOME. ``max_attempts``: its attempts per model call
+    (``MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT``, read by ``minisweagent.models.utils.retry``; its own default 10,
+    with exponential back-off)."""
     return AgentSpec(
         name="mini-swe-agent",
         paths=python_environment_paths(),
@@ -84,7 +86,7 @@ def MiniSweAgent(*, executable: Path | None = None) -> AgentSpec:
             "MSWEA_CONFIGURED": "true",
             "MSWEA_GLOBAL_CONFIG_DIR": "{home}/.mini",
             "MSWEA_COST_TRACKING": "ignore_errors",
-            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
+            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": str(max_attempts),
             "MSWEA_SILENT_STARTUP": "1",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "PYTHONDONTWRITEBYTECODE": "1",

@@ -2,10 +2,16 @@
 headless CI entry point: temporary state, no Gateway) on Node 24, with the proxy session declared as a custom
 provider in the pinned config (``api: "openai-completions"``: Chat Completions) and the output bound as the
 model's ``maxTokens``. OpenClaw has no turn setting for an embedded run: its own ``--timeout`` (the wall time) and
-the sandbox's ``timeout`` bound it, as Codex. Exit 0 ok, 1 a model or result error, 2 its deadline."""
+the sandbox's ``timeout`` bound it, as Codex. Exit 0 ok, 1 a model or result error, 2 its deadline.
+
+Its run state lives in ``--state-dir`` (``$HOME/.openclaw``: the run's own, so runs share nothing), whose agent
+directory (``agents/main/agent``) holds the embedded agent's ``settings.json``: ``retry.provider.maxRetries``
+(its docs, concepts/retry.md; read by ``SettingsManager.getProviderRetrySettings`` as the transient retry budget
+of a model call: eight retries in a 90 s window by default, 0 none) is ``OpenClawAgent(max_retries=…)``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -17,6 +23,10 @@ from harnesses.blackbox import AgentExit, BlackBoxBrickConfig
 
 OPENCLAW_ENTRY = AGENTS_DIR / "node_modules" / "openclaw" / "openclaw.mjs"
 CONTEXT_WINDOW = 32_768
+STATE_DIR = ".openclaw"  # under the run's HOME
+AGENT_SETTINGS = (
+    f"{STATE_DIR}/agents/main/agent/settings.json"  # the default agent's directory in the state dir
+)
 
 
 def openclaw_metrics(run: AgentExit) -> dict[str, float]:
@@ -35,11 +45,21 @@ def openclaw_metrics(run: AgentExit) -> dict[str, float]:
     }
 
 
-OPENCLAW = AgentSpec(
+def OpenClawAgent(*, max_retries: int | None = None) -> AgentSpec:
+    """OpenClaw as a black-box agent (see the module docstring). ``max_retries``: its provider retry budget per
+    model call (``retry.provider.maxRetries``); None: its default."""
+    retry = {} if max_retries is None else {"retry": {"provider": {"maxRetries": max_retries}}}
+    return dataclasses.replace(
+        _OPENCLAW, home_files={**_OPENCLAW.home_files, AGENT_SETTINGS: JsonFile(retry)}
+    )
+
+
+_OPENCLAW = AgentSpec(
     name="openclaw",
     paths=(AGENTS_DIR,),
     argv=(
         *(str(NODE24), str(OPENCLAW_ENTRY), "agent", "exec", "--config", "{home}/openclaw.json"),
+        *("--state-dir", f"{{home}}/{STATE_DIR}"),  # exists: the settings file below is written into it
         *("--model", "rein/{model}", "--json", "--timeout", "{wall_time_s}", "{prompt}"),
     ),
     # documented switches (docs/gateway/config-runtime.md, telemetry.md): no update request or notice
@@ -87,11 +107,7 @@ OPENCLAW = AgentSpec(
     ),
     turn_bound="proxy",  # no turn setting for an embedded run
 )
-
-
-def OpenClawAgent() -> AgentSpec:
-    """OpenClaw as a black-box agent (see the module docstring)."""
-    return OPENCLAW
+OPENCLAW = OpenClawAgent()
 
 
 @HARNESSES.register("openclaw")

@@ -1,7 +1,11 @@
 """Qwen Code (npm ``@qwen-code/qwen-code``) as a black-box agent: headless ``qwen -p PROMPT --yolo
 --output-format json`` on Node 24, its ``$HOME/.qwen/settings.json`` selecting the OpenAI-compatible auth with
 the proxy session as ``baseUrl`` (Chat Completions), ``model.maxSessionTurns`` as the turn bound (exit 53 when
-reached) and ``samplingParams.max_tokens`` as the output bound."""
+reached) and ``samplingParams.max_tokens`` as the output bound.
+
+``model.generationConfig.maxRetries`` (``QwenCodeAgent(max_retries=…)``) bounds its OpenAI client's retries and its
+rate-limit retries; its stream retry of a failing call (``retryWithBackoff`` in ``GeminiChat``: 7 attempts from
+1.5 s, doubling) has no setting, so only its wall time bounds a run against an engine that keeps failing."""
 
 from __future__ import annotations
 
@@ -37,56 +41,56 @@ def qwen_metrics(run: AgentExit) -> dict[str, float]:
     }
 
 
-QWEN_CODE = AgentSpec(
-    name="qwen-code",
-    paths=(AGENTS_DIR,),
-    argv=(str(NODE24), str(QWEN_ENTRY), "-p", "{prompt}", "--yolo", "--output-format", "json"),
-    env={
-        "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1",  # bwrap, not Qwen Code, is the sandbox
-        "NO_COLOR": "1",
-    },
-    home_files={
-        ".qwen/settings.json": JsonFile(
-            {
-                "security": {
-                    "auth": {"selectedType": "openai", "apiKey": "{api_key}", "baseUrl": "{base_url}/v1"}
-                },
-                "model": {
-                    "name": "{model}",
-                    "maxSessionTurns": "{max_turns}",
-                    "generationConfig": {
-                        "maxRetries": 1,
-                        "samplingParams": {"max_tokens": "{max_output_tokens}"},
-                    },
-                },
-                "privacy": {"usageStatisticsEnabled": False},
-                "telemetry": {"enabled": False},
-                "general": {"enableAutoUpdate": False},
-            }
-        )
-    },
-    exit=ExitRules(
-        # Its FatalError exit codes: 53 turn limit, 55 budget (wall time / tool calls), 52 bad config.
-        exit_codes={53: TrajectoryStatus.TURN_LIMIT, 55: TrajectoryStatus.TIMEOUT},
-        rules=(
-            OutputRule(
-                r"(context|token).{0,40}(window|length|limit exceeded|too long)",
-                TrajectoryStatus.CONTEXT_OVERFLOW,
-            ),
-            OutputRule(
-                r"(Connection error|ECONNREFUSED|fetch failed|\b50[0234]\b (status code|Internal|Bad|Service))[^\n]{0,200}",
-                TrajectoryStatus.ENGINE_ERROR,
-                "qwen: {match}",
-            ),
-        ),
-        metrics=qwen_metrics,
-    ),
-)
-
-
-def QwenCodeAgent() -> AgentSpec:
+def QwenCodeAgent(*, max_retries: int = 1) -> AgentSpec:
     """Qwen Code as a black-box agent (see the module docstring)."""
-    return QWEN_CODE
+    return AgentSpec(
+        name="qwen-code",
+        paths=(AGENTS_DIR,),
+        argv=(str(NODE24), str(QWEN_ENTRY), "-p", "{prompt}", "--yolo", "--output-format", "json"),
+        env={
+            "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1",  # bwrap, not Qwen Code, is the sandbox
+            "NO_COLOR": "1",
+        },
+        home_files={
+            ".qwen/settings.json": JsonFile(
+                {
+                    "security": {
+                        "auth": {"selectedType": "openai", "apiKey": "{api_key}", "baseUrl": "{base_url}/v1"}
+                    },
+                    "model": {
+                        "name": "{model}",
+                        "maxSessionTurns": "{max_turns}",
+                        "generationConfig": {
+                            "maxRetries": max_retries,
+                            "samplingParams": {"max_tokens": "{max_output_tokens}"},
+                        },
+                    },
+                    "privacy": {"usageStatisticsEnabled": False},
+                    "telemetry": {"enabled": False},
+                    "general": {"enableAutoUpdate": False},
+                }
+            )
+        },
+        exit=ExitRules(
+            # Its FatalError exit codes: 53 turn limit, 55 budget (wall time / tool calls), 52 bad config.
+            exit_codes={53: TrajectoryStatus.TURN_LIMIT, 55: TrajectoryStatus.TIMEOUT},
+            rules=(
+                OutputRule(
+                    r"(context|token).{0,40}(window|length|limit exceeded|too long)",
+                    TrajectoryStatus.CONTEXT_OVERFLOW,
+                ),
+                OutputRule(
+                    r"(Connection error|ECONNREFUSED|fetch failed|\b50[0234]\b (status code|Internal|Bad|Service))[^\n]{0,200}",
+                    TrajectoryStatus.ENGINE_ERROR,
+                    "qwen: {match}",
+                ),
+            ),
+            metrics=qwen_metrics,
+        ),
+    )
+
+
+QWEN_CODE = QwenCodeAgent()
 
 
 @HARNESSES.register("qwen_code")

@@ -4,12 +4,18 @@ Accepted: ``input`` (a string, or items: ``message`` with input_text/output_text
 ``function_call_output``, ``custom_tool_call``/``custom_tool_call_output``; ``reasoning`` items are not
 re-sent to the policy as items but their text is attached to the next assistant turn; other item types -
 server-side tool calls, item references - are skipped), ``instructions`` (→ the system message), ``tools``
-(function tools; web_search, local_shell, custom/freeform tools and the like are skipped), ``max_output_tokens``,
+(function tools, and ``namespace`` tools: the function tools they group; web_search, local_shell, custom/freeform
+tools and the like are skipped), ``max_output_tokens``,
 ``temperature``, ``top_p``, ``stream``. Ignored: ``model``, ``reasoning``, ``text``, ``store``, ``include``,
 ``parallel_tool_calls``, ``tool_choice``, ``prompt_cache_key``, ``metadata``. ``previous_response_id`` is
 refused (400): the proxy keeps no response store, the client must send the whole input.
 
 An assistant ``message`` item followed by ``function_call`` items is one assistant turn (text + tool calls).
+
+A function inside a ``namespace`` tool (Codex's sub-agent tools: ``multi_agent_v1`` → ``spawn_agent`` …) is the
+canonical tool ``namespace.name`` (a plain function's name cannot hold a dot), so the policy sees and calls it by
+that name; a ``function_call`` item's ``namespace`` field joins its name the same way, and the policy's call of
+``namespace.name`` goes back out as ``name`` with its ``namespace``.
 
 A completion cut by the token budget is reported as status ``incomplete`` with
 ``incomplete_details.reason = "max_output_tokens"`` but through ``response.completed``, not
@@ -40,6 +46,20 @@ from components.tito.formats import call_argument_pieces
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 
 MESSAGE_ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+NAMESPACE_SEPARATOR = "."
+
+
+def _qualified_name(item: JsonObject, where: str) -> str:
+    """A call's or tool's canonical name: ``namespace.name`` when the item names a namespace."""
+    name = get_str(item, "name", where)
+    namespace = get_str(item, "namespace", where, default="")
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+
+
+def _call_name_fields(name: str) -> dict[str, str]:
+    """The ``name`` (and ``namespace``) fields of an output call of canonical tool ``name``."""
+    namespace, dot, local_name = name.rpartition(NAMESPACE_SEPARATOR)
+    return {"name": local_name, "namespace": namespace} if dot else {"name": name}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,7 +161,7 @@ def parse_input(body: JsonObject) -> tuple[ChatMessage, ...]:
                 raise InvalidRequestError(f"{where}.{arguments_key}: expected a string")
             builder.add_tool_call(
                 ToolCall(
-                    id=get_str(item, "call_id", where), name=get_str(item, "name", where), arguments=arguments
+                    id=get_str(item, "call_id", where), name=_qualified_name(item, where), arguments=arguments
                 )
             )
         elif item_type in ("function_call_output", "custom_tool_call_output"):
@@ -160,17 +180,60 @@ def parse_input(body: JsonObject) -> tuple[ChatMessage, ...]:
 
 
 def parse_tools(value: JsonValue) -> tuple[ToolSpec, ...]:
-    """Function tools; every other tool type is skipped."""
+    """Function tools, and the function tools of ``namespace`` tools as ``namespace.name``; every other tool type
+    is skipped."""
     if value is None:
         return ()
     tools = []
     for index, raw in enumerate(require_list(value, "body.tools")):
         where = f"tools[{index}]"
         raw = require_object(raw, where)
-        if raw.get("type") != "function":
-            continue
-        tools.append(read_tool_spec(raw, where, schema_key="parameters"))
+        if raw.get("type") == "function":
+            tools.append(read_tool_spec(raw, where, schema_key="parameters"))
+        elif raw.get("type") == "namespace":
+            namespace = get_str(raw, "name", where)
+            for inner_index, inner in enumerate(require_list(raw.get("tools"), f"{where}.tools")):
+                inner_where = f"{where}.tools[{inner_index}]"
+                inner = require_object(inner, inner_where)
+                if inner.get("type") != "function":
+                    continue  # a custom (freeform) tool, skipped as at the top level
+                tool = read_tool_spec(inner, inner_where, schema_key="parameters")
+                tools.append(
+                    ToolSpec(
+                        name=f"{namespace}{NAMESPACE_SEPARATOR}{tool.name}",
+                        description=tool.description,
+                        parameters=tool.parameters,
+                    )
+                )
     return tuple(tools)
+
+
+def _echoed_tools(tools: tuple[ToolSpec, ...]) -> list[JsonObject]:
+    """The tools as the Response object lists them: function tools, namespaced ones inside their namespace."""
+    echoed: list[JsonObject] = []
+    namespaces: dict[str, JsonObject] = {}
+    for tool in tools:
+        names = _call_name_fields(tool.name)
+        function = {
+            "type": "function",
+            "name": names["name"],
+            "description": tool.description,
+            "parameters": dict(tool.parameters),
+            "strict": False,
+        }
+        if "namespace" not in names:
+            echoed.append(function)
+            continue
+        if names["namespace"] not in namespaces:
+            namespaces[names["namespace"]] = {
+                "type": "namespace",
+                "name": names["namespace"],
+                "description": "",
+                "tools": [],
+            }
+            echoed.append(namespaces[names["namespace"]])
+        namespaces[names["namespace"]]["tools"].append(function)
+    return echoed
 
 
 def parse_request(body: JsonObject) -> ResponsesRequest:
@@ -196,16 +259,7 @@ def parse_request(body: JsonObject) -> ResponsesRequest:
         "max_output_tokens": turn.max_tokens,
         "temperature": turn.temperature,
         "top_p": turn.top_p,
-        "tools": [
-            {
-                "type": "function",
-                "name": t.name,
-                "description": t.description,
-                "parameters": dict(t.parameters),
-                "strict": False,
-            }
-            for t in tools
-        ],
+        "tools": _echoed_tools(tools),
         "tool_choice": body["tool_choice"] if isinstance(body.get("tool_choice"), str | dict) else "auto",
         "parallel_tool_calls": body["parallel_tool_calls"]
         if isinstance(body.get("parallel_tool_calls"), bool)
@@ -252,7 +306,7 @@ def _output_items(outcome: TurnOutcome, response_id: str) -> list[JsonObject]:
                 "type": "function_call",
                 "id": f"fc_{suffix}_{index}",
                 "call_id": call.id or f"call_{suffix}_{index}",
-                "name": call.name,
+                **_call_name_fields(call.name),
                 "arguments": call.arguments,
                 "status": "completed",
             }

@@ -643,7 +643,8 @@ class TitoSession:
         same request as an earlier turn of it a ``retry``, anything else a ``fork``. A conversation rendered
         anew is a ``subagent`` when it offers tools and its first prompt is the text of a tool call one of the
         held replies made (the parent is that reply's segment, branched right after it), a ``compaction`` when it carries a reply
-        the policy wrote (a summary) in a held segment, and otherwise a ``side_call`` beside the segment used
+        the policy wrote (a summary) in a held segment, a ``subagent`` still when a later prompt is such a call's
+        text (Codex's sub-agent: its environment context comes first), and otherwise a ``side_call`` beside the segment used
         last; the session's first segment is the ``root``."""
         if source is not None:
             position = turn.num_reused_tokens
@@ -660,14 +661,25 @@ class TitoSession:
         if not self._segments:
             return None, 0, BranchKind.ROOT
         prompts = [m.content for m in turn.messages if m.role == "user" and m.content]
-        first_prompt = prompts[0] if prompts else ""
         recent = sorted(self._segments, key=lambda s: s.last_used, reverse=True)
-        # a sub-agent acts (it has tools); a side call quoting a command (a safety check) does not
-        started_by_call = self._reply_whose_call_started(first_prompt, recent) if turn.tools else None
-        for kind, found in (
-            (BranchKind.SUBAGENT, started_by_call),
-            (BranchKind.COMPACTION, self._reply_quoted_in(prompts, recent)),
+
+        def started_by_call(candidates: Sequence[str]):
+            # a sub-agent acts (it has tools); a side call quoting a command (a safety check) does not
+            if not turn.tools:
+                return None
+            return next(
+                (found for p in candidates if (found := self._reply_whose_call_started(p, recent))), None
+            )
+
+        # The task as the first prompt (Claude Code's Task sub-agents), or after context prompts of the agent's own
+        # (Codex's sub-agents: environment context first), checked after a resumed summary so that a summary
+        # quoting a spawn call stays a compaction.
+        for kind, find in (
+            (BranchKind.SUBAGENT, lambda: started_by_call(prompts[:1])),
+            (BranchKind.COMPACTION, lambda: self._reply_quoted_in(prompts, recent)),
+            (BranchKind.SUBAGENT, lambda: started_by_call(prompts[1:])),
         ):
+            found = find()
             if found is not None:
                 return found[0], found[1], kind
         parent = self._last_segment or recent[0]

@@ -10,14 +10,17 @@ runner relies on:
   died each end in an outcome whose status is not ``ok``.
 
 Built-in: the white-box SWE agent (on a minilib task), the toy-game agent (on a tic-tac-toe game), a wrapped
-Python agent (``harnesses.wrap``), and all seven black-box agents in their sandboxes: Claude Code, Codex, Gemini
-CLI, mini-swe-agent, opencode, Qwen Code and OpenClaw (the last four not in the two failure checks: see
-``SLOW_TO_FAIL``; OpenClaw not in the session check either). A user's harness gets a small question task in an empty workspace.
+Python agent (``harnesses.wrap``), and all seven black-box agents in their sandboxes, every check on each: Claude
+Code, Codex, Gemini CLI, mini-swe-agent, opencode, Qwen Code and OpenClaw, each built with its own retry setting
+at its minimum (their clients retry a failing engine with back-off otherwise); the two whose retries no setting
+bounds (opencode; Qwen Code's stream retry) get a short wall time in the failure checks, ``RETRYING_WALL_TIME_S``.
+A user's harness gets a small question task in an empty workspace.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import socket
 from collections.abc import Callable
@@ -45,6 +48,9 @@ from tests.required_tools import require_tool
 pytestmark = pytest.mark.timeout(300)
 
 BOUND_S = 120.0
+# The wall time of an agent whose retries of a failing engine no setting bounds, in the failure checks: long
+# enough to start under load and make its first call (the failing-engine check needs it), short of its back-off.
+RETRYING_WALL_TIME_S = 30.0
 ADMIN_KEY = "contract-suite-admin-key"
 REPLY = "I looked at the problem and I am not sure what to do."
 
@@ -62,10 +68,12 @@ class QuestionTask:
 
 @dataclass(frozen=True)
 class BuiltInHarness:
-    """A built-in harness and the kind of task it is made for."""
+    """A built-in harness and the kind of task it is made for (``failing``: the harness the failure checks run,
+    when it differs)."""
 
     harness: Harness
     make_task: Callable[[pytest.FixtureRequest], Task]
+    failing: Harness | None = None
 
 
 def _minilib_task(request) -> Task:
@@ -103,34 +111,28 @@ def _wrapped_agent() -> BuiltInHarness:
     return BuiltInHarness(agent_harness(ask_then_run, name="wrapped"), lambda request: QuestionTask())
 
 
-def _mini_swe_agent() -> BuiltInHarness:
-    from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
-    from harnesses.mini_swe_agent import MiniSweAgent
-
-    config = BlackBoxConfig(
-        max_turns=2,
-        wall_time_s=90,
-        max_output_tokens=32,
-        extra_env={"MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1"},  # fail at once: no 4 s back-off
-    )
-    return BuiltInHarness(BlackBoxHarness(MiniSweAgent(), config), _minilib_task)
-
-
-def _declared_agent(module: str, make_agent: str, **options) -> Callable[[], BuiltInHarness]:
-    """A declared black-box agent (``harnesses/agent_spec.py``: ``module.make_agent(**options)``, or the
-    module's constant of that name) on a minilib task, bounds kept small."""
+def _declared_agent(
+    module: str, make_agent: str, *, retries_unbounded: bool = False, **options
+) -> Callable[[], BuiltInHarness]:
+    """A declared black-box agent (``harnesses/agent_spec.py``: ``module.make_agent(**options)``, its retry
+    setting among the options) on a minilib task, bounds kept small; ``retries_unbounded``: no setting bounds
+    its retries, so the failure checks run it for ``RETRYING_WALL_TIME_S``."""
 
     def make() -> BuiltInHarness:
         import importlib
 
         from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
 
-        agent = getattr(importlib.import_module(module), make_agent)
-        agent = agent(**options) if callable(agent) else agent
+        agent = getattr(importlib.import_module(module), make_agent)(**options)
         for program in (word for word in agent.argv[:2] if isinstance(word, str) and word.startswith("/")):
             require_tool(program, "run `make setup-test` (npm install of the agents)")  # Node and its entry
         config = BlackBoxConfig(max_turns=2, wall_time_s=100, max_output_tokens=32)
-        return BuiltInHarness(BlackBoxHarness(agent, config), _minilib_task)
+        failing = (
+            BlackBoxHarness(agent, dataclasses.replace(config, wall_time_s=RETRYING_WALL_TIME_S))
+            if retries_unbounded
+            else None
+        )
+        return BuiltInHarness(BlackBoxHarness(agent, config), _minilib_task, failing)
 
     return make
 
@@ -139,27 +141,16 @@ BUILT_INS = {
     "swe-agent": _swe_agent,
     "toy-agent": _toy_agent,
     "wrapped-function": _wrapped_agent,
-    "mini-swe-agent-blackbox": _mini_swe_agent,
+    "mini-swe-agent-blackbox": _declared_agent("harnesses.mini_swe_agent", "MiniSweAgent", max_attempts=1),
     "claude-code-blackbox": _declared_agent("harnesses.claude_code", "ClaudeCodeAgent", bare=True),
     "codex-blackbox": _declared_agent("harnesses.codex", "CodexAgent"),
     "gemini-cli-blackbox": _declared_agent("harnesses.gemini_cli", "GeminiCliAgent", max_attempts=1),
-    "opencode-blackbox": _declared_agent("harnesses.opencode", "OPENCODE"),
-    "qwen-code-blackbox": _declared_agent("harnesses.qwen_code", "QWEN_CODE"),
-    "openclaw-blackbox": _declared_agent("harnesses.openclaw", "OPENCLAW"),
+    "opencode-blackbox": _declared_agent("harnesses.opencode", "OpencodeAgent", retries_unbounded=True),
+    "qwen-code-blackbox": _declared_agent(
+        "harnesses.qwen_code", "QwenCodeAgent", max_retries=0, retries_unbounded=True
+    ),
+    "openclaw-blackbox": _declared_agent("harnesses.openclaw", "OpenClawAgent", max_retries=0),
 }
-
-
-# Agents whose own client retries a failing engine with back-off until their wall time (mini-swe-agent ~20-30 s,
-# opencode its 100 s here; Qwen Code and OpenClaw start in 20-100 s on a loaded 2-core machine): the two failure
-# checks would cost minutes each. Their failure reporting is covered through the runner
-# (tests/harnesses/test_blackbox_engine_errors.py) and by declared exit rules (tests/harnesses/test_agent_spec.py).
-# Claude Code, Codex and Gemini CLI (retries bounded by their settings) run every check (measured: 2-15 s each).
-SLOW_TO_FAIL = {"mini-swe-agent-blackbox", "opencode-blackbox", "qwen-code-blackbox", "openclaw-blackbox"}
-# OpenClaw's start-up (plugin registry, SQLite state) alone can exceed BOUND_S under load: its real runs, with the
-# same checks (the session recorded its calls, an outcome with a status), are test_node_agents.py's and the image
-# and rein-proxy tests'.
-SLOW_TO_START = {"openclaw-blackbox"}
-SESSION_CHECK = "test_a_run_talks_through_its_session_and_returns_an_outcome"
 FAILURE_CHECKS = {
     "test_a_failing_engine_is_reported_not_raised",
     "test_an_unreachable_proxy_is_reported_not_raised",
@@ -168,19 +159,16 @@ FAILURE_CHECKS = {
 
 def pytest_generate_tests(metafunc):
     if "make_harness" in metafunc.fixturenames:
-        built_ins = BUILT_INS
-        if metafunc.function.__name__ in FAILURE_CHECKS:
-            built_ins = {name: make for name, make in BUILT_INS.items() if name not in SLOW_TO_FAIL}
-        if metafunc.function.__name__ == SESSION_CHECK:
-            built_ins = {name: make for name, make in built_ins.items() if name not in SLOW_TO_START}
-        metafunc.parametrize("make_harness", brick_params(metafunc.config, built_ins))
+        metafunc.parametrize("make_harness", brick_params(metafunc.config, BUILT_INS))
 
 
 @pytest.fixture
 def harness_and_task(make_harness, request) -> tuple[Harness, Task]:
     brick = make_harness()
     if isinstance(brick, BuiltInHarness):
-        harness, task = brick.harness, brick.make_task(request)
+        failure_check = request.function.__name__ in FAILURE_CHECKS
+        harness = brick.failing if failure_check and brick.failing else brick.harness
+        task = brick.make_task(request)
     else:
         harness, task = brick, QuestionTask()
     assert isinstance(harness, Harness), f"{harness!r} does not implement components.protocols.Harness"

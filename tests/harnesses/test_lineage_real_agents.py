@@ -7,6 +7,7 @@ conversation resumed from the summary hangs as ``compaction`` under the summary 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -153,3 +154,49 @@ async def test_codex_auto_compaction_is_a_labelled_branch(
         trajectory = await run_rollout(proxy, harness, sandbox_pool, swe_grader, task)
     # codex sends its compact prompt without tools: rendered anew, a side call beside the main conversation
     assert_one_compaction(trajectory, tokenizer, summary_request_kind=BranchKind.SIDE_CALL)
+
+
+CODEX_SPAWN = "multi_agent_v1.spawn_agent"  # a namespaced tool, as the proxy presents it to the policy
+CODEX_WAIT = "multi_agent_v1.wait_agent"
+SPAWNED_ID = re.compile(r'"agent_id"\s*:\s*"([^"]+)"')
+
+
+def codex_multi_agent_policy(prompt: str) -> str:
+    """The main conversation spawns one sub-agent through Codex's namespaced tool, waits for it, and ends once
+    its report arrived; the sub-agent (whose conversation does not hold the user's task) reports at once."""
+    if TASK_TEXT not in prompt:
+        return REPORT
+    if REPORT in prompt:
+        return "Done."
+    spawned = SPAWNED_ID.search(prompt)
+    if spawned:
+        return tool_call(CODEX_WAIT, targets=[spawned.group(1)], timeout_ms=60_000)
+    return tool_call(CODEX_SPAWN, message=SUBAGENT_PROMPT)
+
+
+@pytest.mark.slow
+async def test_codex_sub_agent_is_a_labelled_branch(scripted_proxy, slugify_task, sandbox_pool, swe_grader):
+    """Codex with ``[features] multi_agent``: its ``spawn_agent`` (a ``namespace`` tool of the Responses API)
+    starts a sub-agent whose conversation goes through the same session; it is labelled ``subagent`` under the
+    main conversation, branched right after the sampled spawn call."""
+    harness = BlackBoxHarness(
+        CodexAgent(multi_agent=True), BlackBoxConfig(max_turns=8, wall_time_s=300, max_output_tokens=512)
+    )
+    task = dataclasses.replace(slugify_task, problem_statement=TASK_TEXT)
+    async with scripted_proxy(
+        codex_multi_agent_policy, context_window=65536, default_max_tokens=512
+    ) as proxy:
+        trajectory = await run_rollout(proxy, harness, sandbox_pool, swe_grader, task)
+
+    segments = trajectory.segments
+    lineage = [(s.reason.value, s.branch_kind.value, s.parent_segment, s.branch_position) for s in segments]
+    assert trajectory.status == TrajectoryStatus.OK, f"{trajectory.failure_reason}\n{trajectory.log[-3000:]}"
+    assert segments[0].branch_kind == BranchKind.ROOT, lineage
+    subagents = [index for index, s in enumerate(segments) if s.branch_kind == BranchKind.SUBAGENT]
+    assert len(subagents) == 1, lineage
+    sub = segments[subagents[0]]
+    main = segments[sub.parent_segment]
+    assert sub.parent_segment == 0, lineage
+    # the sub-agent branched from the main conversation right after the sampled spawn call
+    assert main.loss_mask[sub.branch_position - 1] == 1 and main.loss_mask[sub.branch_position] == 0, lineage
+    assert all(s.parent_segment < index for index, s in enumerate(segments))

@@ -12,13 +12,16 @@ from dataclasses import dataclass
 import pytest
 
 from components.engine.scripted_policies import step_policy, tool_call
+from components.protocols import SandboxSpec, SessionOpen
 from components.trajectory import TrajectoryStatus
 from harnesses.agent_spec import AgentSpec
 from harnesses.blackbox import BlackBoxConfig, BlackBoxHarness
 from harnesses.codex import CodexAgent
-from harnesses.openclaw import OPENCLAW
+from harnesses.openclaw import OPENCLAW, OpenClawAgent
 from harnesses.opencode import OPENCODE
 from harnesses.qwen_code import QWEN_CODE
+from tests.contracts.test_harness_contract import QuestionTask
+from tests.failing_bricks import FailingEngine
 from tests.harnesses.harness_fixtures import run_rollout, running_proxy
 from tests.harnesses.recording_engine import RecordingEngine
 from tests.required_tools import require_tool
@@ -100,3 +103,38 @@ async def test_node_agent_fixes_a_builtin_task(name, slugify_task, sandbox_pool,
     assert trajectory.segments and sum(s.num_sampled_tokens for s in trajectory.segments) > 0
     if case.agent.turn_bound == "proxy":  # the bound held: exactly MAX_TURNS calls were answered
         assert trajectory.metrics["num_policy_calls"] == MAX_TURNS, detail
+
+
+class CountingFailingEngine(FailingEngine):
+    """A failing engine that counts the generations asked of it (each attempt the agent made)."""
+
+    def __init__(self) -> None:
+        self.num_calls = 0
+
+    async def generate(self, input_ids, params):
+        self.num_calls += 1
+        return await super().generate(input_ids, params)
+
+
+@pytest.mark.parametrize("max_retries", [0, 1])
+async def test_openclaw_retry_setting_bounds_its_retries(max_retries, tokenizer):
+    """``OpenClawAgent(max_retries=N)`` (its ``retry.provider.maxRetries``, in the agent directory of its
+    ``--state-dir``): against an engine that keeps failing, OpenClaw calls it exactly N + 1 times and ends in
+    an error well within its wall time (its default budget, eight retries with back-off, would run to it)."""
+    from sandboxes.bwrap import BwrapSandbox
+
+    require_tool(OPENCLAW.argv[0], "run `make setup-test` (npm install of the agents)")
+    config = BlackBoxConfig(max_turns=2, wall_time_s=100, max_output_tokens=32)
+    harness = BlackBoxHarness(OpenClawAgent(max_retries=max_retries), config)
+    engine = CountingFailingEngine()
+    async with running_proxy(engine, tokenizer) as proxy:
+        session_id = await proxy.registry.open_session(SessionOpen(task_id="retry", harness=harness.name))
+        sandbox = await BwrapSandbox.create(harness.adapt_sandbox_spec(SandboxSpec(), proxy_url=proxy.url))
+        try:
+            outcome = await harness.run(
+                task=QuestionTask(), sandbox=sandbox, base_url=f"{proxy.url}/s/{session_id}", api_key="unused"
+            )
+        finally:
+            await sandbox.close()
+    assert outcome.status == TrajectoryStatus.ENGINE_ERROR.value, outcome
+    assert engine.num_calls == max_retries + 1, (engine.num_calls, outcome)

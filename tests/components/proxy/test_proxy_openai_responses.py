@@ -106,3 +106,49 @@ def test_responses_bad_input(start_proxy):
         response = httpx.post(url, json=body)
         assert response.status_code == 400, (body, response.text)
         assert needle in response.json()["error"]["message"], (body, response.text)
+
+
+SPAWN_NAMESPACE = {  # the shape Codex sends its sub-agent tools in (``[features] multi_agent``)
+    "type": "namespace",
+    "name": "multi_agent_v1",
+    "description": "Tools for spawning and managing sub-agents.",
+    "tools": [
+        {
+            "type": "function",
+            "name": "spawn_agent",
+            "description": "Spawn a sub-agent.",
+            "parameters": {"type": "object", "properties": {"message": {"type": "string"}}},
+            "strict": False,
+        },
+        {"type": "custom", "name": "freeform", "description": "A freeform tool."},  # skipped, as at top level
+    ],
+}
+
+
+def test_responses_namespace_tools_round_trip(start_proxy, tokenizer):
+    """A namespaced function is the policy's tool ``namespace.name``: the prompt shows it so, the policy's call
+    goes out as ``name`` with its ``namespace``, and the call sent back with its namespace extends the record."""
+    spawn = tool_call_text("multi_agent_v1.spawn_agent", {"message": "Count the files."})
+    replies = [spawn, "Done."]
+    proxy = start_proxy(script=replies)
+    session_id = proxy.open_session()
+    client = openai.OpenAI(base_url=proxy.session_url(session_id) + "/v1", api_key="unused")
+    tools = [SHELL_TOOL, SPAWN_NAMESPACE]
+    input_items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go."}]}]
+    with client.responses.stream(model="m", input=input_items, tools=tools) as stream:
+        first = stream.get_final_response()
+    prompt = tokenizer.decode(proxy.engine.prompts[0])
+    assert '"name": "multi_agent_v1.spawn_agent"' in prompt and '"name": "shell"' in prompt
+    assert "freeform" not in prompt
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert [(c.namespace, c.name) for c in calls] == [("multi_agent_v1", "spawn_agent")]
+    assert [(t.type, t.name) for t in first.tools] == [("function", "shell"), ("namespace", "multi_agent_v1")]
+    assert [t.name for t in first.tools[1].tools] == ["spawn_agent"]
+
+    input_items += [item.model_dump(exclude_none=True) for item in first.output]
+    input_items.append(
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": '{"agent_id": "a"}'}
+    )
+    second = client.responses.create(model="m", input=input_items, tools=tools)
+    assert second.output_text == "Done."
+    assert_one_segment_record(proxy.describe(session_id), proxy.engine, replies, tokenizer)

@@ -113,6 +113,53 @@ def test_subagent_compaction_side_call_retry_and_continuation_are_labelled(token
     assert segments[5].branch_position == len(segments[4].token_ids)
 
 
+SPAWN = ToolSpec(  # Codex's sub-agent tool, as the proxy names a function of a Responses ``namespace`` tool
+    name="multi_agent_v1.spawn_agent",
+    parameters={"type": "object", "properties": {"message": {"type": "string"}}},
+)
+
+
+def test_a_codex_sub_agent_after_its_context_prompt_is_a_subagent(tokenizer, make_result):
+    """Codex's sub-agent conversation starts with its environment context; the spawn call's text is a later
+    prompt. A resumed conversation whose summary quotes the spawn call is a compaction all the same."""
+    tito = TitoSession(tokenizer, context_window=32_000, session_id="codex")
+    main = [SYSTEM, ChatMessage(role="user", content="Fix the slugify bug.")]
+    call = _turn(
+        tito,
+        tokenizer,
+        make_result,
+        main,
+        (SPAWN, BASH),
+        tool_reply("", [(SPAWN.name, {"message": SUBAGENT_PROMPT})]),
+    )
+    root_length = len(tito.segments()[0].token_ids)
+    context = ChatMessage(role="user", content="<environment_context><cwd>/work</cwd></environment_context>")
+    sub = [SYSTEM, context, ChatMessage(role="user", content=SUBAGENT_PROMPT)]
+    _turn(tito, tokenizer, make_result, sub, (SPAWN, BASH), "Only minilib/text.py calls it.")
+    summary_text = f"{SUMMARY} I asked a sub-agent: {SUBAGENT_PROMPT}"
+    summary = _turn(
+        tito,
+        tokenizer,
+        make_result,
+        [
+            *main,
+            call.to_message(),
+            ChatMessage(role="tool", content="{}", tool_call_id=call.tool_calls[0].id),
+        ],
+        (SPAWN, BASH),
+        summary_text,
+    )
+    resumed = [SYSTEM, context, ChatMessage(role="user", content=summary.content)]
+    _turn(tito, tokenizer, make_result, resumed, (SPAWN, BASH), "Continuing.")
+    segments = tito.segments()
+    assert [(s.branch_kind, s.parent_segment) for s in segments] == [
+        (BranchKind.ROOT, -1),
+        (BranchKind.SUBAGENT, 0),
+        (BranchKind.COMPACTION, 0),
+    ]
+    assert segments[1].branch_position == root_length  # right after the spawn call
+
+
 def test_a_fork_from_an_edited_history(tokenizer, make_result):
     tito = TitoSession(tokenizer, context_window=32_000, session_id="fork")
     messages = [SYSTEM, ChatMessage(role="user", content="hello")]
