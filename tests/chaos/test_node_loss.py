@@ -3,7 +3,10 @@
 group is committed, at a random moment, that node is removed from the cluster. Ray restarts the producer actor
 on the other node (``max_restarts``, from its pinned parts); rollouts in flight on the lost node come back as
 ``sandbox_error`` trajectories naming the dead actor, never trained (a group left without survivors is replaced);
-the run completes every step within a bound, and every committed group is trained at most once."""
+the run completes every step within a bound, and every committed group is trained at most once. The same fault in
+a sync run (the producer actor also used, ``--rollout-placement actor``): the node is removed at a random moment
+once step 0 is trained (step 1 rolling out, or later); the run completes with every step's shard trained exactly
+once, and any rollout lost with the node is a ``sandbox_error`` naming the dead actor, never trained."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from tests.chaos.recipe_faults import assert_every_step_trained_once
 from tests.recipes.recipe_runs import REPO_ROOT, latest_trainer_state, recipe_command, recipe_env
 from tests.recipes.test_async_loop import committed_groups, toy_flags
 
@@ -53,13 +57,11 @@ def three_node_cluster():
             os.environ["PYTHONPATH"] = previous
 
 
-def test_losing_the_rollout_producers_node_reschedules_it_and_the_run_completes(
-    tmp_path, tiny_model_dir, three_node_cluster
-):
-    cluster, nodes = three_node_cluster
-    run_dir = tmp_path / "run"
+def run_losing_the_producers_node(cluster, nodes, run_dir, model_dir, *, mode: str) -> None:
+    """The toy recipe in ``mode`` on ``cluster``, its producer actor's node removed at a random moment once the
+    run has something committed (async: a group; sync: step 0 trained); asserts it finishes within the bound."""
     flags = (
-        *toy_flags(run_dir, mode="async", num_steps=NUM_STEPS, model_dir=tiny_model_dir, max_concurrency=2),
+        *toy_flags(run_dir, mode=mode, num_steps=NUM_STEPS, model_dir=model_dir, max_concurrency=2),
         "--rollout-placement", "actor", "--rollout-actor-resources", "rollout=1",
         "--proxy", "serve", "--proxy-replicas", "1",
     )  # fmt: skip
@@ -74,9 +76,9 @@ def test_losing_the_rollout_producers_node_reschedules_it_and_the_run_completes(
     )
     try:
         log = run_dir / "logs" / "driver.log"
-        while not list((run_dir / "trajectories").glob("shard-*.parquet")):
+        while not _committed_something(run_dir, mode):
             assert driver.poll() is None, driver.communicate()[0][-4000:]
-            assert time.monotonic() - started < RUN_BOUND_S, "no group committed in time"
+            assert time.monotonic() - started < RUN_BOUND_S, "nothing committed in time"
             time.sleep(0.2)
         (placed,) = re.findall(r"rollout producer: actor on node (\w+)", log.read_text())
         (lost,) = [node for node in nodes if node.node_id == placed]
@@ -90,6 +92,33 @@ def test_losing_the_rollout_producers_node_reschedules_it_and_the_run_completes(
     assert driver.returncode == 0, output[-6000:]
     assert time.monotonic() - started < RUN_BOUND_S
 
+
+def _committed_something(run_dir, mode: str) -> bool:
+    """Async: a group committed; sync: step 0 trained (its metrics row)."""
+    if mode == "async":
+        return bool(list((run_dir / "trajectories").glob("shard-*.parquet")))
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.exists() and bool(metrics.read_text().strip())
+
+
+def lost_with_the_node(*stores) -> list[dict]:
+    """The rollouts (status, reason) whose producer actor died with the node, in the given store folders."""
+    rows = [
+        row
+        for store in stores
+        for path in store.glob("shard-*.parquet")
+        for row in pq.read_table(path, columns=["status", "failure_reason"]).to_pylist()
+    ]
+    return [row for row in rows if "rollout producer actor died" in (row["failure_reason"] or "")]
+
+
+def test_losing_the_rollout_producers_node_reschedules_it_and_the_run_completes(
+    tmp_path, tiny_model_dir, three_node_cluster
+):
+    cluster, nodes = three_node_cluster
+    run_dir = tmp_path / "run"
+    run_losing_the_producers_node(cluster, nodes, run_dir, tiny_model_dir, mode="async")
+
     groups = committed_groups(run_dir)
     state = latest_trainer_state(run_dir)
     ledger = state["extra"]["trajectory_ledger"]
@@ -100,14 +129,22 @@ def test_losing_the_rollout_producers_node_reschedules_it_and_the_run_completes(
     assert set(ledger["dropped"].values()) <= {"stale", "lost_to_infrastructure"}
     ids = [i for group in groups.values() for i in group["ids"]]
     assert len(ids) == len(set(ids)), "a trajectory was committed twice"
-    rows = [
-        row
-        for path in (run_dir / "trajectories").glob("shard-*.parquet")
-        for row in pq.read_table(path, columns=["status", "failure_reason"]).to_pylist()
-    ]
-    lost_rollouts = [row for row in rows if "rollout producer actor died" in (row["failure_reason"] or "")]
+    lost_rollouts = lost_with_the_node(run_dir / "trajectories")
     assert lost_rollouts, "no rollout was in flight on the lost node: the fault did not land mid-rollout"
     assert all(row["status"] == "sandbox_error" for row in lost_rollouts)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     assert [row["step"] for row in metrics] == list(range(NUM_STEPS))
     print(f"lost rollouts {len(lost_rollouts)}, groups dropped {dict(ledger['dropped'])}")
+
+
+@pytest.mark.long_chaos  # ~2.5-5 min: REIN_LONG_CHAOS=1 runs it (see tests/conftest.py)
+def test_a_sync_run_losing_the_producers_node_completes_with_every_step_trained_once(
+    tmp_path, tiny_model_dir, three_node_cluster
+):
+    cluster, nodes = three_node_cluster
+    run_dir = tmp_path / "run"
+    run_losing_the_producers_node(cluster, nodes, run_dir, tiny_model_dir, mode="sync")
+    assert_every_step_trained_once(run_dir, NUM_STEPS)
+    lost_rollouts = lost_with_the_node(run_dir / "trajectories", run_dir / "untrained" / "trajectories")
+    assert all(row["status"] == "sandbox_error" for row in lost_rollouts), lost_rollouts
+    print(f"lost rollouts {len(lost_rollouts)}")
