@@ -211,7 +211,7 @@ def parse_tools(value: JsonValue) -> tuple[ToolSpec, ...]:
 def _echoed_tools(tools: tuple[ToolSpec, ...]) -> list[JsonObject]:
     """The tools as the Response object lists them: function tools, namespaced ones inside their namespace."""
     echoed: list[JsonObject] = []
-    namespaces: dict[str, JsonObject] = {}
+    namespace_tools: dict[str, list[JsonValue]] = {}  # each namespace's tool list, echoed inside it
     for tool in tools:
         names = _call_name_fields(tool.name)
         function = {
@@ -224,15 +224,18 @@ def _echoed_tools(tools: tuple[ToolSpec, ...]) -> list[JsonObject]:
         if "namespace" not in names:
             echoed.append(function)
             continue
-        if names["namespace"] not in namespaces:
-            namespaces[names["namespace"]] = {
-                "type": "namespace",
-                "name": names["namespace"],
-                "description": "",
-                "tools": [],
-            }
-            echoed.append(namespaces[names["namespace"]])
-        namespaces[names["namespace"]]["tools"].append(function)
+        namespace = names["namespace"]
+        if namespace not in namespace_tools:
+            namespace_tools[namespace] = []
+            echoed.append(
+                {
+                    "type": "namespace",
+                    "name": namespace,
+                    "description": "",
+                    "tools": namespace_tools[namespace],
+                }
+            )
+        namespace_tools[namespace].append(function)
     return echoed
 
 
