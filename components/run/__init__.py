@@ -15,7 +15,7 @@ unless the recipe passes its own, and the stack never asks which kind they are::
     async with RunStack.start(config, run, sandbox_paths=...) as stack:  # or bricks=Bricks(...)
         for step in stack.ledger.pending_steps(config.num_steps):
             trajectories, shard = await stack.rollout_or_load(step, runner, tasks)
-            train_metrics = await stack.train_and_sync(step, shard)
+            train_metrics = await stack.train_and_sync(step, [shard] if shard else [])
             monitor.end_step(step, trajectories, train_metrics=train_metrics)  # the step's row first,
             await stack.checkpoint_if_due(step)  # then the checkpoint that marks it done
 

@@ -193,7 +193,7 @@ async def _sync_steps(
             monitor.rollout_finished(trajectory)
         rollout_s = time.monotonic() - started
         # 2. train, 3. sync weights to the engine
-        train_metrics = await stack.train_and_sync(step, shard)
+        train_metrics = await stack.train_and_sync(step, [shard] if shard else [])
         wall_s = time.monotonic() - started
         pipeline = timing_metrics(
             trajectories,

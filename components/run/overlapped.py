@@ -8,7 +8,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -340,20 +339,11 @@ class OverlappedLoop:
             self.groups_wanted += len(stale)  # the trainer still gets groups_per_step fresh groups
 
     async def _train(self, step: int, groups: Sequence[Group]) -> dict[str, float]:
-        """Record the step in the ledger (checkpointed with the weights), train, push; the caller logs the step,
-        then checkpoints (``RunStack.checkpoint_if_due``)."""
-        trainer, shards = self.stack.trainer, [s for g in groups for s in g.shards]
+        """Record the step in the ledger, then the stack's one train-and-sync step (the ledger is checkpointed with
+        the weights it describes); the caller logs the step, then checkpoints (``RunStack.checkpoint_if_due``)."""
+        shards = [s for g in groups for s in g.shards]
         self.ledger.record_step(step, shards)
-        trainer.state = replace(
-            trainer.state, extra={**trainer.state.extra, LEDGER_KEY: self.ledger.to_state()}
-        )
-        metrics: dict[str, float] = {"trained": 0.0}
-        if shards:
-            metrics = await asyncio.to_thread(trainer.step, shards, trainer.state.weight_version)
-        if metrics.get("trained"):
-            # The producer keeps rolling out meanwhile; in-flight requests continue on the new weights.
-            metrics.update(await self.stack.weight_sync.push(trainer, trainer.state.weight_version))
-        return metrics
+        return await self.stack.train_and_sync(step, shards, state_extra={LEDGER_KEY: self.ledger.to_state()})
 
     async def run(self) -> None:
         self.recover()

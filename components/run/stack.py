@@ -9,12 +9,13 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.engine.providers import EngineProvider
+from components.json_types import JsonValue
 from components.models.registry import REPO_ROOT, resolve_model
 from components.protocols import (
     Algorithm,
@@ -315,20 +316,28 @@ class RunStack:
         trained = await self.score_with_teachers(sampled.trained)
         return sampled.trajectories, self.store.write(trained)
 
-    async def train_and_sync(self, step: int, shard: Path | None) -> dict[str, float]:
-        """One optimizer step on the shard, then the new weights to the engine (the caller logs the step, then
-        calls ``checkpoint_if_due``: a step's metrics are written before the checkpoint that covers it, so a
-        kill between the two re-runs the step and re-logs it, never leaves a trained step without its row)."""
-        trainer, version = self.trainer, self.trainer.state.weight_version
+    async def train_and_sync(
+        self, step: int, shards: Sequence[Path], *, state_extra: Mapping[str, JsonValue] | None = None
+    ) -> dict[str, float]:
+        """The one train-and-sync step of every rollout mode: ``state_extra`` joins the trainer state first (the
+        overlapped modes' ledger: checkpointed with the weights it describes), then one optimizer step on
+        ``shards`` (none: nothing trained, nothing pushed), then the new weights to the engine. Colocated servers
+        give their GPU memory to the trainer meanwhile. The caller logs the step, then calls
+        ``checkpoint_if_due``: a step's metrics are written before the checkpoint that covers it, so a kill
+        between the two re-runs the step and re-logs it, never leaves a trained step without its row."""
+        trainer = self.trainer
+        if state_extra:
+            trainer.state = replace(trainer.state, extra={**trainer.state.extra, **state_extra})
+        version = trainer.state.weight_version
         metrics: dict[str, float] = {"trained": 0.0}
-        colocated = self.config.engine.colocated  # the servers' GPU memory goes to the trainer meanwhile
+        colocated = self.config.engine.colocated
         if colocated:
             await self.engine.release_memory_occupation()
-        if shard is not None:
-            metrics = await _to_thread(trainer.step, [shard], version)
+        if shards:
+            metrics = await _to_thread(trainer.step, list(shards), version)
         if colocated:
             await self.engine.resume_memory_occupation(["weights"])
-        if metrics.get("trained"):
+        if metrics.get("trained"):  # rollouts in flight (overlapped modes) continue on the new weights
             metrics.update(await self.weight_sync.push(trainer, trainer.state.weight_version))
         if colocated:
             await self.engine.resume_memory_occupation(["kv_cache"])

@@ -232,3 +232,31 @@ def test_reasoning_round_trips(make_reasoning, reasoning, rest):
     assert found == reasoning
     assert remainder.strip().endswith(rest)
     assert brick.split(rest) == (None, rest)
+
+
+# Parameter schemas as clients send them: a type list (pydantic's Optional), anyOf, no type, enums, nesting.
+ODD_SCHEMAS = (
+    {"type": ["string", "null"]},
+    {"type": ["integer", "array"], "items": {"type": "string"}},
+    {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+    {},
+    {"enum": ["a", 1, None]},
+    {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "number"}}}},
+    {"type": "object", "additionalProperties": {"type": ["boolean", "null"]}},
+    {"$ref": "#/$defs/Thing"},
+)
+
+
+def test_any_parameter_schema_renders_into_the_prompt(tool_format):
+    tools = [
+        ToolSpec(
+            name=f"tool_{index}",
+            description="d",
+            parameters={"type": "object", "properties": {"arg": schema}, "required": ["arg"]},
+        )
+        for index, schema in enumerate(ODD_SCHEMAS)
+    ]
+    prompt = tool_format.tools_prompt(tools)  # never raises, whatever JSON schema a client sends
+    assert isinstance(prompt, str)
+    if prompt:  # formats that render tools in the prompt name every one (others leave them to the template)
+        assert all(tool.name in prompt for tool in tools)

@@ -70,10 +70,21 @@ def harmony_messages(text: str) -> list[tuple[str, str | None, str, int, bool, i
 
 
 def _typescript(schema: JsonValue) -> str:
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if isinstance(schema, dict) and "enum" in schema:
-        return " | ".join(json.dumps(v) for v in schema["enum"])
-    return {"integer": "number", "array": "any[]", "object": "object"}.get(kind, kind or "any")
+    """A parameter's JSON schema as the TypeScript type harmony's tool prompt shows: an enum as its values, a
+    type list (``["string", "null"]``) or ``anyOf``/``oneOf`` as a union, anything else unknown as ``any``."""
+    if not isinstance(schema, dict):
+        return "any"
+    if isinstance(enum := schema.get("enum"), list):
+        return " | ".join(json.dumps(v) for v in enum)
+    kind = schema.get("type")
+    if isinstance(kind, list):  # as gpt-oss's own template: the type names joined
+        return " | ".join(str(k) for k in kind) or "any"
+    for union in ("anyOf", "oneOf"):
+        if isinstance(choices := schema.get(union), list) and choices:
+            return " | ".join(_typescript(choice) for choice in choices)
+    if not isinstance(kind, str):
+        return "any"
+    return {"integer": "number", "array": "any[]", "object": "object"}.get(kind, kind)
 
 
 class HarmonyFormat(ToolFormatDefaults):
