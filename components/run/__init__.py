@@ -1,7 +1,7 @@
 """The run wing: what every recipe shares, above every brick (nothing below imports it).
 
 - ``config.py``: the run's config tree (``RunConfig``; the sampling and rollout-scheduling bricks' configs);
-- ``directory.py``: the run directory and the sync loop's resume ledger (``StepLedger``);
+- ``directory.py``: the run directory (which steps are done: ``RunStack.ledger``, one for every mode);
 - ``stack.py``: Ray, the bricks (``Bricks``) and the stack's lifecycle (``RunStack``);
 - ``loop.py``: the one recipe loop (``run_recipe_loop``) and its ``sync`` mode; ``overlapped.py``: ``async`` and
   ``partial``; ``step_metrics.py``: what the loops measure around each step;
@@ -13,7 +13,7 @@ unless the recipe passes its own, and the stack never asks which kind they are::
 
     run = RunDirectory.create(config, recipe="swe_grpo")
     async with RunStack.start(config, run, sandbox_paths=...) as stack:  # or bricks=Bricks(...)
-        for step in stack.ledger.pending_steps(config.num_steps):
+        for step in stack.pending_steps(config.num_steps):
             trajectories, shard = await stack.rollout_or_load(step, runner, tasks)
             train_metrics = await stack.train_and_sync(step, [shard] if shard else [])
             monitor.end_step(step, trajectories, train_metrics=train_metrics)  # the step's row first,

@@ -1,20 +1,17 @@
-"""The run directory (``runs/<recipe>-<time>`` unless ``--run-dir``) and which steps of it are done: the sync
-loop's resume ledger (the overlapped modes' is the ``TrajectoryLedger`` in the checkpoint:
-``components/run/overlapped.py``)."""
+"""The run directory (``runs/<recipe>-<time>`` unless ``--run-dir``); which steps of it are done is the resume
+ledger in the checkpoint (``RunStack.ledger``, a ``TrajectoryLedger``), shared by every rollout mode."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from components.models.registry import REPO_ROOT, resolve_model
 from components.recipe_config import config_to_json
-from components.trajectory_store import TrajectoryStore
 
 if TYPE_CHECKING:
     from components.run.config import RunConfig
@@ -47,24 +44,3 @@ class RunDirectory:
 
 
 UNTRAINED_DIR = "untrained"  # under the run directory: a store of rollouts left out of training
-
-
-class StepLedger:
-    """Which steps are done, stored (shard written, not trained into the checkpoint) or new (see module doc)."""
-
-    def __init__(self, store: TrajectoryStore, consumed_shards: Sequence[str]) -> None:
-        self.store = store
-        self.consumed = set(consumed_shards)
-        self.shards: dict[int, Path] = {}
-        for path in store.shard_paths():
-            trajectories = store.read_shard(path)
-            if trajectories:
-                self.shards.setdefault(trajectories[0].step, path)
-
-    def pending_steps(self, num_steps: int) -> list[int]:
-        """Steps not yet trained into the checkpoint, in order."""
-        return [step for step in range(num_steps) if self.shards.get(step, Path()).name not in self.consumed]
-
-    def stored_shard(self, step: int) -> Path | None:
-        """The shard of ``step`` written before a restart, if any."""
-        return self.shards.get(step)

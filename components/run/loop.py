@@ -157,7 +157,7 @@ async def _run_sync(inputs: LoopInputs) -> None:
     """Today's strict loop: roll out → one shard → train → push → log (and checkpoint); see
     ``components/run/stack.py``."""
     config, stack = inputs.config, inputs.stack
-    pending = stack.ledger.pending_steps(config.num_steps)
+    pending = stack.pending_steps(config.num_steps)
     first_step = pending[0] if pending else config.num_steps
     rollouts_per_step = inputs.groups_per_step * config.group_size
     monitor = step_monitor(inputs, rollouts_per_step=rollouts_per_step, first_step=first_step)

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from components.config import require
 from components.protocols import Task
 from components.rollout.buffer import (
-    LEDGER_KEY,
     Group,
     GroupBuffer,
     TrajectoryLedger,
@@ -86,7 +85,7 @@ class OverlappedLoop:
         self.groups_per_step = inputs.groups_per_step
         self.store: TrajectoryStore = self.stack.store
         self.buffer = GroupBuffer(self.config.group_size)
-        self.ledger = TrajectoryLedger.from_state(self.stack.trainer.state.extra)
+        self.ledger: TrajectoryLedger = self.stack.ledger  # the run's one resume ledger
         self.changed = asyncio.Condition()
         self.open_groups: set[int] = set()  # admitted, not yet trained or dropped
         self.taken_for_step = 0  # groups the trainer took for the step it is collecting or training
@@ -339,11 +338,9 @@ class OverlappedLoop:
             self.groups_wanted += len(stale)  # the trainer still gets groups_per_step fresh groups
 
     async def _train(self, step: int, groups: Sequence[Group]) -> dict[str, float]:
-        """Record the step in the ledger, then the stack's one train-and-sync step (the ledger is checkpointed with
-        the weights it describes); the caller logs the step, then checkpoints (``RunStack.checkpoint_if_due``)."""
-        shards = [s for g in groups for s in g.shards]
-        self.ledger.record_step(step, shards)
-        return await self.stack.train_and_sync(step, shards, state_extra={LEDGER_KEY: self.ledger.to_state()})
+        """The stack's one train-and-sync step on the groups' shards (it enters them in the ledger); the caller
+        logs the step, then checkpoints (``RunStack.checkpoint_if_due``)."""
+        return await self.stack.train_and_sync(step, [s for g in groups for s in g.shards])
 
     async def run(self) -> None:
         self.recover()

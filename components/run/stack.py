@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.engine.providers import EngineProvider
-from components.json_types import JsonValue
 from components.models.registry import REPO_ROOT, resolve_model
 from components.protocols import (
     Algorithm,
@@ -26,7 +25,8 @@ from components.protocols import (
     Task,
 )
 from components.proxy.providers import ProxyProvider
-from components.run.directory import UNTRAINED_DIR, RunDirectory, StepLedger
+from components.rollout.buffer import LEDGER_KEY, TrajectoryLedger
+from components.run.directory import UNTRAINED_DIR, RunDirectory
 from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from components.rollout import RolloutRunner
     from components.run.config import RunConfig
     from components.training import Trainer
+    from components.training.checkpoint import TrainerState
     from components.training.trainer_config import TrainerConfig
 
 logger = logging.getLogger("rein.recipe")
@@ -190,7 +191,8 @@ class RunStack:
         self.sandboxes = self.bricks.sandboxes
         self._cleanups.append(self.sandboxes.close)
         await start_sandboxes_ahead(self.sandboxes, self.config.rollout.placement)
-        self.ledger = StepLedger(self.store, self.trainer.state.consumed_shards)
+        self.stored_shards = self._stored_step_shards()  # a sync run's step shards written before a restart
+        self.ledger = resume_ledger(self.trainer.state, self.stored_shards)
         try:
             logger.info("trainer warmed up in %.1f s", await warm_up)
         except Exception as error:  # never stops a run: the first step just pays for it
@@ -290,7 +292,7 @@ class RunStack:
         from components.rollout.dynamic_sampling import sample_step
         from components.rollout.engine_failures import before_replacements
 
-        shard = self.ledger.stored_shard(step)
+        shard = self.stored_shards.get(step)
         self.last_sampling_metrics: dict[str, float] = {}
         if shard is not None:
             logger.info("step %d: training again from stored shard %s", step, shard.name)
@@ -316,18 +318,31 @@ class RunStack:
         trained = await self.score_with_teachers(sampled.trained)
         return sampled.trajectories, self.store.write(trained)
 
-    async def train_and_sync(
-        self, step: int, shards: Sequence[Path], *, state_extra: Mapping[str, JsonValue] | None = None
-    ) -> dict[str, float]:
-        """The one train-and-sync step of every rollout mode: ``state_extra`` joins the trainer state first (the
-        overlapped modes' ledger: checkpointed with the weights it describes), then one optimizer step on
-        ``shards`` (none: nothing trained, nothing pushed), then the new weights to the engine. Colocated servers
-        give their GPU memory to the trainer meanwhile. The caller logs the step, then calls
-        ``checkpoint_if_due``: a step's metrics are written before the checkpoint that covers it, so a kill
-        between the two re-runs the step and re-logs it, never leaves a trained step without its row."""
+    def _stored_step_shards(self) -> dict[int, Path]:
+        """A sync run's step shards in the store, by step (the first shard of a step wins)."""
+        shards: dict[int, Path] = {}
+        for path in self.store.shard_paths():
+            trajectories = self.store.read_shard(path)
+            if trajectories:
+                shards.setdefault(trajectories[0].step, path)
+        return shards
+
+    def pending_steps(self, num_steps: int) -> list[int]:
+        """The steps of a sync run not yet trained into the checkpoint, in order."""
+        return [step for step in range(num_steps) if step not in self.ledger.step_shards]
+
+    async def train_and_sync(self, step: int, shards: Sequence[Path]) -> dict[str, float]:
+        """The one train-and-sync step of every rollout mode: the step enters the resume ledger (in the trainer
+        state, checkpointed with the weights it describes), one optimizer step on ``shards`` (none: nothing
+        trained, nothing pushed), then the new weights to the engine. Colocated servers give their GPU memory to
+        the trainer meanwhile. The caller logs the step, then calls ``checkpoint_if_due``: a step's metrics are
+        written before the checkpoint that covers it, so a kill between the two re-runs the step and re-logs it,
+        never leaves a trained step without its row."""
         trainer = self.trainer
-        if state_extra:
-            trainer.state = replace(trainer.state, extra={**trainer.state.extra, **state_extra})
+        self.ledger.record_step(step, shards)
+        trainer.state = replace(
+            trainer.state, extra={**trainer.state.extra, LEDGER_KEY: self.ledger.to_state()}
+        )
         version = trainer.state.weight_version
         metrics: dict[str, float] = {"trained": 0.0}
         colocated = self.config.engine.colocated
@@ -364,6 +379,20 @@ class RunStack:
                 await cleanup()
             except Exception as error:
                 logger.warning("cleanup failed: %s", error)
+
+
+def resume_ledger(state: TrainerState, stored_shards: Mapping[int, Path]) -> TrajectoryLedger:
+    """The run's one resume ledger: which shards went into which step (and which were dropped, and why), kept in
+    the trainer state, so it is exactly as old as the checkpoint's weights. A sync checkpoint written before the
+    ledger was shared by every mode holds only ``consumed_shards``: its done steps are those of the consumed
+    shards among ``stored_shards`` (a sync run's step shards, by step)."""
+    ledger = TrajectoryLedger.from_state(state.extra)
+    if LEDGER_KEY not in state.extra and state.consumed_shards:
+        consumed = set(state.consumed_shards)
+        for step, shard in sorted(stored_shards.items()):
+            if shard.name in consumed:
+                ledger.record_step(step, [shard])
+    return ledger
 
 
 async def _to_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

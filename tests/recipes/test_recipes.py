@@ -112,6 +112,10 @@ def test_tictactoe_killed_run_resumes_without_lost_or_duplicated_trajectories(tm
     before = shard_steps(run_dir)
     checkpointed = latest_trainer_state(run_dir)
     assert len(checkpointed["consumed_shards"]) == 2 and checkpointed["step"] == 2
+    ledger = checkpointed["extra"]["trajectory_ledger"]["step_shards"]  # the one resume ledger, every mode
+    assert sorted(ledger) == ["0", "1"] and sorted(sum(ledger.values(), [])) == sorted(
+        checkpointed["consumed_shards"]
+    )
 
     completed = run_recipe("tictactoe_grpo", *flags)
 
@@ -122,7 +126,11 @@ def test_tictactoe_killed_run_resumes_without_lost_or_duplicated_trajectories(tm
     log = (run_dir / "logs" / "driver.log").read_text()
     assert "resumed from" in log and "step-00000002" in log
     assert "step 2: training again from stored shard" in log
-    assert latest_trainer_state(run_dir)["step"] == 4
+    final = latest_trainer_state(run_dir)
+    assert final["step"] == 4
+    assert final["extra"]["trajectory_ledger"]["step_shards"] == {
+        str(step): [name] for name, (step, _) in after.items()
+    }
     assert "run directory" in completed.stdout
     adapter = json.loads((run_dir / "checkpoints" / "step-00000004" / "adapter_config.json").read_text())
     targets = {name.rsplit(".", 1)[-1] for name in adapter["target_modules"]}
