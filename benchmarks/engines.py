@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from components.engine.providers import VLLMBrickConfig
 from components.engine.vllm import VLLMEngine, VLLMEngineConfig
 from components.engine.vllm_server import VLLMServerConfig, VLLMServerProcess
 from components.models.registry import resolve_model
@@ -114,7 +113,7 @@ async def main_async(args) -> None:
         server = VLLMServerProcess(config, log_path=Path(args.log)).start()
         args.vllm_url = server.url
     try:
-        vllm = FixedLengthVLLMEngine(VLLMEngineConfig(base_url=args.vllm_url, settings=VLLMBrickConfig(startup_timeout_s=1200)))
+        vllm = FixedLengthVLLMEngine(VLLMEngineConfig(base_url=args.vllm_url, startup_timeout_s=1200))
         await vllm.wait_until_healthy(poll_s=0.5)
         if server is not None:
             vllm_start_s = time.perf_counter() - started

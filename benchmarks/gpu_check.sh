@@ -98,11 +98,10 @@ else
   if timeout 320 "$PY" - "$URL" <<'EOF' > "$LOGS/health.log" 2>&1; then
 import asyncio, sys
 from components.engine.sglang_fleet import SGLangFleet, SGLangFleetConfig
-from components.engine.providers import SGLangBrickConfig
 from components.engine.sglang import SGLangEngineConfig
 async def main():
     url = sys.argv[1]
-    fleet = await SGLangFleet.connect(SGLangFleetConfig(urls=(url,), server=SGLangEngineConfig(base_url=url, settings=SGLangBrickConfig(startup_timeout_s=300))))
+    fleet = await SGLangFleet.connect(SGLangFleetConfig(urls=(url,), server=SGLangEngineConfig(base_url=url, startup_timeout_s=300)))
     print(f"context window {fleet.context_window}, weight version {fleet.weight_version}")
     await fleet.aclose()
 asyncio.run(main())

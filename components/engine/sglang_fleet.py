@@ -97,7 +97,11 @@ def sglang_fleet_config(
         distributed = DistributedWeightSyncConfig(master_address=sglang.nccl_address, backend="nccl")
     server = SGLangEngineConfig(
         base_url=urls[0],
-        settings=sglang,  # API keys, timeouts, context window
+        api_key=sglang.api_key or None,
+        admin_api_key=sglang.admin_api_key or None,
+        startup_timeout_s=sglang.startup_timeout_s,
+        request_timeout_s=sglang.request_timeout_s,
+        context_window=sglang.context_window or None,
         initial_weight_version=initial_weight_version,
         routed_experts_top_k=experts,  # R3: SGLang's routed experts are a flat id array, decoded with it
     )
@@ -128,7 +132,7 @@ class SGLangFleet(ServerFleet[SGLangEngine]):
             [SGLangEngine(config.server_config(url)) for url in config.urls],
             routing=config.routing,
             initial_weight_version=template.initial_weight_version,
-            context_window=template.settings.context_window or None,
+            context_window=template.context_window,
             recovery=config.recovery,
         )
         self.config = config

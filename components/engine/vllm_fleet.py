@@ -57,8 +57,16 @@ class VLLMFleetConfig:
 def vllm_fleet_config(brick: VLLMBrickConfig, *, initial_weight_version: int) -> VLLMFleetConfig:
     """The fleet a run's ``vllm`` brick (``--vllm-*`` options) describes (``--vllm-url`` may list several)."""
     urls = parse_server_urls(brick.url, field="vllm.url")
-    # API key, timeouts, context window, logprobs and pause modes
-    server = VLLMEngineConfig(base_url=urls[0], settings=brick, initial_weight_version=initial_weight_version)
+    server = VLLMEngineConfig(
+        base_url=urls[0],
+        api_key=brick.api_key or None,
+        startup_timeout_s=brick.startup_timeout_s,
+        request_timeout_s=brick.request_timeout_s,
+        context_window=brick.context_window or None,
+        logprobs_mode=brick.logprobs_mode or None,
+        pause_mode=brick.pause_mode,
+        initial_weight_version=initial_weight_version,
+    )
     recovery = FleetRecoveryConfig(server_return_timeout_s=brick.server_return_timeout_s)
     nccl = (
         VLLMNcclConfig(master_address=brick.nccl_address, server_world_size=brick.nccl_server_world_size)
@@ -80,7 +88,7 @@ class VLLMFleet(ServerFleet[VLLMEngine]):
             [VLLMEngine(config.server_config(url)) for url in config.urls],
             routing=config.routing,
             initial_weight_version=template.initial_weight_version,
-            context_window=template.settings.context_window or None,
+            context_window=template.context_window,
             recovery=config.recovery,
         )
         self.config = config

@@ -43,11 +43,9 @@ async def connect_server_teacher(
 
 
 async def _vllm(url: str, policy_model: Path, field: str) -> VLLMEngine:
-    from components.engine.providers import VLLMBrickConfig
     from components.engine.vllm import VLLMEngine, VLLMEngineConfig
 
-    settings = VLLMBrickConfig(logprobs_mode="processed_logprobs")
-    engine = await VLLMEngine.connect(VLLMEngineConfig(base_url=url, settings=settings))
+    engine = await VLLMEngine.connect(VLLMEngineConfig(base_url=url, logprobs_mode="processed_logprobs"))
     try:
         cards = (await engine._request("GET", "/v1/models")).get("data") or [{}]
         folder = Path(str(cards[0].get("root") or ""))

@@ -155,7 +155,6 @@ def test_a_vllm_server_teaches_a_recipe_step(tmp_path, tiny_model_dir, vllm_serv
     teacher-forced scores of the sampled tokens, not the embedded policy's."""
     import asyncio
 
-    from components.engine.providers import VLLMBrickConfig
     from components.engine.vllm import VLLMEngine, VLLMEngineConfig
 
     run_dir = tmp_path / "run"
@@ -177,9 +176,7 @@ def test_a_vllm_server_teaches_a_recipe_step(tmp_path, tiny_model_dir, vllm_serv
 
     async def server_scores() -> list[list[float]]:
         engine = await VLLMEngine.connect(
-            VLLMEngineConfig(
-                base_url=vllm_server.url, settings=VLLMBrickConfig(logprobs_mode="processed_logprobs")
-            )
+            VLLMEngineConfig(base_url=vllm_server.url, logprobs_mode="processed_logprobs")
         )
         try:
             return [list(await engine.logprobs_of(segment["token_ids"], 1)) for segment in segments]

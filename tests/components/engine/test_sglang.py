@@ -10,7 +10,6 @@ import pytest
 from safetensors.torch import load_file
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from components.engine.providers import SGLangBrickConfig
 from components.engine.sglang import SGLangEngine, SGLangEngineConfig, serialize_named_tensors
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError
 from components.protocols import FinishReason, InferenceEngine, SamplingParams
@@ -102,7 +101,7 @@ async def test_max_new_tokens_clamped_and_overflow_refused_client_side(client, f
 
 async def test_server_side_length_refusal_is_a_context_overflow(fake_server):
     # A client configured with a larger window than the server's: the server's 400 becomes the typed error.
-    engine = SGLangEngine(SGLangEngineConfig(base_url=fake_server.url, settings=SGLangBrickConfig(context_window=10_000)))
+    engine = SGLangEngine(SGLangEngineConfig(base_url=fake_server.url, context_window=10_000))
     with pytest.raises(ContextOverflowError):
         await engine.generate([3] * 3000, SamplingParams(max_tokens=4))
     await engine.aclose()
@@ -132,10 +131,7 @@ async def test_transient_503_is_retried_then_gives_up(client, fake_server):
 async def test_unreachable_server_is_an_engine_error():
     engine = SGLangEngine(
         SGLangEngineConfig(
-            base_url="http://127.0.0.1:9",
-            settings=SGLangBrickConfig(context_window=100),
-            max_retries=1,
-            retry_backoff_s=0.01,
+            base_url="http://127.0.0.1:9", context_window=100, max_retries=1, retry_backoff_s=0.01
         )
     )
     with pytest.raises(EngineError, match="failed"):
@@ -200,9 +196,7 @@ async def test_versions_without_spans_stamp_every_token(client, fake_server):
 
 def test_reply_parsing_of_version_spans_finish_reasons_and_routed_experts():
     engine = SGLangEngine(
-        SGLangEngineConfig(
-            base_url="http://unused:1", settings=SGLangBrickConfig(context_window=64), routed_experts_top_k=2
-        )
+        SGLangEngineConfig(base_url="http://unused:1", context_window=64, routed_experts_top_k=2)
     )
     routing = np.arange(4 * 3 * 2, dtype="<i4")  # 4 positions (3 prompt + 2 output - 1), 3 layers, top-2
     import base64
