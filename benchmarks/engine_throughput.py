@@ -121,7 +121,10 @@ def measure(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).eval()
     engine = EmbeddedEngine(
         EmbeddedEngineConfig(
-            model_path=model_dir, dtype=dtype, settings=EmbeddedEngineBrickConfig(max_batch_size=BATCH, threads=threads), eos_token_ids=()
+            model_path=model_dir,
+            dtype=dtype,
+            settings=EmbeddedEngineBrickConfig(max_batch_size=BATCH, threads=threads),
+            eos_token_ids=(),
         )
     )
     loop = asyncio.new_event_loop()

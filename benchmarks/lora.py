@@ -127,7 +127,9 @@ class Worker:
         from components.engine.providers import EmbeddedEngineBrickConfig
 
         self.engine = EmbeddedEngine(
-            EmbeddedEngineConfig(model_path=self.model_dir, settings=EmbeddedEngineBrickConfig(threads=self.args.threads))
+            EmbeddedEngineConfig(
+                model_path=self.model_dir, settings=EmbeddedEngineBrickConfig(threads=self.args.threads)
+            )
         )
         return {}
 

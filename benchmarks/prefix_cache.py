@@ -17,8 +17,8 @@ Last line: ``prefix_cache: <x>x less total time, turn-N latency <y>x turn-2 (tar
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 

@@ -206,7 +206,11 @@ def model_ratio(model_dir: Path, *, num_pairs: int, max_tokens: int, seed: int =
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
     from components.engine.providers import EmbeddedEngineBrickConfig
 
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir, settings=EmbeddedEngineBrickConfig(threads=2, kv_cache_gb=0)))
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(
+            model_path=model_dir, settings=EmbeddedEngineBrickConfig(threads=2, kv_cache_gb=0)
+        )
+    )
     tokenizer = engine.tokenizer
     config = ProxyConfig(port=0)
     server = ProxyServer(LocalSessionRegistry(engine, tokenizer, config), config)

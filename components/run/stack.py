@@ -228,7 +228,9 @@ class RunStack:
 
         policy = self.config.engine
         settings = policy if isinstance(policy, EmbeddedEngineBrickConfig) else EmbeddedEngineBrickConfig()
-        return EmbeddedEngineConfig(model_path=folder, settings=dataclasses.replace(settings, kv_cache_gb=0.0))
+        return EmbeddedEngineConfig(
+            model_path=folder, settings=dataclasses.replace(settings, kv_cache_gb=0.0)
+        )
 
     async def score_with_teachers(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
         """The trajectories with their teachers' logprobs recorded (as they are without distillation)."""

@@ -289,9 +289,7 @@ async def test_teacher_forced_helper_agrees_with_generation(tiny_engine):
 
 
 async def test_routed_experts_recorded_for_moe(tiny_moe_model_dir):
-    engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_moe_model_dir, eos_token_ids=())
-    )
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_moe_model_dir, eos_token_ids=()))
     assert engine.num_moe_layers == 2
     prompts = prompts_of_lengths([9, 21])
     try:

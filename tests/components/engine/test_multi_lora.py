@@ -111,9 +111,7 @@ async def test_sglang_fleet_loads_each_adapter_version_on_every_server(tiny_mode
     from tests.components.engine.fake_sglang import FakeSGLangServer
 
     (alice_model, alice_adapter), (bob_model, bob_adapter) = adapters
-    config = EmbeddedEngineConfig(
-        model_path=tiny_model_dir, context_window=2048, eos_token_ids=()
-    )
+    config = EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=2048, eos_token_ids=())
     engines = [EmbeddedEngine(config), EmbeddedEngine(config)]
     try:
         with (

@@ -21,6 +21,7 @@ ATOL = 1e-5  # the issue's bound: logprobs identical to a cold run
 def ids(length: int, offset: int) -> list[int]:
     return [100 + (offset * 31 + 17 * j) % 4000 for j in range(length)]
 
+
 NO_PREFIX_CACHE = EmbeddedEngineBrickConfig(kv_cache_gb=0)
 
 
@@ -199,7 +200,10 @@ async def test_kv_that_mixes_versions_is_never_cached(tiny_model_dir, tiny_model
 
 
 async def test_concurrent_sessions_share_a_system_prompt(tiny_model_dir):
-    engine, cold = engine_for(tiny_model_dir, settings=EmbeddedEngineBrickConfig(max_batch_size=8)), engine_for(tiny_model_dir, settings=NO_PREFIX_CACHE)
+    engine, cold = (
+        engine_for(tiny_model_dir, settings=EmbeddedEngineBrickConfig(max_batch_size=8)),
+        engine_for(tiny_model_dir, settings=NO_PREFIX_CACHE),
+    )
     system = ids(70, offset=20)
     params = SamplingParams(max_tokens=6, temperature=0.0)
     try:

@@ -230,9 +230,7 @@ def test_reply_parsing_of_version_spans_finish_reasons_and_routed_experts():
 
 
 async def test_routed_experts_requested_and_decoded(tiny_moe_model_dir):
-    moe_engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_moe_model_dir, eos_token_ids=())
-    )
+    moe_engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_moe_model_dir, eos_token_ids=()))
     with FakeSGLangServer(moe_engine, tiny_moe_model_dir) as server:
         config = SGLangEngineConfig(base_url=server.url, routed_experts_top_k=2)
         client = await SGLangEngine.connect(config)

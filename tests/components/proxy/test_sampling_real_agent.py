@@ -75,7 +75,9 @@ def test_mini_swe_agent_sampling_settings_train_rollout_agreement(tiny_model_dir
     from components.engine.providers import EmbeddedEngineBrickConfig
 
     mini = _mini()
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, settings=EmbeddedEngineBrickConfig(threads=2)))
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(model_path=tiny_model_dir, settings=EmbeddedEngineBrickConfig(threads=2))
+    )
     config = ProxyConfig(
         port=0,
         max_completion_tokens=48,
