@@ -205,13 +205,16 @@ def run(settings: Settings, seeds: list[int]) -> dict:
     from transformers import AutoModelForCausalLM
 
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.engine.providers import EmbeddedEngineBrickConfig
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         student_dir, teacher_dir, targets = build_models(settings, Path(folder))
         student = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32)
         teacher_model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
-        teacher = EmbeddedEngine(EmbeddedEngineConfig(model_path=teacher_dir, num_threads=1, kv_cache_gb=0.0))
+        teacher = EmbeddedEngine(
+            EmbeddedEngineConfig(model_path=teacher_dir, settings=EmbeddedEngineBrickConfig(kv_cache_gb=0.0))
+        )
         try:
             results = {
                 "initial_reward": expected_reward(student, targets),

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig  # noqa: E402
+from components.engine.providers import EmbeddedEngineBrickConfig  # noqa: E402
 from components.models.registry import resolve_model  # noqa: E402
 from components.protocols import SamplingParams  # noqa: E402
 
@@ -120,7 +121,10 @@ def measure(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).eval()
     engine = EmbeddedEngine(
         EmbeddedEngineConfig(
-            model_path=model_dir, dtype=dtype, max_batch_size=BATCH, num_threads=threads, eos_token_ids=()
+            model_path=model_dir,
+            dtype=dtype,
+            settings=EmbeddedEngineBrickConfig(max_batch_size=BATCH, threads=threads),
+            eos_token_ids=(),
         )
     )
     loop = asyncio.new_event_loop()

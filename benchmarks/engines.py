@@ -50,9 +50,7 @@ class FixedLengthVLLMEngine(VLLMEngine):
 
 def embedded_engine(model_path) -> EmbeddedEngine:
     """The embedded engine as measured: one thread, batches of 8, no EOS ids (it samples ``max_tokens``)."""
-    return EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=model_path, num_threads=1, max_batch_size=8, eos_token_ids=())
-    )
+    return EmbeddedEngine(EmbeddedEngineConfig(model_path=model_path, eos_token_ids=()))
 
 
 def same_length(results, new_tokens: int) -> int:

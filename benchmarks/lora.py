@@ -124,9 +124,12 @@ class Worker:
 
     def start_engine(self) -> dict:
         from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+        from components.engine.providers import EmbeddedEngineBrickConfig
 
         self.engine = EmbeddedEngine(
-            EmbeddedEngineConfig(model_path=self.model_dir, num_threads=self.args.threads)
+            EmbeddedEngineConfig(
+                model_path=self.model_dir, settings=EmbeddedEngineBrickConfig(threads=self.args.threads)
+            )
         )
         return {}
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
 import numpy as np
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from components.engine.providers import EmbeddedEngineBrickConfig
 from components.models.registry import resolve_model
 from components.protocols import SamplingParams
 
@@ -54,9 +56,11 @@ async def run_turn(engine: EmbeddedEngine, history: list[int], new_tokens: int):
 async def run_session(
     model_dir: Path, turns: int, new_tokens: int, tool_tokens: int, threads: int, cached_only: bool = False
 ) -> dict:
-    common = {"model_path": model_dir, "num_threads": threads, "eos_token_ids": (), "max_batch_size": 1}
-    cached = EmbeddedEngine(EmbeddedEngineConfig(**common, kv_cache_gb=4.0))
-    cold = None if cached_only else EmbeddedEngine(EmbeddedEngineConfig(**common, kv_cache_gb=0.0))
+    settings = EmbeddedEngineBrickConfig(threads=threads, max_batch_size=1, kv_cache_gb=4.0)
+    common = {"model_path": model_dir, "eos_token_ids": ()}
+    cached = EmbeddedEngine(EmbeddedEngineConfig(**common, settings=settings))
+    no_cache = dataclasses.replace(settings, kv_cache_gb=0.0)
+    cold = None if cached_only else EmbeddedEngine(EmbeddedEngineConfig(**common, settings=no_cache))
     engines = {"cached": cached} if cold is None else {"cached": cached, "cold": cold}
     tokenizer = cached.tokenizer
     system = chatml(tokenizer, "system", "You are a coding agent. Use the tools to read files, then answer.")

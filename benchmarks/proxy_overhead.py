@@ -204,8 +204,13 @@ def paired_ratios(direct, proxy, num_pairs: int, rng: random.Random) -> tuple[li
 def model_ratio(model_dir: Path, *, num_pairs: int, max_tokens: int, seed: int = 0) -> dict:
     """Wall-clock ratio proxy / direct with a real model: the same seeded request per pair, order randomised."""
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.engine.providers import EmbeddedEngineBrickConfig
 
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir, num_threads=2, kv_cache_gb=0))
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(
+            model_path=model_dir, settings=EmbeddedEngineBrickConfig(threads=2, kv_cache_gb=0)
+        )
+    )
     tokenizer = engine.tokenizer
     config = ProxyConfig(port=0)
     server = ProxyServer(LocalSessionRegistry(engine, tokenizer, config), config)

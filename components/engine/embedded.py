@@ -20,7 +20,7 @@ What each output field means:
   SGLang does when it keeps requests in flight).
   A weight update also empties the prefix cache, and KV that mixes versions is never stored, so a reused prefix
   always comes from the weights that sample the new tokens.
-- Prefix cache (``kv_cache_gb``): a request that starts with the ids of a recently finished sequence reuses
+- Prefix cache (``settings.kv_cache_gb``, least recently used entries evicted first): a request that starts with the ids of a recently finished sequence reuses
   that sequence's KV and prefills only the rest; its logprobs equal a cold run's up to float rounding (<= 1e-5).
 - ``routed_experts`` (MoE models, ``return_routed_experts=True``): for every forwarded position, i.e. the
   prompt tokens followed by the output tokens except the last sampled one, one tuple per MoE layer (in layer
@@ -44,6 +44,7 @@ from components.config import require, require_one_of, require_positive
 from components.engine import attention
 from components.engine.lora_adapters import BASE_ADAPTER, DEFAULT_ADAPTER, EngineAdapters, PolicyEngine
 from components.engine.moe_routing import RouterCapture
+from components.engine.providers import EmbeddedEngineBrickConfig
 from components.engine.scheduler import BatchScheduler, Request
 from components.errors import ContextOverflowError
 from components.protocols import GenerationResult, SamplingParams
@@ -61,16 +62,14 @@ class EmbeddedEngineConfig:
     """Configuration of the in-process engine."""
 
     model_path: str | Path  # an HF causal-LM folder (config.json + weights + tokenizer)
+    # The ``--engine-*`` flags' settings (threads, requests decoded together, prefix cache size, the actor's
+    # resources): the run's brick config itself, never copied field by field.
+    settings: EmbeddedEngineBrickConfig = EmbeddedEngineBrickConfig()
     context_window: int | None = None  # None: the model's max_position_embeddings
-    max_batch_size: int = 8  # requests decoded together (running + prefilling)
     dtype: str = "float32"  # "float32" | "bfloat16"
     device: str = "cpu"  # "cpu" | "cuda"
-    num_threads: int | None = None  # torch intra-op threads (CPU); None leaves torch's default
     prefill_chunk_tokens: int = 512  # prompt tokens (summed over rows) prefilled per scheduler iteration
     recompute_kv_on_update: bool = True  # re-prefill in-flight requests with new weights on update_weights
-    # Memory budget (GiB) of the prefix cache: the KV of recently finished sequences, reused by a next request
-    # that starts with the same ids (an agent's next turn). Least recently used entries go first; 0 disables it.
-    kv_cache_gb: float = 1.0
     initial_weight_version: int = 0
     # Ids that always end a completion. None: the model's EOS ids (generation config / config); () disables.
     eos_token_ids: tuple[int, ...] | None = None
@@ -79,16 +78,12 @@ class EmbeddedEngineConfig:
         require(bool(str(self.model_path)), "model_path", "must name an HF model folder")
         if self.context_window is not None:
             require_positive(self.context_window, "context_window")
-        require_positive(self.max_batch_size, "max_batch_size")
         require_one_of(self.dtype, "dtype", _DTYPES)
         require(
             self.device == "cpu" or self.device.startswith("cuda"),
             "device",
             f"must be 'cpu' or 'cuda[:N]', got {self.device!r}",
         )
-        if self.num_threads is not None:
-            require_positive(self.num_threads, "num_threads")
-        require(self.kv_cache_gb >= 0, "kv_cache_gb", f"must be >= 0 (0 disables), got {self.kv_cache_gb}")
         require(
             self.prefill_chunk_tokens >= 16,
             "prefill_chunk_tokens",
@@ -103,8 +98,7 @@ class EmbeddedEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         self.config = config
-        if config.num_threads is not None:
-            torch.set_num_threads(config.num_threads)
+        torch.set_num_threads(config.settings.threads)
         path = Path(config.model_path)
         if not (path / "config.json").exists():
             raise ValueError(f"model_path: {path} is not an HF model folder (no config.json)")

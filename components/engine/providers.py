@@ -110,11 +110,7 @@ class EmbeddedEngineBrickConfig:
         """The torch engine in this process."""
         from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 
-        engine = EmbeddedEngine(
-            EmbeddedEngineConfig(
-                model_path=model_path, num_threads=self.threads, max_batch_size=self.max_batch_size
-            )
-        )
+        engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_path, settings=self))
         return engine, engine.tokenizer
 
 
@@ -213,13 +209,10 @@ class EmbeddedEngineProvider:
         """The config the engine actor runs with."""
         from components.engine.embedded import EmbeddedEngineConfig
 
-        config = self.config
         return EmbeddedEngineConfig(
             model_path=model_path,
-            max_batch_size=config.max_batch_size,
-            num_threads=config.threads,
-            kv_cache_gb=config.kv_cache_gb,
-            device="cuda" if config.num_gpus > 0 else "cpu",
+            settings=self.config,
+            device="cuda" if self.config.num_gpus > 0 else "cpu",
             initial_weight_version=weight_version,
         )
 

@@ -153,7 +153,7 @@ class BatchScheduler:
         self.pad_token_id = pad_token_id
         self.routing = router_capture
         self.weight_version = config.initial_weight_version
-        self.prefix_cache = PrefixCache(int(config.kv_cache_gb * 2**30))
+        self.prefix_cache = PrefixCache(int(config.settings.kv_cache_gb * 2**30))
         self.adapters: EngineAdapters | None = None  # set by the engine: LoRA adapters injected into model
         self._adapter_kv_keys: dict[tuple[str, int], int] = {}  # (adapter, version) → its prefix-cache key
         # transformers >= 5.20 names the KV cache argument ``cache``; older models call it ``past_key_values``.
@@ -273,7 +273,7 @@ class BatchScheduler:
         """Start prefilling waiting requests when there is room (one prefill group at a time)."""
         if self._prefill is not None:
             return
-        free = self.config.max_batch_size - len(self._running)
+        free = self.config.settings.max_batch_size - len(self._running)
         group: list[Request] = []
         hits: list[PrefixHit | None] = []
         with self._lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -31,6 +32,7 @@ from components.trajectory import Trajectory
 from components.trajectory_store import TrajectoryStore
 
 if TYPE_CHECKING:
+    from components.engine.embedded import EmbeddedEngineConfig
     from components.proxy.config import ProxyConfig
     from components.rollout import RolloutRunner
     from components.run.config import RunConfig
@@ -202,7 +204,7 @@ class RunStack:
         """Per ``distillation.teachers`` entry: an embedded engine in this process for a model folder, or the
         client of a ``vllm:URL`` / ``sglang:URL`` server (same tokenizer as the policy, else a ``ValueError``
         naming the field)."""
-        from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+        from components.engine.embedded import EmbeddedEngine
         from components.training.distillation import require_same_tokenizer
         from components.training.server_teachers import connect_server_teacher, server_kind
 
@@ -215,16 +217,23 @@ class RunStack:
                 continue
             folder = resolve_model(name)
             require_same_tokenizer(self.run.model_path, folder, field="distillation.teachers")
-            engine_config = EmbeddedEngineConfig(
-                model_path=folder,
-                num_threads=self.config.engine.threads,
-                max_batch_size=self.config.engine.max_batch_size,
-                kv_cache_gb=0.0,
-            )
-            teacher = await _to_thread(EmbeddedEngine, engine_config)
+            teacher = await _to_thread(EmbeddedEngine, self.teacher_engine_config(folder))
             self._cleanups.append(teacher.aclose)
             teachers.append(teacher)
         return teachers
+
+    def teacher_engine_config(self, folder: Path) -> EmbeddedEngineConfig:
+        """The config of a model-folder teacher's engine in this process: the policy engine's settings when it is
+        embedded (threads, batch size; the brick's defaults beside a server engine), without a prefix cache (a
+        teacher only scores)."""
+        from components.engine.embedded import EmbeddedEngineConfig
+        from components.engine.providers import EmbeddedEngineBrickConfig
+
+        policy = self.config.engine
+        settings = policy if isinstance(policy, EmbeddedEngineBrickConfig) else EmbeddedEngineBrickConfig()
+        return EmbeddedEngineConfig(
+            model_path=folder, settings=dataclasses.replace(settings, kv_cache_gb=0.0)
+        )
 
     async def score_with_teachers(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
         """The trajectories with their teachers' logprobs recorded (as they are without distillation)."""

@@ -54,9 +54,7 @@ def next_weights(tmp_path_factory, default_model_dir):
 
 
 def _actor(tiny_model_dir, **options):
-    config = EmbeddedEngineConfig(
-        model_path=tiny_model_dir, num_threads=1, context_window=4096, eos_token_ids=()
-    )
+    config = EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=4096, eos_token_ids=())
     return start_engine_actor(config, num_cpus=0.5, **options)
 
 

@@ -30,9 +30,7 @@ REPORT_AFTER_S, DEADLINE_S = 1.0, 4.0
 
 @pytest.fixture
 def frozen_engine(ray_session, tiny_model_dir):
-    config = EmbeddedEngineConfig(
-        model_path=tiny_model_dir, num_threads=1, context_window=512, eos_token_ids=()
-    )
+    config = EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=512, eos_token_ids=())
     actor = start_engine_actor(config, num_cpus=0.5)
     client = asyncio.run(RayEngineClient.connect(actor))
     pid = ray_session.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)

@@ -5,6 +5,8 @@ the test sets a non-default value on the command line, reads it back from the pa
 field), then builds the bricks from that config without starting them (providers, the trainer's and the
 proxy's configs, the engine actor's config, the SGLang fleet's config, the harness, the rewards) and checks
 that the built objects differ from those built from the defaults: a field that stops reaching its brick fails.
+An engine field must change what the engine itself runs with (the embedded engine's config, the fleet's
+per-server config), not only its provider: the provider holding the brick config is not enough.
 Fields the run wing reads itself (steps, Ray, rollout scheduling, the task list) are listed with their reader.
 """
 
@@ -17,7 +19,7 @@ from typing import Any, Literal
 
 import pytest
 
-from components.engine.providers import VLLMBrickConfig
+from components.engine.providers import EmbeddedEngineBrickConfig, VLLMBrickConfig
 from components.engine.sglang_fleet import sglang_fleet_config
 from components.engine.vllm_fleet import vllm_fleet_config
 from components.recipe_config import _leaves, parse_config
@@ -55,6 +57,15 @@ COMPANION_FLAGS = {
     ],
     "distillation.teacher_rules": lambda model_dir: ["--distillation-teachers", str(model_dir)],
 }
+# (engine kind, field) whose value shows in what the engine runs with only beside another flag (an NCCL address
+# is used only when weights travel over NCCL): that flag is given to both sides of the comparison.
+ENGINE_COMPANION_FLAGS = {
+    ("sglang", "engine.nccl_address"): ["--sglang-weight-sync", "nccl"],
+    ("vllm", "engine.nccl_address"): ["--vllm-weight-transfer", "nccl"],
+    ("vllm", "engine.nccl_server_world_size"): ["--vllm-weight-transfer", "nccl"],
+}
+# (engine kind, field) the run's stack reads itself, not the engine: it reaches the bricks, not the engine's config.
+ENGINE_FIELDS_READ_BY_THE_STACK = {("sglang", "engine.colocated"): "RunStack.train_and_sync"}
 # (kind, field) with a single valid value in that kind.
 FIXED_FIELDS = {("gspo", "algorithm.loss.ratio_level"): "GSPO's clipped ratio is per sequence by definition"}
 
@@ -162,20 +173,11 @@ def built(config: SweGrpoConfig, model_dir: Path, run_dir: Path) -> Any:
     harnesses = [build_harness(config, kind) for kind in harness_kinds(every_kind).values()]
     rewards = config.reward.build(tests=None)
     proxy = stack.proxy_config(admin_key="a-fixed-admin-key-of-the-test")
-    return state(
-        (
-            bricks.engine,
-            bricks.proxy,
-            bricks.algorithm,
-            bricks.sandboxes,
-            bricks.loggers,
-            engine_state,
-            trainer,
-            harnesses,
-            rewards,
-            proxy,
-        )
-    )
+    return {
+        "bricks": state((bricks.engine, bricks.proxy, bricks.algorithm, bricks.sandboxes, bricks.loggers)),
+        "engine": state(engine_state),  # what the engine runs with (an engine field must change it)
+        "built": state((trainer, harnesses, rewards, proxy)),
+    }
 
 
 def slot_kinds() -> list[tuple[str, str]]:
@@ -207,6 +209,7 @@ def test_every_field_reaches_the_object_it_configures(slot, kind, rubric, tiny_m
             continue
         flags, expected = base_flags, reference
         companions = COMPANION_FLAGS.get(leaf.dotted, lambda model_dir: [])(tiny_model_dir)
+        companions += ENGINE_COMPANION_FLAGS.get((kind, leaf.dotted), [])
         if companions:
             flags = [*base_flags, *companions]
             expected = built(parse_config(SweGrpoConfig, flags), tiny_model_dir, tmp_path)
@@ -221,7 +224,21 @@ def test_every_field_reaches_the_object_it_configures(slot, kind, rubric, tiny_m
         else:
             unset.append(leaf.dotted)
             continue
-        if built(config, tiny_model_dir, tmp_path) == expected:
+        changed = built(config, tiny_model_dir, tmp_path)
+        engine_field = leaf.path[0] == "engine" and (kind, leaf.dotted) not in ENGINE_FIELDS_READ_BY_THE_STACK
+        if changed == expected or (engine_field and changed["engine"] == expected["engine"]):
             unreached.append(f"{leaf.dotted}={text}")
     assert not unset, f"no non-default value of these fields parses from the command line: {unset}"
     assert not unreached, f"these fields never reach the object they configure: {unreached}"
+
+
+@pytest.mark.parametrize("engine", ["embedded", "sglang"])
+def test_model_folder_teachers_run_with_the_policy_engines_settings(engine, rubric, tiny_model_dir, tmp_path):
+    threads = ["--engine-threads", "3"] if engine == "embedded" else []
+    config = parse_config(SweGrpoConfig, [*kind_flags({"engine": engine}, rubric), *threads])
+    run = RunDirectory(path=tmp_path, recipe="swe_grpo", model_path=tiny_model_dir)
+    teacher = RunStack(config, run, Bricks.from_config(config)).teacher_engine_config(tiny_model_dir)
+    # the policy's embedded settings (threads, batch size) without a prefix cache; a server engine's run: defaults
+    policy = config.engine if engine == "embedded" else EmbeddedEngineBrickConfig()
+    assert teacher.settings == dataclasses.replace(policy, kv_cache_gb=0.0)
+    assert teacher.settings.threads == (3 if engine == "embedded" else 1)

@@ -38,7 +38,6 @@ def _embedded_config(request: pytest.FixtureRequest):
 
     return EmbeddedEngineConfig(
         model_path=request.getfixturevalue("tiny_model_dir"),
-        num_threads=1,
         context_window=BUILT_IN_WINDOW,
         eos_token_ids=(),  # no early stop: every completion runs to its budget
     )

@@ -137,7 +137,7 @@ async def tiny_model_proxy(tiny_model_dir, tokenizer) -> AsyncIterator:
     for agents that do not say, so that rambling random text stays cheap)."""
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir))
     try:
         # Isolated mode: each agent holds only its own session's token (ANTHROPIC_API_KEY, codex's env_key,
         # litellm's api_key) and reaches the proxy with it from inside the sandbox.

@@ -12,7 +12,7 @@ from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir):
     """An embedded engine over the tiny dense model, shared by a test module."""
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, max_batch_size=8))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir))
     yield engine
     engine.close()
 

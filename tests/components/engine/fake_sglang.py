@@ -791,7 +791,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.scripted_policy:
         engine = scripted_engine(args.scripted_policy, args.model_path, args.context_window or 65536)
     else:
-        options: dict[str, Any] = {"model_path": args.model_path, "num_threads": 1}
+        options: dict[str, Any] = {"model_path": args.model_path}
         if args.context_window:
             options["context_window"] = args.context_window
         if args.no_eos:

@@ -151,14 +151,14 @@ async def test_stop_token_ids_and_stop_strings(tiny_engine):
 
 
 async def test_eos_ends_the_completion(tiny_model_dir):
-    probe = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=()))
+    probe = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=()))
     try:
         prompt = prompts_of_lengths([6])[0]
         free = await probe.generate(prompt, SamplingParams(max_tokens=10, temperature=0.0))
     finally:
         probe.close()
     engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=(free.output_ids[3],))
+        EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=(free.output_ids[3],))
     )
     try:
         result = await engine.generate(prompt, SamplingParams(max_tokens=10, temperature=0.0))
@@ -170,7 +170,7 @@ async def test_eos_ends_the_completion(tiny_model_dir):
 
 async def test_context_overflow_refused_and_max_tokens_clamped(tiny_model_dir):
     engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, context_window=64, eos_token_ids=())
+        EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=64, eos_token_ids=())
     )
     try:
         with pytest.raises(ContextOverflowError) as raised:
@@ -235,7 +235,7 @@ async def wait_for_decode_steps(engine: EmbeddedEngine, count: int) -> None:
 
 
 async def test_weight_update_mid_stream_switches_versions_once(tiny_model_dir, tiny_model_v1_dir):
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=()))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=()))
     old_model, new_model = reference_model(tiny_model_dir), reference_model(tiny_model_v1_dir)
     new_state = load_file(str(tiny_model_v1_dir / "model.safetensors"))
     prompts = prompts_of_lengths([8, 20, 3, 35])
@@ -289,9 +289,7 @@ async def test_teacher_forced_helper_agrees_with_generation(tiny_engine):
 
 
 async def test_routed_experts_recorded_for_moe(tiny_moe_model_dir):
-    engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_moe_model_dir, num_threads=1, eos_token_ids=())
-    )
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_moe_model_dir, eos_token_ids=()))
     assert engine.num_moe_layers == 2
     prompts = prompts_of_lengths([9, 21])
     try:
@@ -332,7 +330,7 @@ async def test_routed_experts_recorded_for_moe(tiny_moe_model_dir):
 
 
 async def test_close_aborts_in_flight_requests(tiny_model_dir):
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=()))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=()))
     task = asyncio.create_task(engine.generate([1, 2, 3], SamplingParams(max_tokens=5000, seed=0)))
     await wait_for_decode_steps(engine, 3)
     await engine.aclose()

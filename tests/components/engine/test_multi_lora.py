@@ -53,7 +53,7 @@ async def test_two_policies_sampled_together_each_token_from_its_own_adapter(tin
 
     (alice_model, alice_adapter), (bob_model, bob_adapter) = adapters
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=()))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=()))
     try:
         alice, bob = engine.policy("alice"), engine.policy("bob")
         assert isinstance(alice, InferenceEngine) and isinstance(alice, AdapterEngine)
@@ -111,9 +111,7 @@ async def test_sglang_fleet_loads_each_adapter_version_on_every_server(tiny_mode
     from tests.components.engine.fake_sglang import FakeSGLangServer
 
     (alice_model, alice_adapter), (bob_model, bob_adapter) = adapters
-    config = EmbeddedEngineConfig(
-        model_path=tiny_model_dir, num_threads=1, context_window=2048, eos_token_ids=()
-    )
+    config = EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=2048, eos_token_ids=())
     engines = [EmbeddedEngine(config), EmbeddedEngine(config)]
     try:
         with (
@@ -158,7 +156,7 @@ async def test_proxy_sessions_bound_to_two_policies_batched_on_one_engine(tiny_m
     from components.proxy.sessions import LocalSessionRegistry
 
     (alice_model, alice_adapter), (bob_model, bob_adapter) = adapters
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=()))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=()))
     alice, bob = engine.policy("alice"), engine.policy("bob")
     await alice.update_adapter(alice_adapter, 5)
     await bob.update_adapter(bob_adapter, 9)

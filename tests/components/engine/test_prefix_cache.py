@@ -10,6 +10,7 @@ import pytest
 from safetensors.torch import load_file
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from components.engine.providers import EmbeddedEngineBrickConfig
 from components.protocols import GenerationResult, SamplingParams
 
 pytestmark = pytest.mark.timeout(240)
@@ -21,9 +22,12 @@ def ids(length: int, offset: int) -> list[int]:
     return [100 + (offset * 31 + 17 * j) % 4000 for j in range(length)]
 
 
+NO_PREFIX_CACHE = EmbeddedEngineBrickConfig(kv_cache_gb=0)
+
+
 def engine_for(model_dir, **overrides) -> EmbeddedEngine:
     # Small prefill chunks so that a suffix after a cached prefix is itself prefilled in several chunks.
-    options = {"num_threads": 1, "eos_token_ids": (), "prefill_chunk_tokens": 16, **overrides}
+    options = {"eos_token_ids": (), "prefill_chunk_tokens": 16, **overrides}
     return EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir, **options))
 
 
@@ -41,7 +45,7 @@ def bytes_per_token(engine: EmbeddedEngine) -> int:
 
 
 async def test_multi_turn_session_reuses_kv_with_cold_logprobs(tiny_model_dir):
-    cached, cold = engine_for(tiny_model_dir), engine_for(tiny_model_dir, kv_cache_gb=0)
+    cached, cold = engine_for(tiny_model_dir), engine_for(tiny_model_dir, settings=NO_PREFIX_CACHE)
     try:
         for params in (SamplingParams(max_tokens=12, temperature=0.0), SamplingParams(max_tokens=12, seed=3)):
             history = ids(40, offset=1 + int(params.temperature))
@@ -70,7 +74,7 @@ async def test_turns_append_into_the_cached_buffers_and_branches_do_not_corrupt_
     """A lone next turn writes after the cached positions in the same buffers (no copy per turn); a second
     request reusing the same entry while the first still runs, or a partial match, copies it; every result
     equals a cold run."""
-    cached, cold = engine_for(tiny_model_dir), engine_for(tiny_model_dir, kv_cache_gb=0)
+    cached, cold = engine_for(tiny_model_dir), engine_for(tiny_model_dir, settings=NO_PREFIX_CACHE)
     params = SamplingParams(max_tokens=6, temperature=0.0)
     try:
         history = ids(30, offset=70)
@@ -105,7 +109,7 @@ async def test_turns_append_into_the_cached_buffers_and_branches_do_not_corrupt_
 
 
 async def test_a_request_that_stops_early_is_cached_without_its_unused_room(tiny_model_dir):
-    engine, cold = engine_for(tiny_model_dir), engine_for(tiny_model_dir, kv_cache_gb=0)
+    engine, cold = engine_for(tiny_model_dir), engine_for(tiny_model_dir, settings=NO_PREFIX_CACHE)
     prompt = ids(40, offset=95)
     try:
         probe = await cold.generate(prompt, SamplingParams(max_tokens=1, temperature=0.0))
@@ -121,14 +125,14 @@ async def test_a_request_that_stops_early_is_cached_without_its_unused_room(tiny
 
 
 async def test_eviction_keeps_the_budget_and_drops_the_least_recently_used(tiny_model_dir):
-    probe = engine_for(tiny_model_dir, kv_cache_gb=0)
+    probe = engine_for(tiny_model_dir, settings=NO_PREFIX_CACHE)
     per_token = bytes_per_token(probe)
     probe.close()
     prompt_length, max_tokens = 60, 5
     entry_bytes = per_token * (prompt_length + max_tokens - 1)
     budget = int(2.5 * entry_bytes)  # room for two entries, not three
-    engine = engine_for(tiny_model_dir, kv_cache_gb=budget / 2**30)
-    cold = engine_for(tiny_model_dir, kv_cache_gb=0)
+    engine = engine_for(tiny_model_dir, settings=EmbeddedEngineBrickConfig(kv_cache_gb=budget / 2**30))
+    cold = engine_for(tiny_model_dir, settings=NO_PREFIX_CACHE)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     prompts = [ids(prompt_length, offset=50 + i) for i in range(3)]
     try:
@@ -155,7 +159,7 @@ async def test_eviction_keeps_the_budget_and_drops_the_least_recently_used(tiny_
 async def test_weight_update_empties_the_cache_and_new_tokens_use_new_kv(tiny_model_dir, tiny_model_v1_dir):
     new_state = load_file(str(tiny_model_v1_dir / "model.safetensors"))
     engine = engine_for(tiny_model_dir)
-    cold_v1 = engine_for(tiny_model_v1_dir, kv_cache_gb=0, initial_weight_version=1)
+    cold_v1 = engine_for(tiny_model_v1_dir, settings=NO_PREFIX_CACHE, initial_weight_version=1)
     params = SamplingParams(max_tokens=8, temperature=0.0)
     first_turn = ids(50, offset=7)
     try:
@@ -196,7 +200,10 @@ async def test_kv_that_mixes_versions_is_never_cached(tiny_model_dir, tiny_model
 
 
 async def test_concurrent_sessions_share_a_system_prompt(tiny_model_dir):
-    engine, cold = engine_for(tiny_model_dir, max_batch_size=8), engine_for(tiny_model_dir, kv_cache_gb=0)
+    engine, cold = (
+        engine_for(tiny_model_dir, settings=EmbeddedEngineBrickConfig(max_batch_size=8)),
+        engine_for(tiny_model_dir, settings=NO_PREFIX_CACHE),
+    )
     system = ids(70, offset=20)
     params = SamplingParams(max_tokens=6, temperature=0.0)
     try:
@@ -218,7 +225,7 @@ async def test_concurrent_sessions_share_a_system_prompt(tiny_model_dir):
 
 
 async def test_moe_routing_of_cached_positions_matches_a_cold_run(tiny_moe_model_dir):
-    engine, cold = engine_for(tiny_moe_model_dir), engine_for(tiny_moe_model_dir, kv_cache_gb=0)
+    engine, cold = engine_for(tiny_moe_model_dir), engine_for(tiny_moe_model_dir, settings=NO_PREFIX_CACHE)
     params = SamplingParams(max_tokens=5, temperature=0.0, return_routed_experts=True)
     try:
         first = await engine.generate(ids(30, offset=60), params)
@@ -238,7 +245,7 @@ async def test_moe_routing_of_cached_positions_matches_a_cold_run(tiny_moe_model
 
 def test_kv_cache_budget_is_validated(tiny_model_dir):
     with pytest.raises(ValueError, match="kv_cache_gb"):
-        EmbeddedEngineConfig(model_path=tiny_model_dir, kv_cache_gb=-1)
+        EmbeddedEngineBrickConfig(kv_cache_gb=-1)
 
 
 def test_recipe_flag_sets_the_budget(capsys):

@@ -18,9 +18,7 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def engine_actor(ray_session, tiny_model_dir):
-    config = EmbeddedEngineConfig(
-        model_path=tiny_model_dir, num_threads=1, context_window=4096, eos_token_ids=()
-    )
+    config = EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=4096, eos_token_ids=())
     handle = start_engine_actor(config, num_cpus=0.5)
     yield handle
     ray_session.kill(handle)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture(scope="module")
 def fake_server(tiny_model_dir):
     engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, context_window=2048, eos_token_ids=())
+        EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=2048, eos_token_ids=())
     )
     with FakeSGLangServer(engine, tiny_model_dir) as server:
         yield server
@@ -230,9 +230,7 @@ def test_reply_parsing_of_version_spans_finish_reasons_and_routed_experts():
 
 
 async def test_routed_experts_requested_and_decoded(tiny_moe_model_dir):
-    moe_engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_moe_model_dir, num_threads=1, eos_token_ids=())
-    )
+    moe_engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_moe_model_dir, eos_token_ids=()))
     with FakeSGLangServer(moe_engine, tiny_moe_model_dir) as server:
         config = SGLangEngineConfig(base_url=server.url, routed_experts_top_k=2)
         client = await SGLangEngine.connect(config)

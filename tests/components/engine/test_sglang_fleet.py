@@ -179,9 +179,7 @@ async def test_gloo_weight_broadcast_delivers_exactly_the_trainers_weights_to_ev
             )
             assert (await client.get(f"{server.url}/model_info")).json()["weight_version"] == "6"
     # What the servers now sample is what the trainer's weights give.
-    reference = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=())
-    )
+    reference = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=()))
     await reference.update_weights(trainer_weights, version=6)
     prompt = [*SYSTEM_PROMPT, 5000]
     result = await fleet.generate(prompt, SamplingParams(max_tokens=5, seed=3))

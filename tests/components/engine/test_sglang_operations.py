@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def keyed_server(tiny_model_dir):
     """A fake SGLang server started with ``--api-key user-key --admin-api-key admin-key``."""
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=()))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=()))
     with FakeSGLangServer(engine, tiny_model_dir, api_key="user-key", admin_api_key="admin-key") as server:
         yield server
     engine.close()

@@ -32,7 +32,7 @@ PROMPT = [5, 6, 7, 8, 9, 10]
 @pytest.fixture(scope="module")
 def fake_server(tiny_model_dir):
     engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, context_window=512, eos_token_ids=())
+        EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=512, eos_token_ids=())
     )
     with FakeSGLangServer(engine, tiny_model_dir) as server:
         yield server

@@ -28,8 +28,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def tiny_proxy(tiny_model_dir):
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.engine.providers import EmbeddedEngineBrickConfig
 
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=2))
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(model_path=tiny_model_dir, settings=EmbeddedEngineBrickConfig(threads=2))
+    )
     # Agents ask for up to 32k output tokens; 48 keeps a random model's turns short.
     config = ProxyConfig(port=0, max_completion_tokens=48, keepalive_interval_s=2.0)
     registry = LocalSessionRegistry(engine, engine.tokenizer, config)

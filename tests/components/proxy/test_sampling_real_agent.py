@@ -72,9 +72,12 @@ def _run_mini(mini: Path, base_url: str, api_key: str, tmp_path: Path) -> dict:
 @pytest.mark.parametrize("agent_sampling", [False, True], ids=["run-sampling", "agent-sampling"])
 def test_mini_swe_agent_sampling_settings_train_rollout_agreement(tiny_model_dir, tmp_path, agent_sampling):
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.engine.providers import EmbeddedEngineBrickConfig
 
     mini = _mini()
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=2))
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(model_path=tiny_model_dir, settings=EmbeddedEngineBrickConfig(threads=2))
+    )
     config = ProxyConfig(
         port=0,
         max_completion_tokens=48,

@@ -99,7 +99,7 @@ async def test_two_runners_each_bound_to_its_policy_on_one_embedded_engine(
     from components.proxy.sessions import LocalSessionRegistry
 
     (_, alice_adapter), (_, bob_adapter) = adapters
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=()))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=()))
     alice, bob = engine.policy("alice"), engine.policy("bob")
     await alice.update_adapter(alice_adapter, 5)
     await bob.update_adapter(bob_adapter, 9)
@@ -131,9 +131,7 @@ async def test_two_runners_each_bound_to_its_policy_on_one_engine_actor_over_ses
     from components.proxy.serve import run_proxy_on_serve
 
     (_, alice_adapter), (_, bob_adapter) = adapters
-    actor = start_engine_actor(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=()), num_cpus=0
-    )
+    actor = start_engine_actor(EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=()), num_cpus=0)
     engine = await RayEngineClient.connect(actor)
     alice, bob = engine.policy("alice"), engine.policy("bob")
     assert alice.weight_version == bob.weight_version == 0  # no adapter yet: the engine's initial version

@@ -103,7 +103,7 @@ def test_an_embedded_engine_teacher_scores_teacher_forced(tmp_path, tiny_model_d
 
     teacher_dir = build_tiny_model(tmp_path / "teacher", tokenizer_dir=tiny_model_dir, seed=1)
     require_same_tokenizer(tiny_model_dir, teacher_dir)  # same tokenizer: no error
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=teacher_dir, num_threads=1))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=teacher_dir))
     try:
         assert isinstance(engine, TeacherScorer)
         trajectory = make_trajectory("t1", "a", 1.0, (make_segment(3, 4, seed=1, vocab=1000),))

@@ -99,7 +99,7 @@ async def test_after_weight_sync_engine_logprobs_equal_the_trainers(trainer, tin
 
     if trainer.state.step == 0:  # run alone: train once so that the engine's initial weights differ
         trainer.step(random_batch(seed=11), current_version=0)
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir))
     try:
         sequence = [1, 504, 2231, 17, 9, 3000, 42, 77, 2, 11]
         before = await engine.logprobs_of(sequence)
@@ -126,7 +126,7 @@ async def test_disk_weight_sync_reloads_sglang_from_an_hf_folder(trainer, tiny_m
     from tests.components.engine.fake_sglang import FakeSGLangServer
 
     engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, context_window=2048, eos_token_ids=())
+        EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=2048, eos_token_ids=())
     )
     try:
         with FakeSGLangServer(engine, tiny_model_dir) as server:

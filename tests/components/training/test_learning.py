@@ -100,10 +100,13 @@ async def start_engine_and_trainer(
 ):
     """(engine actor, its client, a one-worker GRPO trainer): the learning tests' shared set-up."""
     from components.engine.embedded import EmbeddedEngineConfig
+    from components.engine.providers import EmbeddedEngineBrickConfig
     from components.engine.ray_actor import RayEngineClient, start_engine_actor
 
     actor = start_engine_actor(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, max_batch_size=32, eos_token_ids=()),
+        EmbeddedEngineConfig(
+            model_path=tiny_model_dir, settings=EmbeddedEngineBrickConfig(max_batch_size=32), eos_token_ids=()
+        ),
         num_cpus=1,
     )
     engine = await RayEngineClient.connect(actor)

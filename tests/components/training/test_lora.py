@@ -138,7 +138,7 @@ async def test_after_an_adapter_sync_engine_logprobs_equal_the_trainers(trainer,
 
     if trainer.state.step == 0:
         trainer.step(random_batch(seed=11), current_version=0)
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, eos_token_ids=()))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=()))
     try:
         q_proj = engine.model.model.layers[0].self_attn.q_proj
         base_storage, base_weight = q_proj.weight.data_ptr(), q_proj.weight.detach().clone()
@@ -197,7 +197,7 @@ async def test_sglang_loads_each_adapter_version_under_a_new_name_and_unloads_th
     if trainer.state.step == 0:
         trainer.step(random_batch(seed=11), current_version=0)
     engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, context_window=2048, eos_token_ids=())
+        EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=2048, eos_token_ids=())
     )
     try:
         with FakeSGLangServer(engine, tiny_model_dir, enable_lora=True) as server:
@@ -332,7 +332,7 @@ async def test_two_lora_policies_train_concurrently_on_one_engine(ray_session, t
         for name in names
     }
     engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=tiny_model_dir, num_threads=1, context_window=2048, eos_token_ids=())
+        EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=2048, eos_token_ids=())
     )
 
     async def step_together(which: tuple[str, ...], seed: int) -> None:

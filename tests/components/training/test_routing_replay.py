@@ -44,7 +44,7 @@ async def test_routing_replay_improves_train_rollout_agreement(tiny_moe_model_di
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 
     torch.set_num_threads(1)
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_moe_model_dir, num_threads=1))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_moe_model_dir))
     try:
         rollouts = []
         for seed in range(6):

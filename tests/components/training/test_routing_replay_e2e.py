@@ -30,7 +30,7 @@ NUM_SESSIONS = 4
 async def _record_sessions(model_dir, run_dir) -> None:
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir, num_threads=1))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir))
     config = ProxyConfig(
         run_dir=run_dir,
         record_routed_experts=True,

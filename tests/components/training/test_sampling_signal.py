@@ -37,7 +37,7 @@ AGREEMENT = 1e-4  # engine (KV-cached decode) vs trainer (one full forward), fp3
 async def _rollouts(model_dir, distributions) -> list[Segment]:
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir, num_threads=1))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir))
     segments = []
     try:
         for seed, distribution in enumerate(distributions):
