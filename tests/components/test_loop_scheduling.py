@@ -21,6 +21,7 @@ import numpy as np
 from components.rollout.buffer import TrajectoryLedger, group_index
 from components.run.config import RolloutBrickConfig, RunConfig
 from components.run.loop import run_recipe_loop
+from components.run.stack import RunStack
 from components.training.checkpoint import TrainerState
 from components.trajectory import Segment, Trajectory, TrajectoryStatus
 from components.trajectory_store import TrajectoryStore
@@ -119,6 +120,12 @@ class NoTrackers:
         return []
 
 
+class LoopStack(SimpleNamespace):
+    """The parts of a ``RunStack`` the loop reads, with its real train-and-sync step (ledger, train, push)."""
+
+    train_and_sync = RunStack.train_and_sync
+
+
 def loop_parts(tmp_path, trainer, *, num_steps=NUM_STEPS, **rollout):
     """The async run's config and a stack of the real store over ``trainer``, no model, engine or checkpoints."""
     rollout = {"mode": "async", "max_staleness": MAX_STALENESS, "max_concurrency": 4, **rollout}
@@ -130,9 +137,11 @@ def loop_parts(tmp_path, trainer, *, num_steps=NUM_STEPS, **rollout):
         monitoring=WandbLoggersConfig(wandb_mode="disabled"),
         checkpoint_every_steps=0,
     )
-    stack = SimpleNamespace(
+    stack = LoopStack(
+        config=config,
         store=TrajectoryStore(tmp_path),
         trainer=trainer,
+        ledger=TrajectoryLedger.from_state(trainer.state.extra),
         weight_sync=SimpleNamespace(push=no_push),
         engine=None,
         checkpoint_if_due=no_checkpoint,
