@@ -7,7 +7,7 @@ suite under ``tests/`` that every implementation passes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
@@ -105,6 +105,42 @@ class InferenceEngine(Protocol):
     ) -> GenerationResult: ...
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenChunk:
+    """Tokens of a completion as they are sampled: their ids, logprobs and weight versions (the next slice of
+    what the finished ``GenerationResult`` holds)."""
+
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    weight_versions: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.output_ids)
+        require(len(self.logprobs) == n, "logprobs", f"has {len(self.logprobs)} entries for {n} output ids")
+        require(
+            len(self.weight_versions) == n,
+            "weight_versions",
+            f"has {len(self.weight_versions)} entries for {n} output ids",
+        )
+
+
+@runtime_checkable
+class StreamingEngine(InferenceEngine, Protocol):
+    """An ``InferenceEngine`` that also hands out tokens as they are sampled.
+
+    Contract: ``generate_stream`` takes what ``generate`` takes and raises what it raises (before the first
+    item for a refused request); it yields ``TokenChunk``s in sampling order, then exactly one
+    ``GenerationResult``, the last item, equal to what ``generate`` returns: its ids are the chunks' ids
+    joined. Closing the iterator before its end (``aclose``, or cancelling the task that iterates it, e.g. a
+    client that disconnected) aborts the engine's request: no more tokens are sampled for it. Engines that do not
+    stream implement only ``InferenceEngine``; their callers replay the finished generation.
+    """
+
+    def generate_stream(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> AsyncIterator[TokenChunk | GenerationResult]: ...
 
 
 # ----------------------------------------------------------------------------------------------------------

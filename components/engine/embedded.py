@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,7 +47,7 @@ from components.engine.moe_routing import RouterCapture
 from components.engine.providers import EmbeddedEngineBrickConfig
 from components.engine.scheduler import BatchScheduler, Request
 from components.errors import ContextOverflowError
-from components.protocols import GenerationResult, SamplingParams
+from components.protocols import GenerationResult, SamplingParams, TokenChunk
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -165,24 +165,71 @@ class EmbeddedEngine:
     ) -> GenerationResult:
         """Sample one completion for ``input_ids`` (see the module docstring for what each field means);
         ``adapter``: the LoRA policy that serves it (multi-LoRA, see ``policy``)."""
+        request = self._request(input_ids, params, adapter)
+        self._scheduler.submit(request)
+        return await request.future
+
+    async def generate_stream(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        """``generate``, with the tokens of each decode step as they are sampled (``StreamingEngine``); closing
+        the iterator early abandons the request, which the scheduler drops before its next step."""
+        loop = asyncio.get_running_loop()
+        arrived: asyncio.Queue[tuple[int, float, int] | asyncio.Future[GenerationResult]] = asyncio.Queue()
+
+        def on_token(token: int, logprob: float, version: int) -> None:  # the scheduler thread
+            try:
+                loop.call_soon_threadsafe(arrived.put_nowait, (token, logprob, version))
+            except RuntimeError:  # the caller's loop is closed: nobody reads the stream any more
+                pass
+
+        request = self._request(input_ids, params, adapter, on_token=on_token)
+        # the future settles after every token callback was queued (both go through call_soon_threadsafe)
+        request.future.add_done_callback(arrived.put_nowait)
+        self._scheduler.submit(request)
+        try:
+            while True:
+                items = [await arrived.get()]
+                while not arrived.empty():
+                    items.append(arrived.get_nowait())
+                tokens = [item for item in items if isinstance(item, tuple)]
+                if tokens:
+                    yield TokenChunk(
+                        output_ids=tuple(t[0] for t in tokens),
+                        logprobs=tuple(t[1] for t in tokens),
+                        weight_versions=tuple(t[2] for t in tokens),
+                    )
+                if len(tokens) < len(items):
+                    yield request.future.result()
+                    return
+        finally:
+            if not request.future.done():
+                request.future.cancel()  # abandoned: the scheduler drops it
+
+    def _request(
+        self,
+        input_ids: Sequence[int],
+        params: SamplingParams,
+        adapter: str | None,
+        *,
+        on_token: Callable[[int, float, int], None] | None = None,
+    ) -> Request:
         prompt = self._validated_prompt(input_ids)
         require(adapter != BASE_ADAPTER, "adapter", f"{BASE_ADAPTER!r} is reserved")
         if params.return_routed_experts and not self.num_moe_layers:
             raise ValueError("return_routed_experts: the model has no MoE router layers")
-        loop = asyncio.get_running_loop()
         seed = params.seed if params.seed is not None else random.getrandbits(63)
-        request = Request(
+        return Request(
             prompt=prompt,
             params=params,
             max_new_tokens=min(params.max_tokens, self._context_window - len(prompt)),
             generator=torch.Generator(device=self.device).manual_seed(seed),
-            future=loop.create_future(),
+            future=asyncio.get_running_loop().create_future(),
             stop_ids=self.eos_token_ids | frozenset(params.stop_token_ids),
             routed_experts=[] if params.return_routed_experts else None,
             adapter=adapter,
+            on_token=on_token,
         )
-        self._scheduler.submit(request)
-        return await request.future
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load ``state_dict`` between two decode steps and stamp later tokens with ``version``."""

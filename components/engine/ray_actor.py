@@ -27,13 +27,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from components.engine.lora_adapters import DEFAULT_ADAPTER, PolicyEngine
 from components.errors import EngineError, ReinError
-from components.protocols import GenerationResult, SamplingParams
+from components.protocols import GenerationResult, SamplingParams, TokenChunk
 from components.remote_waits import PENDING_WAITS, EngineStalledError
 
 if TYPE_CHECKING:
@@ -93,6 +93,19 @@ class EngineActor:
         """``EmbeddedEngine.generate`` (``adapter``: the policy whose adapter serves it)."""
         await self._serving()
         return await self.engine.generate(input_ids, params, adapter=adapter)
+
+    async def generate_stream(
+        self, input_ids: Sequence[int], params: SamplingParams, adapter: str | None = None
+    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        """``EmbeddedEngine.generate_stream`` as a Ray streaming generator (cancelling the Ray task closes the
+        engine's stream, which aborts the request)."""
+        await self._serving()
+        stream = self.engine.generate_stream(input_ids, params, adapter=adapter)
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            await stream.aclose()
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> int:
         """``EmbeddedEngine.update_weights``; returns the new version (a restarted actor serves from now on)."""
@@ -272,6 +285,31 @@ class RayEngineClient:
         if result.weight_versions:
             self._saw_version(adapter, result.weight_versions[-1])
         return result
+
+    async def generate_stream(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        """``generate`` as the actor samples it (``StreamingEngine``), through a Ray streaming generator; closing
+        this iterator early cancels the actor's task, which aborts the engine's request."""
+        import ray
+
+        if self._restarting:
+            await self._actor_info()
+        stream = self.actor.generate_stream.options(num_returns="streaming").remote(
+            list(input_ids), params, adapter
+        )
+        finished = False
+        try:
+            async for reference in stream:
+                item: TokenChunk | GenerationResult = await self._request(reference, "generate_stream")
+                if isinstance(item, GenerationResult):
+                    finished = True
+                    if item.weight_versions:
+                        self._saw_version(adapter, item.weight_versions[-1])
+                yield item
+        finally:
+            if not finished:
+                ray.cancel(stream)
 
     def policy(self, name: str) -> PolicyEngine:
         """Multi-LoRA: the view of the actor's engine that serves policy ``name`` with its own adapter and

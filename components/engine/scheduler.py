@@ -66,6 +66,9 @@ class Request:
     # Multi-LoRA: the named adapter (policy) that serves this request; None: the engine-wide weights (with the
     # "default" adapter when one was loaded by update_adapter)
     adapter: str | None = None
+    # Streaming (``EmbeddedEngine.generate_stream``): called on the scheduler thread with each sampled token,
+    # its logprob and weight version, before the request can finish
+    on_token: Callable[[int, float, int], None] | None = None
 
     @property
     def num_forwarded(self) -> int:
@@ -573,6 +576,8 @@ class BatchScheduler:
             request.output_ids.append(token)
             request.logprobs.append(logprob)
             request.weight_versions.append(self.version_of(request.adapter))
+            if request.on_token is not None:
+                request.on_token(token, logprob, request.weight_versions[-1])
             request.finish_reason = self._finish_reason(request, token)
 
     def _finish_reason(self, request: Request, token: int) -> FinishReason | None:

@@ -42,9 +42,10 @@ connection lazily in the process that uses it.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NoReturn
@@ -57,7 +58,7 @@ from components.engine.server_client import HttpServerClient, is_unsent, json_ob
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
 from components.json_types import JsonObject, JsonValue
-from components.protocols import FinishReason, GenerationResult, SamplingParams
+from components.protocols import FinishReason, GenerationResult, SamplingParams, TokenChunk
 from components.sampling import SamplingDistribution
 
 if TYPE_CHECKING:
@@ -249,6 +250,80 @@ class VLLMEngine(HttpServerClient[VLLMEngineConfig]):
     ) -> GenerationResult:
         """One ``/inference/v1/generate`` call; every output token comes back with its logprob and version.
         ``adapter``: the policy (``policy(name)``) whose adapter serves it; None: the engine-wide one."""
+        prompt, lora = self._checked_request(input_ids, params, adapter)
+        payload = self.generate_payload(prompt, params, model=lora[0] if lora else None)
+        # never re-sent once it may have reached the server (see is_unsent)
+        reply = await self._request("POST", "/inference/v1/generate", json=payload, retry_when=is_unsent)
+        result = self.parse_generate_reply(json_object(reply, "vLLM /inference/v1/generate"), prompt)
+        if lora is not None:  # the server's label is the base's; the adapter's name fixes the version
+            result = replace(result, weight_versions=(lora[1],) * len(result.output_ids))
+        return result
+
+    async def generate_stream(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        """``generate`` as vLLM samples it (``StreamingEngine``): ``/inference/v1/generate`` with ``stream``,
+        one SSE chunk per engine step (``token_ids`` and their ``logprobs.content`` as deltas; ``weight_versions``
+        only on the final chunk, over the whole output, so a ``TokenChunk``'s versions are the version this
+        client last saw and the ``GenerationResult``'s are the server's labels). Closing the iterator closes the
+        connection, which aborts the request on the server (``with_cancellation``)."""
+        prompt, lora = self._checked_request(input_ids, params, adapter)
+        payload = {
+            **self.generate_payload(prompt, params, model=lora[0] if lora else None),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        path = "/inference/v1/generate"
+        where = f"vLLM POST {self.url}{path}"
+        output_ids: list[int] = []
+        entries: list[JsonValue] = []
+        final: JsonObject = {}
+        usage: JsonValue = None
+        try:
+            async with self.client.stream("POST", path, json=payload) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise self.status_error("POST", path, response)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json_object(json.loads(line.removeprefix("data: ")), where)
+                    if "error" in chunk:
+                        raise EngineError(f"{where} failed in its stream: {chunk['error']!r}")
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or ():
+                        ids = [int(token) for token in choice.get("token_ids") or ()]
+                        logprobs = (choice.get("logprobs") or {}).get("content") or []
+                        output_ids.extend(ids)
+                        entries.extend(logprobs)
+                        if choice.get("finish_reason") is not None:
+                            final = choice
+                        if ids and len(logprobs) == len(ids):
+                            version = lora[1] if lora is not None else self.weight_version
+                            yield TokenChunk(
+                                output_ids=tuple(ids),
+                                logprobs=tuple(float(entry["logprob"]) for entry in logprobs),
+                                weight_versions=(version,) * len(ids),
+                            )
+        except httpx.TransportError as error:
+            if isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout):
+                raise EngineError(f"{where} timed out: {error!r}") from error
+            raise self.unreachable_error(f"{where} failed: {error!r}") from error
+        if not final:
+            raise EngineError(f"{where}: the stream ended without a finish_reason")
+        whole = {
+            "choices": [{**final, "token_ids": output_ids, "logprobs": {"content": entries}}],
+            "usage": usage or {"prompt_tokens": len(prompt)},
+        }
+        result = self.parse_generate_reply(whole, prompt)
+        if lora is not None:
+            result = replace(result, weight_versions=(lora[1],) * len(result.output_ids))
+        yield result
+
+    def _checked_request(
+        self, input_ids: Sequence[int], params: SamplingParams, adapter: str | None
+    ) -> tuple[list[int], tuple[str, int] | None]:
+        """The prompt as ids, and the LoRA adapter (name, version) that serves it, once the request is valid."""
         prompt = [int(token) for token in input_ids]
         require(len(prompt) > 0, "input_ids", "must not be empty")
         require(min(prompt) >= 0, "input_ids", "token ids must be >= 0")
@@ -260,14 +335,7 @@ class VLLMEngine(HttpServerClient[VLLMEngineConfig]):
         )
         if len(prompt) >= self.context_window:
             raise ContextOverflowError(num_prompt_tokens=len(prompt), context_window=self.context_window)
-        lora = self._loras.get(adapter or "")  # the adapter named now serves the whole request
-        payload = self.generate_payload(prompt, params, model=lora[0] if lora else None)
-        # never re-sent once it may have reached the server (see is_unsent)
-        reply = await self._request("POST", "/inference/v1/generate", json=payload, retry_when=is_unsent)
-        result = self.parse_generate_reply(json_object(reply, "vLLM /inference/v1/generate"), prompt)
-        if lora is not None:  # the server's label is the base's; the adapter's name fixes the version
-            result = replace(result, weight_versions=(lora[1],) * len(result.output_ids))
-        return result
+        return prompt, self._loras.get(adapter or "")  # the adapter named now serves the whole request
 
     async def logprobs_of(self, input_ids: Sequence[int], start: int = 1) -> tuple[float, ...]:
         """Teacher-forced log p(input_ids[i] | input_ids[:i]) for i in [start, len) (a distillation teacher,

@@ -38,8 +38,8 @@ from components.proxy.json_fields import (
     require_list,
     require_object,
 )
-from components.proxy.sessions import TurnOutcome, TurnRequest
-from components.tito.formats import call_argument_pieces
+from components.proxy.sessions import TurnOutcome, TurnRequest, TurnStarted
+from components.tito.formats import ReplyDelta, call_argument_pieces, unsent_arguments
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 
 PLACEHOLDERS = {"image": "[image]", "document": "[document]"}
@@ -349,6 +349,110 @@ def render_stream(
     )
     frames.append(_event("message_stop", {"type": "message_stop"}))
     return frames
+
+
+class LiveStream:
+    """The events of a message streamed as the engine samples it: ``message_start``, a thinking block and a text
+    block growing delta by delta, a tool_use block per call opened when its arguments begin (its
+    ``input_json_delta`` pieces as the tokens write them), then ``message_delta`` and ``message_stop``."""
+
+    def __init__(self, request: MessagesRequest, *, response_id: str, created: int) -> None:
+        self.request = request
+        self.response_id = response_id
+        self._index = -1  # the open content block's index (-1: none yet)
+        self._open: str | None = None  # its kind: reasoning | content | a call's index as text
+        self._sent_arguments: dict[int, str] = {}
+
+    def start(self, started: TurnStarted) -> list[bytes]:
+        """``message_start`` once the engine has begun sampling."""
+        message = {
+            "id": self.response_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.request.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": started.num_prompt_tokens,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }
+        return [_event("message_start", {"type": "message_start", "message": message})]
+
+    def _block(self, kind: str, empty: JsonObject) -> list[bytes]:
+        frames = self._close()
+        self._index += 1
+        self._open = kind
+        start = {"type": "content_block_start", "index": self._index, "content_block": empty}
+        return [*frames, _event("content_block_start", start)]
+
+    def _close(self) -> list[bytes]:
+        if self._open is None:
+            return []
+        frames = []
+        if self._open == "reasoning":
+            frames.append(self._delta({"type": "signature_delta", "signature": ""}))
+        frames.append(_event("content_block_stop", {"type": "content_block_stop", "index": self._index}))
+        self._open = None
+        return frames
+
+    def _delta(self, delta: JsonObject) -> bytes:
+        return _event(
+            "content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta}
+        )
+
+    def delta(self, delta: ReplyDelta) -> list[bytes]:
+        """The events of one delta."""
+        frames: list[bytes] = []
+        if delta.kind == "reasoning":
+            if self._open != "reasoning":
+                frames += self._block("reasoning", {"type": "thinking", "thinking": "", "signature": ""})
+            return [*frames, self._delta({"type": "thinking_delta", "thinking": delta.text})]
+        if delta.kind == "content":
+            if self._open != "content":
+                frames += self._block("content", {"type": "text", "text": ""})
+            return [*frames, self._delta({"type": "text_delta", "text": delta.text})]
+        call, kind = delta.tool_call, str(delta.index)
+        if self._open != kind and delta.index not in self._sent_arguments and call is not None:
+            suffix = self.response_id.removeprefix("msg_")
+            empty = {
+                "type": "tool_use",
+                "id": call.id or f"toolu_{suffix}_{delta.index}",
+                "name": call.name,
+                "input": {},
+            }
+            frames += self._block(kind, empty)
+            self._sent_arguments[delta.index] = ""
+        if delta.kind == "tool_call_arguments":
+            piece = delta.text
+        else:
+            assert call is not None
+            whole = json.dumps(_tool_input(call.arguments), ensure_ascii=False)
+            piece = unsent_arguments(self._sent_arguments[delta.index], whole)
+        if piece and self._open == kind:
+            self._sent_arguments[delta.index] += piece
+            frames.append(self._delta({"type": "input_json_delta", "partial_json": piece}))
+        if delta.kind == "tool_call" and self._open == kind:
+            frames += self._close()
+        return frames
+
+    def finish(self, outcome: TurnOutcome) -> list[bytes]:
+        """The closing events."""
+        stop_reason = STOP_REASONS.get(outcome.reply.finish_reason, "end_turn")
+        frames = self._close()
+        if self._index < 0:  # nothing was said: the empty text block a finished message has
+            frames += self._block("content", {"type": "text", "text": ""}) + self._close()
+        message_delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": _usage(outcome),
+        }
+        frames.append(_event("message_delta", message_delta))
+        frames.append(_event("message_stop", {"type": "message_stop"}))
+        return frames
 
 
 def parse_count_tokens(body: JsonObject) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...]]:

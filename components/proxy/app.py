@@ -40,7 +40,9 @@ Google ``{"error": {"code", "message", "status"}}``):
 bad input 400, unknown session 404, missing API key 401, context overflow 413 with type
 ``context_overflow``; only engine failures (502) and genuine bugs (500) are 5xx.
 
-Streaming is replayed from the finished generation. The server waits up to ``keepalive_interval_s`` for the
+Streaming follows the engine: with an engine that streams (``StreamingEngine``: the embedded engine, its Ray
+actor, vLLM) each protocol's ``LiveStream`` writes the deltas as the sampled tokens settle them; with one that
+does not, the finished generation is replayed (``render_stream``). The server waits up to ``keepalive_interval_s`` for the
 turn before committing to a status code, so errors found while preparing the prompt (overflow, bad history)
 keep their 4xx status; after that it sends keep-alive frames (``: keep-alive`` comments for OpenAI,
 ``event: ping`` for Anthropic, blank lines for Gemini) every ``keepalive_interval_s`` until the engine answers,
@@ -54,7 +56,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -62,6 +65,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from components.json_types import JsonObject, JsonValue
 from components.protocols import SessionOpen, SessionOutcome
@@ -77,16 +81,29 @@ from components.proxy.json_fields import get_int, get_list, get_str, parse_json_
 from components.proxy.limits import RequestSizeLimits, check_turn_shape
 from components.proxy.sessions import (
     SessionRegistry,
+    TurnEvent,
     TurnOutcome,
     TurnRequest,
+    TurnStarted,
     trajectory_to_json,
     validate_session_id,
 )
+from components.tito.formats import ReplyDelta
 
 logger = logging.getLogger(__name__)
 
 SESSION_HEADER = "x-session-id"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class _LiveStream(Protocol):
+    """A protocol's frames for a turn streamed as the engine samples it (each protocol's ``LiveStream``)."""
+
+    def start(self, started: TurnStarted) -> list[bytes]: ...
+
+    def delta(self, delta: ReplyDelta) -> list[bytes]: ...
+
+    def finish(self, outcome: TurnOutcome) -> list[bytes]: ...
 
 
 class _ParsedTurn(Protocol):
@@ -107,7 +124,9 @@ class _Protocol:
     parse: Callable[[JsonObject], _ParsedTurn]
     # (outcome, the parsed request, *, response_id, created): ``...`` as each protocol takes its own request type
     render_response: Callable[..., JsonObject | list[JsonObject]]
-    render_stream: Callable[..., list[bytes]]
+    render_stream: Callable[..., list[bytes]]  # the replay of a finished generation
+    # (the parsed request, *, response_id, created) → the frames of a turn streamed as it is sampled
+    live_stream: Callable[..., _LiveStream]
     error_body: Callable[[int, str, str], JsonObject]
     stream_error_frame: Callable[[str, str], bytes]
     keepalive_frame: bytes
@@ -122,6 +141,7 @@ CHAT = _Protocol(
     parse=openai_chat.parse_request,
     render_response=openai_chat.render_response,
     render_stream=openai_chat.render_stream,
+    live_stream=openai_chat.LiveStream,
     error_body=openai_chat.error_body,
     stream_error_frame=openai_chat.stream_error_frame,
     keepalive_frame=openai_chat.KEEPALIVE_FRAME,
@@ -133,6 +153,7 @@ RESPONSES = _Protocol(
     parse=openai_responses.parse_request,
     render_response=openai_responses.render_response,
     render_stream=openai_responses.render_stream,
+    live_stream=openai_responses.LiveStream,
     error_body=openai_responses.error_body,
     stream_error_frame=openai_responses.stream_error_frame,
     keepalive_frame=openai_responses.KEEPALIVE_FRAME,
@@ -144,6 +165,7 @@ MESSAGES = _Protocol(
     parse=anthropic_messages.parse_request,
     render_response=anthropic_messages.render_response,
     render_stream=anthropic_messages.render_stream,
+    live_stream=anthropic_messages.LiveStream,
     error_body=anthropic_messages.error_body,
     stream_error_frame=anthropic_messages.stream_error_frame,
     keepalive_frame=anthropic_messages.KEEPALIVE_FRAME,
@@ -155,6 +177,7 @@ GEMINI = _Protocol(
     parse=gemini_generate_content.parse_request,
     render_response=gemini_generate_content.render_response,
     render_stream=gemini_generate_content.render_stream,
+    live_stream=gemini_generate_content.LiveStream,
     error_body=gemini_generate_content.error_body,
     stream_error_frame=gemini_generate_content.stream_error_frame,
     keepalive_frame=gemini_generate_content.KEEPALIVE_FRAME,
@@ -183,6 +206,21 @@ def _json(payload: object, status_code: int = 200) -> Response:
         status_code=status_code,
         media_type="application/json",
     )
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """A ``StreamingResponse`` that closes its frame generator however the response ends (a client that
+    disconnected included), so that a streamed turn never outlives its response."""
+
+    def __init__(self, frames: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.frames = frames
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.frames.aclose()
 
 
 def _consume_exception(task: asyncio.Future) -> None:
@@ -296,60 +334,100 @@ class _ProxyHandlers:
             return self._error(protocol, error)
         response_id = protocol.id_prefix + uuid.uuid4().hex[:24]
         created = int(time.time())
-        turn = asyncio.ensure_future(self.registry.run_turn(session_id, parsed.turn))
         if not parsed.stream:
             try:
-                outcome = await turn
+                outcome = await self.registry.run_turn(session_id, parsed.turn)
             except Exception as error:
                 return self._error(protocol, error)
             return _json(protocol.render_response(outcome, parsed, response_id=response_id, created=created))
-        done, _ = await asyncio.wait({turn}, timeout=self.config.keepalive_interval_s)
+        events = self.registry.stream_turn(session_id, parsed.turn)
+        first = asyncio.ensure_future(anext(events))
+        done, _ = await asyncio.wait({first}, timeout=self.config.keepalive_interval_s)
         if done:
             try:
-                outcome = turn.result()
+                event = first.result()
             except Exception as error:
+                await events.aclose()
                 return self._error(protocol, error)
-            frames = protocol.render_stream(outcome, parsed, response_id=response_id, created=created)
-            return Response(b"".join(frames), media_type="text/event-stream", headers=SSE_HEADERS)
-        turn.add_done_callback(_consume_exception)
-        return StreamingResponse(
-            self._keepalive_stream(turn, protocol, parsed, response_id, created),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
+            if isinstance(event, TurnOutcome):  # an engine that does not stream: the finished turn, replayed
+                frames = protocol.render_stream(event, parsed, response_id=response_id, created=created)
+                await events.aclose()
+                return Response(b"".join(frames), media_type="text/event-stream", headers=SSE_HEADERS)
+        first.add_done_callback(_consume_exception)
+        return _ClosingStreamingResponse(
+            self._event_stream(
+                events, first, protocol, parsed, response_id, created, keepalive_first=not done
+            )
         )
 
-    async def _keepalive_stream(
+    async def _event_stream(
         self,
-        turn: asyncio.Future[TurnOutcome],
+        events: AsyncIterator[TurnEvent],
+        pending: asyncio.Future[TurnEvent],
         protocol: _Protocol,
         parsed: _ParsedTurn,
         response_id: str,
         created: int,
-    ):
-        yield protocol.keepalive_frame
-        deadline = time.monotonic() + self.config.max_stream_duration_s - self.config.keepalive_interval_s
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                turn.cancel()  # a stream is bounded in time, however long the engine would take
-                message = (
-                    f"the turn did not finish within {self.config.max_stream_duration_s} s "
-                    "(ProxyConfig.max_stream_duration_s)"
-                )
-                yield protocol.stream_error_frame("timeout_error", message)
-                return
-            done, _ = await asyncio.wait({turn}, timeout=min(self.config.keepalive_interval_s, remaining))
-            if done:
-                break
+        *,
+        keepalive_first: bool,
+    ) -> AsyncGenerator[bytes, None]:
+        """The turn's frames: keep-alives while nothing arrives, then the live deltas (or the replay of a
+        finished turn); a failure after the first byte is an in-stream error event. Leaving early (a client
+        that disconnected) cancels the turn, which aborts the engine's request."""
+        if keepalive_first:
             yield protocol.keepalive_frame
+        live: _LiveStream | None = None
+        deadline = time.monotonic() + self.config.max_stream_duration_s - self.config.keepalive_interval_s
         try:
-            outcome: TurnOutcome = turn.result()
-        except Exception as error:
-            _, error_type, message = classify_error(error)
-            yield protocol.stream_error_frame(error_type, message)
-            return
-        for frame in protocol.render_stream(outcome, parsed, response_id=response_id, created=created):
-            yield frame
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    message = (
+                        f"the turn did not finish within {self.config.max_stream_duration_s} s "
+                        "(ProxyConfig.max_stream_duration_s)"
+                    )
+                    yield protocol.stream_error_frame("timeout_error", message)
+                    return
+                done, _ = await asyncio.wait(
+                    {pending}, timeout=min(self.config.keepalive_interval_s, remaining)
+                )
+                if not done:
+                    yield protocol.keepalive_frame
+                    continue
+                try:
+                    event = pending.result()
+                except Exception as error:
+                    _, error_type, message = classify_error(error)
+                    yield protocol.stream_error_frame(error_type, message)
+                    return
+                if isinstance(event, TurnOutcome):
+                    if live is None:  # an engine that does not stream: the finished turn, replayed
+                        frames = protocol.render_stream(
+                            event, parsed, response_id=response_id, created=created
+                        )
+                    else:
+                        frames = live.finish(event)
+                    for frame in frames:
+                        yield frame
+                    return
+                if isinstance(event, TurnStarted):
+                    live = protocol.live_stream(parsed, response_id=response_id, created=created)
+                    frames = live.start(event)
+                else:
+                    assert live is not None, "a delta before TurnStarted"
+                    frames = live.delta(event)
+                for frame in frames:
+                    yield frame
+                pending = asyncio.ensure_future(anext(events))
+                pending.add_done_callback(_consume_exception)
+        finally:
+            if (
+                not pending.done()
+            ):  # the stream stops early (timeout, client gone): end the turn, abort the engine
+                pending.cancel()
+                with suppress(BaseException):
+                    await asyncio.wait({pending})
+            await events.aclose()
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._turn(request, CHAT)

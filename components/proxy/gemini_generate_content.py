@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from components.json_types import JsonArray, JsonObject, JsonValue
 from components.proxy.errors import InvalidRequestError
 from components.proxy.json_fields import get_bool, get_int, get_list, get_str, require_list, require_object
-from components.proxy.sessions import TurnOutcome, TurnRequest
+from components.proxy.sessions import TurnOutcome, TurnRequest, TurnStarted
+from components.tito.formats import ReplyDelta
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 
 API_VERSIONS = ("v1", "v1beta", "v1alpha")
@@ -539,6 +540,52 @@ def render_stream(
 ) -> list[bytes]:
     """The SSE frames of the finished generation."""
     return [_frame(chunk) for chunk in _chunks(outcome, request, response_id)]
+
+
+class LiveStream:
+    """The SSE chunks of a generation streamed as the engine samples it: one chunk per reasoning or text delta,
+    then the function calls together, whole, with the finish reason and usage (the Gemini API has no partial
+    function-call arguments)."""
+
+    def __init__(self, request: GenerateContentRequest, *, response_id: str, created: int) -> None:
+        self.request = request
+        self.response_id = response_id
+        self._num_prompt_tokens = 0
+
+    def _chunk(self, candidate: JsonObject, usage: JsonObject) -> bytes:
+        return _frame(
+            {
+                "candidates": [candidate],
+                "usageMetadata": usage,
+                "modelVersion": self.request.model,
+                "responseId": self.response_id,
+            }
+        )
+
+    def start(self, started: TurnStarted) -> list[bytes]:
+        """Nothing yet: Gemini's stream begins with the first piece."""
+        self._num_prompt_tokens = started.num_prompt_tokens
+        return []
+
+    def delta(self, delta: ReplyDelta) -> list[bytes]:
+        """A chunk per reasoning or text piece (calls come whole at the end)."""
+        if delta.kind not in ("reasoning", "content") or not delta.text:
+            return []
+        part: JsonObject = (
+            {"text": delta.text, "thought": True} if delta.kind == "reasoning" else {"text": delta.text}
+        )
+        tokens = self._num_prompt_tokens
+        usage: JsonObject = {
+            "promptTokenCount": tokens,
+            "totalTokenCount": tokens,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": tokens}],
+        }
+        return [self._chunk({"content": {"parts": [part], "role": "model"}, "index": 0}, usage)]
+
+    def finish(self, outcome: TurnOutcome) -> list[bytes]:
+        """The last chunk: the calls (or an empty text part), the finish reason and the usage."""
+        parts = [p for p in _reply_parts(outcome, self.response_id) if "functionCall" in p] or [{"text": ""}]
+        return [self._chunk(_candidate(outcome, self.request, parts, finish=True), _usage(outcome))]
 
 
 def render_count_tokens(num_tokens: int) -> JsonObject:

@@ -33,8 +33,8 @@ from components.proxy.json_fields import (
     require_list,
     require_object,
 )
-from components.proxy.sessions import TokenLogprob, TurnOutcome, TurnRequest
-from components.tito.formats import call_argument_pieces
+from components.proxy.sessions import TokenLogprob, TurnOutcome, TurnRequest, TurnStarted
+from components.tito.formats import ReplyDelta, call_argument_pieces, unsent_arguments
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 
 ROLE_ALIASES = {
@@ -329,6 +329,84 @@ def render_stream(
         )
     frames.append(b"data: [DONE]\n\n")
     return frames
+
+
+class LiveStream:
+    """The ``chat.completion.chunk`` frames of a turn streamed as the engine samples it: the role chunk, each
+    reasoning and content delta, each call's first chunk (id, name) once its arguments begin and its argument
+    pieces as the tokens write them, then the finish chunk, usage and ``[DONE]``."""
+
+    def __init__(self, request: ChatCompletionsRequest, *, response_id: str, created: int) -> None:
+        self.request = request
+        self.response_id = response_id
+        self.created = created
+        self._sent_arguments: dict[int, str] = {}  # per call index: the arguments sent so far
+
+    def _chunk(self, delta: JsonObject, finish_reason: str | None = None) -> bytes:
+        return _frame(
+            {
+                "id": self.response_id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.request.model,
+                "system_fingerprint": None,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+                **({"usage": None} if self.request.include_usage else {}),
+            }
+        )
+
+    def start(self, started: TurnStarted) -> list[bytes]:
+        """The frames once the engine has begun sampling."""
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def delta(self, delta: ReplyDelta) -> list[bytes]:
+        """The frames of one delta."""
+        if delta.kind == "reasoning":
+            return [self._chunk({"reasoning_content": delta.text})]
+        if delta.kind == "content":
+            return [self._chunk({"content": delta.text})]
+        if delta.kind == "tool_call_arguments":
+            return [self._arguments(delta.index, delta.tool_call, delta.text)]
+        call = delta.tool_call
+        assert call is not None
+        if delta.index not in self._sent_arguments:
+            return [self._arguments(delta.index, call, call.arguments)]
+        rest = unsent_arguments(self._sent_arguments[delta.index], call.arguments)
+        return [self._arguments(delta.index, None, rest)] if rest else []
+
+    def _arguments(self, index: int, call: ToolCall | None, piece: str) -> bytes:
+        first = index not in self._sent_arguments
+        self._sent_arguments[index] = self._sent_arguments.get(index, "") + piece
+        head: JsonObject = {"index": index}
+        function: JsonObject = {"arguments": piece}
+        if first and call is not None:
+            head = {
+                "index": index,
+                "id": call.id or f"call_{self.response_id[-12:]}_{index}",
+                "type": "function",
+            }
+            function = {"name": call.name, "arguments": piece}
+        return self._chunk({"tool_calls": [{**head, "function": function}]})
+
+    def finish(self, outcome: TurnOutcome) -> list[bytes]:
+        """The closing frames."""
+        frames = [self._chunk({}, finish_reason=outcome.reply.finish_reason)]
+        if self.request.include_usage:
+            frames.append(
+                _frame(
+                    {
+                        "id": self.response_id,
+                        "object": "chat.completion.chunk",
+                        "created": self.created,
+                        "model": self.request.model,
+                        "system_fingerprint": None,
+                        "choices": [],
+                        "usage": _usage_json(outcome),
+                    }
+                )
+            )
+        frames.append(b"data: [DONE]\n\n")
+        return frames
 
 
 KEEPALIVE_FRAME = b": keep-alive\n\n"

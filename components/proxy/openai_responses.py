@@ -41,8 +41,8 @@ from components.proxy.json_fields import (
     require_object,
 )
 from components.proxy.openai_chat import content_text
-from components.proxy.sessions import TurnOutcome, TurnRequest
-from components.tito.formats import call_argument_pieces
+from components.proxy.sessions import TurnOutcome, TurnRequest, TurnStarted
+from components.tito.formats import ReplyDelta, call_argument_pieces, unsent_arguments
 from components.tito.messages import ChatMessage, ToolCall, ToolSpec
 
 MESSAGE_ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -440,6 +440,167 @@ def render_stream(
         response=render_response(outcome, request, response_id=response_id, created=created),
     )
     return frames
+
+
+class LiveStream:
+    """The events of a response streamed as the engine samples it: each output item (reasoning, the message,
+    each function call) added when its first delta arrives, its text or arguments as the tokens write them, and
+    done when the next item begins; then ``response.completed`` with the finished response."""
+
+    def __init__(self, request: ResponsesRequest, *, response_id: str, created: int) -> None:
+        self.request = request
+        self.response_id = response_id
+        self.created = created
+        self._suffix = response_id.removeprefix("resp_")
+        self._num_events = 0
+        self._num_items = 0
+        self._open: str | None = None  # reasoning | content | a call's index as text
+        self._text = ""  # the open reasoning or message item's text so far
+        self._call: JsonObject = {}  # the open function call item
+        self._done_kinds: set[str] = set()
+
+    def _emit(self, event_type: str, **payload: JsonValue) -> bytes:
+        data = {"type": event_type, "sequence_number": self._num_events, **payload}
+        self._num_events += 1
+        return (
+            f"event: {event_type}\ndata: ".encode() + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+        )
+
+    def start(self, started: TurnStarted) -> list[bytes]:
+        """``response.created`` and ``response.in_progress`` once the engine has begun sampling."""
+        pending = _response_object(
+            self.request,
+            response_id=self.response_id,
+            created=self.created,
+            status="in_progress",
+            output=[],
+            outcome=None,
+        )
+        return [
+            self._emit("response.created", response=pending),
+            self._emit("response.in_progress", response=pending),
+        ]
+
+    def _ids(self) -> JsonObject:
+        return {"item_id": self._item_id(), "output_index": self._num_items - 1}
+
+    def _item_id(self) -> str:
+        if self._open == "reasoning":
+            return f"rs_{self._suffix}"
+        if self._open == "content":
+            return f"msg_{self._suffix}"
+        return str(self._call["id"])
+
+    def _begin(self, kind: str, item: JsonObject) -> list[bytes]:
+        frames = self._close("completed")
+        self._open, self._text = kind, ""
+        self._num_items += 1
+        frames.append(self._emit("response.output_item.added", output_index=self._num_items - 1, item=item))
+        if kind == "content":
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            frames.append(
+                self._emit("response.content_part.added", **self._ids(), content_index=0, part=part)
+            )
+        return frames
+
+    def _close(self, status: str) -> list[bytes]:
+        kind = self._open
+        if kind is None:
+            return []
+        frames, ids, item = [], self._ids(), {}
+        if kind == "reasoning":
+            item = {
+                "type": "reasoning",
+                "id": ids["item_id"],
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": self._text}],
+                "status": status,
+            }
+        elif kind == "content":
+            part = {"type": "output_text", "text": self._text, "annotations": [], "logprobs": []}
+            frames.append(
+                self._emit("response.output_text.done", **ids, content_index=0, text=self._text, logprobs=[])
+            )
+            frames.append(self._emit("response.content_part.done", **ids, content_index=0, part=part))
+            item = {
+                "type": "message",
+                "id": ids["item_id"],
+                "status": status,
+                "role": "assistant",
+                "content": [part],
+            }
+        else:
+            item = {**self._call, "arguments": self._text, "status": "completed"}
+            frames.append(
+                self._emit(
+                    "response.function_call_arguments.done", **ids, name=item["name"], arguments=self._text
+                )
+            )
+        frames.append(self._emit("response.output_item.done", output_index=ids["output_index"], item=item))
+        self._done_kinds.add(kind)
+        self._open = None
+        return frames
+
+    def delta(self, delta: ReplyDelta) -> list[bytes]:
+        """The events of one delta."""
+        frames: list[bytes] = []
+        if delta.kind in ("reasoning", "content"):
+            if self._open != delta.kind:
+                if delta.kind == "reasoning":
+                    item = {"type": "reasoning", "id": f"rs_{self._suffix}", "summary": [], "content": []}
+                else:
+                    item = {
+                        "type": "message",
+                        "id": f"msg_{self._suffix}",
+                        "role": "assistant",
+                        "content": [],
+                    }
+                frames += self._begin(delta.kind, {**item, "status": "in_progress"})
+            self._text += delta.text
+            if delta.kind == "content":
+                frames.append(
+                    self._emit(
+                        "response.output_text.delta",
+                        **self._ids(),
+                        content_index=0,
+                        delta=delta.text,
+                        logprobs=[],
+                    )
+                )
+            return frames
+        call, kind = delta.tool_call, str(delta.index)
+        if self._open != kind and kind not in self._done_kinds and call is not None:
+            self._call = {
+                "type": "function_call",
+                "id": f"fc_{self._suffix}_{delta.index}",
+                "call_id": call.id or f"call_{self._suffix}_{delta.index}",
+                **_call_name_fields(call.name),
+            }
+            frames += self._begin(kind, {**self._call, "arguments": "", "status": "in_progress"})
+        if self._open != kind:
+            return frames
+        if delta.kind == "tool_call_arguments":
+            piece = delta.text
+        else:
+            assert call is not None
+            piece = unsent_arguments(self._text, call.arguments)
+        if piece:
+            self._text += piece
+            frames.append(self._emit("response.function_call_arguments.delta", **self._ids(), delta=piece))
+        if delta.kind == "tool_call":
+            frames += self._close("completed")
+        return frames
+
+    def finish(self, outcome: TurnOutcome) -> list[bytes]:
+        """The open item's end and ``response.completed``."""
+        status = "incomplete" if outcome.reply.finish_reason == "length" else "completed"
+        frames = self._close(status)
+        if self._num_items == 0:  # nothing was said: the empty message a finished response has
+            item = {"type": "message", "id": f"msg_{self._suffix}", "role": "assistant", "content": []}
+            frames += self._begin("content", {**item, "status": "in_progress"}) + self._close(status)
+        response = render_response(outcome, self.request, response_id=self.response_id, created=self.created)
+        frames.append(self._emit("response.completed", response=response))
+        return frames
 
 
 KEEPALIVE_FRAME = b": keep-alive\n\n"

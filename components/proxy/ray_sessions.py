@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -27,6 +27,7 @@ from components.proxy.config import ProxyConfig
 from components.proxy.errors import RemoteCallError, SessionNotFoundError, from_remote, to_remote
 from components.proxy.sessions import (
     LocalSessionRegistry,
+    TurnEvent,
     TurnOutcome,
     TurnRequest,
     with_session_id,
@@ -176,6 +177,11 @@ class ShardedSessionRegistry:
         return await self._result(
             session_id, "run_turn", self._shard(session_id).run_turn.remote(session_id, request)
         )
+
+    async def stream_turn(self, session_id: str, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+        """See ``SessionRegistry.stream_turn``: the turn runs in its shard and comes back whole, so the protocol
+        replays it (a shard does not stream its deltas across the actor boundary yet)."""
+        yield await self.run_turn(session_id, request)
 
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]

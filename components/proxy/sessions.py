@@ -45,19 +45,21 @@ import json
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from components.errors import ContextOverflowError
+from components.errors import ContextOverflowError, EngineError
 from components.json_types import JsonObject
 from components.protocols import (
+    GenerationResult,
     InferenceEngine,
     SamplingParams,
     SessionControl,
     SessionDescription,
     SessionOpen,
     SessionOutcome,
+    StreamingEngine,
 )
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import InvalidRequestError, SessionNotFoundError
@@ -65,6 +67,7 @@ from components.sampling import SamplingDistribution
 from components.tito import AssistantReply, TitoSession
 from components.tito.formats import ReplyDelta
 from components.tito.messages import ChatMessage, ToolSpec
+from components.tito.session import PreparedTurn
 from components.trajectory import (
     MALFORMED_TOOL_CALLS_METRIC,
     Segment,
@@ -114,6 +117,19 @@ class TurnOutcome:
     deltas: tuple[ReplyDelta, ...] | None = None  # with ``want_deltas``: content/reasoning/tool-call deltas
 
 
+@dataclass(frozen=True, kw_only=True)
+class TurnStarted:
+    """The first event of a turn streamed as the engine samples it: deltas (``ReplyDelta``) follow as its tokens
+    settle them, then the ``TurnOutcome``."""
+
+    num_prompt_tokens: int
+
+
+# What ``SessionRegistry.stream_turn`` yields: ``TurnStarted``, deltas, then the outcome - or, for an engine that
+# does not stream, only the outcome (whose ``deltas`` a protocol replays).
+TurnEvent = TurnStarted | ReplyDelta | TurnOutcome
+
+
 class SessionRegistry(SessionControl, Protocol):
     """Owns proxy sessions: ``SessionControl`` (what the rollout runner uses) plus the proxy's own turn calls.
     Contract: every method is async; an unknown, finalized or discarded session id raises
@@ -121,6 +137,13 @@ class SessionRegistry(SessionControl, Protocol):
     ``ContextOverflowError`` and marks the session (the record so far is kept and stays trainable)."""
 
     async def run_turn(self, session_id: str, request: TurnRequest) -> TurnOutcome: ...
+
+    def stream_turn(self, session_id: str, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+        """``run_turn`` as events: with ``want_deltas`` and a streaming engine, ``TurnStarted`` once the engine
+        has sampled, each delta as its tokens arrive, then the ``TurnOutcome``; otherwise the outcome alone.
+        Errors raise from the iteration (before ``TurnStarted`` for what ``run_turn`` refuses); closing the
+        iterator early aborts the engine's request (the turn is then not recorded)."""
+        ...
 
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
@@ -326,55 +349,117 @@ class LocalSessionRegistry:
         session = self._get(session_id)
         validate_tool_results(request.messages)
         async with session.lock:
-            bound = session.info.max_calls
-            if bound and session.num_turns >= bound:
-                session.refused_past_bound = True
-                raise InvalidRequestError(
-                    f"this session's bound of {bound} model calls is reached; no further call is answered "
-                    "(the run ends as turn_limit)"
-                )
-            max_tokens = request.max_tokens or self.config.default_max_tokens
-            if self.config.max_completion_tokens is not None:
-                max_tokens = min(max_tokens, self.config.max_completion_tokens)
-            sampling = self._sampling_for(request)
-            try:
-                turn = session.tito.prepare(
-                    request.messages, request.tools, max_tokens=max_tokens, sampling=sampling
-                )
-            except ContextOverflowError as error:
-                session.overflowed = True
-                session.overflow_message = str(error)
-                raise
-            params = SamplingParams(
-                max_tokens=turn.max_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                stop_token_ids=tuple(turn.stop_token_ids),
-                stop_strings=request.stop,
-                seed=request.seed,
-                return_routed_experts=self.config.record_routed_experts,
-            )
+            turn, params, max_tokens = self._prepare(session, request)
             try:
                 result = await session.engine.generate(turn.prompt_ids, params)
-            except ContextOverflowError as error:
-                session.overflowed = True
-                session.overflow_message = str(error)
-                raise
-            except (
-                ValueError
-            ):  # a request the engine refuses (e.g. sampling it cannot record): the client's 4xx
-                raise
             except Exception as error:
-                session.num_engine_errors += 1
-                session.last_engine_error = f"{type(error).__name__}: {error}"
+                self._engine_failed(session, error)
                 raise
-            reply = session.tito.complete(turn, result)
             deltas = session.tito.reply_deltas(turn, result.output_ids) if request.want_deltas else None
-            if reply.finish_reason == "length" and self._cut_by_proxy(request, max_tokens, turn.max_tokens):
-                reply = dataclasses.replace(reply, finish_reason="tool_calls" if reply.tool_calls else "stop")
-            session.conversations[reply.segment_index] = (tuple(request.messages), reply)
-            session.num_turns += 1
+            return self._complete(session, request, turn, result, max_tokens, deltas)
+
+    async def stream_turn(self, session_id: str, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+        """See ``SessionRegistry.stream_turn``: the reply's deltas as the engine samples its tokens."""
+        session = self._get(session_id)
+        engine = session.engine
+        if not request.want_deltas or not isinstance(engine, StreamingEngine):
+            yield await self.run_turn(session_id, request)  # the protocol replays the finished generation
+            return
+        validate_tool_results(request.messages)
+        async with session.lock:
+            turn, params, max_tokens = self._prepare(session, request)
+            tokens = session.tito.reply_tokens(turn)
+            deltas: list[ReplyDelta] = []
+            started = False
+            stream = engine.generate_stream(turn.prompt_ids, params)
+            try:
+                while True:
+                    try:
+                        item = await anext(stream)
+                    except StopAsyncIteration:
+                        error = EngineError("the engine's stream ended without its GenerationResult")
+                        self._engine_failed(session, error)
+                        raise error from None
+                    except Exception as error:
+                        self._engine_failed(session, error)
+                        raise
+                    if isinstance(item, GenerationResult):
+                        result = item
+                        break
+                    if not started:  # the engine took the request: from here on errors are in-stream
+                        started = True
+                        yield TurnStarted(num_prompt_tokens=len(turn.prompt_ids))
+                    new = tokens.feed(item.output_ids)
+                    deltas.extend(new)
+                    for delta in new:
+                        yield delta
+            finally:
+                await stream.aclose()
+            for delta in tokens.finish():
+                deltas.append(delta)
+                yield delta
+            yield self._complete(session, request, turn, result, max_tokens, tuple(deltas))
+
+    def _prepare(self, session: _Session, request: TurnRequest) -> tuple[PreparedTurn, SamplingParams, int]:
+        """The turn's prompt (TITO) and sampling parameters, once the session may take one more call."""
+        bound = session.info.max_calls
+        if bound and session.num_turns >= bound:
+            session.refused_past_bound = True
+            raise InvalidRequestError(
+                f"this session's bound of {bound} model calls is reached; no further call is answered "
+                "(the run ends as turn_limit)"
+            )
+        max_tokens = request.max_tokens or self.config.default_max_tokens
+        if self.config.max_completion_tokens is not None:
+            max_tokens = min(max_tokens, self.config.max_completion_tokens)
+        sampling = self._sampling_for(request)
+        try:
+            turn = session.tito.prepare(
+                request.messages, request.tools, max_tokens=max_tokens, sampling=sampling
+            )
+        except ContextOverflowError as error:
+            session.overflowed = True
+            session.overflow_message = str(error)
+            raise
+        params = SamplingParams(
+            max_tokens=turn.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            stop_token_ids=tuple(turn.stop_token_ids),
+            stop_strings=request.stop,
+            seed=request.seed,
+            return_routed_experts=self.config.record_routed_experts,
+        )
+        return turn, params, max_tokens
+
+    @staticmethod
+    def _engine_failed(session: _Session, error: Exception) -> None:
+        """Record an engine failure on the session (an overflow marks it; a refused request is the client's)."""
+        if isinstance(error, ContextOverflowError):
+            session.overflowed = True
+            session.overflow_message = str(error)
+        elif not isinstance(
+            error, ValueError
+        ):  # a request the engine refuses (e.g. sampling it cannot record)
+            session.num_engine_errors += 1
+            session.last_engine_error = f"{type(error).__name__}: {error}"
+
+    def _complete(
+        self,
+        session: _Session,
+        request: TurnRequest,
+        turn: PreparedTurn,
+        result: GenerationResult,
+        max_tokens: int,
+        deltas: tuple[ReplyDelta, ...] | None,
+    ) -> TurnOutcome:
+        """Record the engine's result in the session and parse the reply."""
+        reply = session.tito.complete(turn, result)
+        if reply.finish_reason == "length" and self._cut_by_proxy(request, max_tokens, turn.max_tokens):
+            reply = dataclasses.replace(reply, finish_reason="tool_calls" if reply.tool_calls else "stop")
+        session.conversations[reply.segment_index] = (tuple(request.messages), reply)
+        session.num_turns += 1
         token_logprobs = None
         if request.want_token_logprobs:
             token_logprobs = tuple(

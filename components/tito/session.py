@@ -43,6 +43,7 @@ API (what the proxy calls)::
                                                               #    finish_reason, token counts, segment_index)
     session.reply_deltas(turn, output_ids)                    # the reply as streamed deltas (content, reasoning,
                                                               #    each tool call once complete), same call ids
+    session.reply_tokens(turn)                                # the same deltas fed id by id as the engine samples
     session.count_tokens(messages, tools)                     # prompt length prepare would produce, no recording
     session.segments()                                        # list[Segment], in order of creation
     session.overflowed                                        # True once a prompt reached the context window
@@ -75,6 +76,7 @@ from components.tito.formats import (
     TOOL_FORMATS,
     ReplyDelta,
     ReplyParser,
+    ReplyStream,
     detect_reasoning_format,
     reasoning_format_named,
     tool_format_named,
@@ -430,25 +432,14 @@ class TitoSession:
     def reply_deltas(self, turn: PreparedTurn, output_ids: Sequence[int]) -> tuple[ReplyDelta, ...]:
         """The reply to ``turn`` as the stream of deltas its sampled ids make, token by token (the same
         content, reasoning and tool calls, with the same call ids, as ``complete`` parses)."""
-        ids = [int(token) for token in output_ids]
-        if ids and ids[-1] in self.stop_token_ids:
-            ids = ids[:-1]
+        tokens = self.reply_tokens(turn)
+        return (*tokens.feed(output_ids), *tokens.finish())
+
+    def reply_tokens(self, turn: PreparedTurn) -> ReplyTokens:
+        """A parser of the reply to ``turn`` fed its sampled ids as they arrive (a streaming engine): what
+        ``reply_deltas`` gives for the whole reply, delta by delta, as soon as the ids settle each."""
         stream = self.reply_parser.stream(turn.tools, id_seed=self._id_seed(turn))
-        deltas: list[ReplyDelta] = []
-        # Incremental detokenization (as inference servers do it): decode from one settled chunk back, and
-        # send only text that ends on a whole character.
-        prefix_offset = read_offset = 0
-        for end in range(1, len(ids) + 1):
-            settled = self.tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens=False)
-            window = self.tokenizer.decode(ids[prefix_offset:end], skip_special_tokens=False)
-            if len(window) > len(settled) and not window.endswith("\ufffd"):
-                deltas.extend(stream.feed(window[len(settled) :]))
-                prefix_offset, read_offset = read_offset, end
-        full = self.tokenizer.decode(ids, skip_special_tokens=False)
-        if full.startswith(stream.text):
-            deltas.extend(stream.feed(full[len(stream.text) :]))
-        deltas.extend(stream.finish())
-        return tuple(deltas)
+        return ReplyTokens(self.tokenizer, frozenset(self.stop_token_ids), stream)
 
     def _id_seed(self, turn: PreparedTurn) -> str:
         return f"{self.session_id}/{turn.turn_id}"
@@ -803,3 +794,51 @@ class TitoSession:
                 return closing[len(stop_text) :]
         # Cut short (length, a stop string) or ended by another stop token: the template's closing follows.
         return closing
+
+
+class ReplyTokens:
+    """Sampled ids → reply deltas, incrementally (``TitoSession.reply_tokens``). Detokenization is incremental as
+    inference servers do it (decode from one settled chunk back; send only text that ends on a whole
+    character); a stop id is held back until an id follows it, since the reply's final stop id is no text."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, stop_token_ids: frozenset[int], stream: ReplyStream
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.stop_token_ids = stop_token_ids
+        self.stream = stream
+        self.ids: list[int] = []
+        self._held_stop: int | None = None
+        self._prefix_offset = 0
+        self._read_offset = 0
+
+    def feed(self, output_ids: Sequence[int]) -> list[ReplyDelta]:
+        """The deltas these next sampled ids settle."""
+        deltas: list[ReplyDelta] = []
+        for token in output_ids:
+            if self._held_stop is not None:
+                self._append(self._held_stop, deltas)
+                self._held_stop = None
+            if int(token) in self.stop_token_ids:
+                self._held_stop = int(token)
+            else:
+                self._append(int(token), deltas)
+        return deltas
+
+    def finish(self) -> list[ReplyDelta]:
+        """The rest, once the last id was fed (a final stop id is dropped)."""
+        full = self.tokenizer.decode(self.ids, skip_special_tokens=False)
+        deltas: list[ReplyDelta] = []
+        if full.startswith(self.stream.text):
+            deltas.extend(self.stream.feed(full[len(self.stream.text) :]))
+        deltas.extend(self.stream.finish())
+        return deltas
+
+    def _append(self, token: int, deltas: list[ReplyDelta]) -> None:
+        self.ids.append(token)
+        ids, prefix, read = self.ids, self._prefix_offset, self._read_offset
+        settled = self.tokenizer.decode(ids[prefix:read], skip_special_tokens=False)
+        window = self.tokenizer.decode(ids[prefix:], skip_special_tokens=False)
+        if len(window) > len(settled) and not window.endswith("\ufffd"):
+            deltas.extend(self.stream.feed(window[len(settled) :]))
+            self._prefix_offset, self._read_offset = read, len(ids)

@@ -35,6 +35,7 @@ from components.tito.formats.reply import (
     ReplyParser,
     ReplyStream,
     call_argument_pieces,
+    unsent_arguments,
 )
 
 # Detection order: more specific markers first (Qwen3-Coder and GLM templates also write ``<tool_call>``).
@@ -113,6 +114,7 @@ __all__ = [
     "ToolFormat",
     "UnknownTemplateFormatError",
     "call_argument_pieces",
+    "unsent_arguments",
     "detect_reasoning_format",
     "detect_tool_format",
     "reasoning_format_named",

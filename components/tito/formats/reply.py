@@ -167,7 +167,12 @@ class ReplyStream:
         if text:
             first = index not in self._pieces
             self._pieces.setdefault(index, []).append(text)
-            call = ToolCall(id="", name=self._name, arguments="") if first else None
+            # the id ``parse`` gives a call whose format writes none (a live stream's first piece carries it)
+            call = (
+                ToolCall(id=tool_call_id(self.id_seed, index), name=self._name, arguments="")
+                if first
+                else None
+            )
             out.append(ReplyDelta(kind="tool_call_arguments", text=text, tool_call=call, index=index))
         if self._arguments.done or self._arguments.failed:
             self._arguments = None
@@ -260,3 +265,9 @@ def call_argument_pieces(deltas: Sequence[ReplyDelta] | None, index: int, argume
         if delta.kind == "tool_call" and delta.index == index and "".join(delta.argument_pieces) == arguments:
             return delta.argument_pieces or (arguments,)
     return (arguments,)
+
+
+def unsent_arguments(sent: str, arguments: str) -> str:
+    """What a live stream still owes of a finished call's ``arguments`` after sending ``sent`` of them: the
+    rest when ``sent`` begins them, else nothing (pieces already on the wire cannot be taken back)."""
+    return arguments[len(sent) :] if arguments.startswith(sent) else ""

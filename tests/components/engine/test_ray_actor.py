@@ -11,7 +11,14 @@ from safetensors.torch import load_file
 from components.engine.embedded import EmbeddedEngineConfig
 from components.engine.ray_actor import RayEngineClient, start_engine_actor
 from components.errors import ContextOverflowError
-from components.protocols import FinishReason, InferenceEngine, SamplingParams
+from components.protocols import (
+    FinishReason,
+    GenerationResult,
+    InferenceEngine,
+    SamplingParams,
+    StreamingEngine,
+    TokenChunk,
+)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -39,6 +46,36 @@ async def test_client_is_an_inference_engine_and_batches_concurrent_calls(engine
         assert len(result.logprobs) == 40 and all(lp <= 0 for lp in result.logprobs)
     again = await client.generate(prompts[2], SamplingParams(max_tokens=40, seed=2))
     assert again.output_ids == results[2].output_ids
+
+
+async def test_tokens_stream_through_the_actor_and_closing_aborts(engine_actor):
+    """``generate_stream`` through a Ray streaming generator: chunks in sampling order, then the result that
+    ``generate`` gives for the seed; refused requests raise their typed error; an early close cancels the
+    actor's task, whose request stops decoding."""
+    client = await RayEngineClient.connect(engine_actor)
+    assert isinstance(client, StreamingEngine)
+    params = SamplingParams(max_tokens=30, seed=4)
+    items = [item async for item in client.generate_stream([3, 4, 5, 6], params)]
+    *chunks, result = items
+    assert chunks and all(isinstance(chunk, TokenChunk) for chunk in chunks)
+    assert isinstance(result, GenerationResult)
+    assert [t for chunk in chunks for t in chunk.output_ids] == list(result.output_ids)
+    whole = await client.generate([3, 4, 5, 6], params)  # (its prefix may come from the prefix cache)
+    assert whole.output_ids == result.output_ids and whole.weight_versions == result.weight_versions
+    assert whole.logprobs == pytest.approx(result.logprobs, abs=1e-5)
+    with pytest.raises(ContextOverflowError):
+        await anext(client.generate_stream([5] * 4096, SamplingParams(max_tokens=4)))
+    stream = client.generate_stream([3, 4, 5, 6], SamplingParams(max_tokens=3000, seed=1))
+    await anext(stream)
+    await stream.aclose()
+    for _ in range(100):  # the cancelled request leaves the batch
+        info = await client.refresh()
+        if info["num_running"] == 0 and info["num_waiting"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    steps = (await client.refresh())["num_decode_steps"]
+    await asyncio.sleep(0.5)
+    assert (await client.refresh())["num_decode_steps"] == steps, "the aborted request is still decoded"
 
 
 async def test_typed_errors_cross_the_actor_boundary(engine_actor):

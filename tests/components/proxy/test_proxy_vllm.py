@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from components.engine.vllm import VLLMEngine, VLLMEngineConfig
+from components.protocols import GenerationResult, TokenChunk
 from tests.components.proxy.proxy_helpers import BASH_TOOL_OPENAI
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -113,3 +114,46 @@ def test_rein_proxy_refuses_an_engine_kind_the_registry_does_not_have(capsys):
     with pytest.raises(SystemExit):
         main(["--engine", "nonsense"])
     assert "invalid choice: 'nonsense'" in capsys.readouterr().err
+
+
+class StreamingRecordingVLLM(VLLMEngine):
+    """The real client, keeping each streamed turn's chunks and result."""
+
+    def __init__(self, config: VLLMEngineConfig) -> None:
+        super().__init__(config)
+        self.chunks: list[TokenChunk] = []
+        self.results: list[GenerationResult] = []
+
+    async def generate_stream(self, input_ids, params, *, adapter=None):
+        async for item in super().generate_stream(input_ids, params, adapter=adapter):
+            (self.results if isinstance(item, GenerationResult) else self.chunks).append(item)
+            yield item
+
+
+def test_streamed_turn_follows_vllms_stream(vllm_server, start_proxy, tokenizer):
+    """An openai-SDK streamed chat turn over the real vLLM server's token stream: vLLM's chunks are the
+    result's ids in order; the SDK's content is their text and the record holds exactly those ids."""
+    config = VLLMEngineConfig(base_url=vllm_server.url, served_model=vllm_server.served_model)
+    engine = StreamingRecordingVLLM(config)
+    asyncio.run(engine.refresh())
+    engine._client = None
+    proxy = start_proxy(engine, default_max_tokens=16)
+    session_id = proxy.open_session(task_id="vllm-stream")
+    client = openai.OpenAI(base_url=proxy.session_url(session_id) + "/v1", api_key="unused")
+    messages = [{"role": "user", "content": "Say something."}]
+    stream = client.chat.completions.create(model="m", messages=messages, max_tokens=16, seed=5, stream=True)
+    content = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    (result,) = engine.results
+    assert len(engine.chunks) > 1  # vLLM streamed it, step by step
+    assert [t for chunk in engine.chunks for t in chunk.output_ids] == list(result.output_ids)
+    record = proxy.describe(session_id)
+    sampled = np.concatenate(
+        [np.asarray(s["token_ids"])[np.asarray(s["loss_mask"]) == 1] for s in record.segments]
+    ).tolist()
+    assert sampled == list(result.output_ids)
+    assert np.concatenate(
+        [np.asarray(s["logprobs"])[np.asarray(s["loss_mask"]) == 1] for s in record.segments]
+    ).tolist() == pytest.approx(list(result.logprobs), abs=1e-6)
+    ids = list(result.output_ids)
+    text = tokenizer.decode(ids[:-1] if ids[-1] == tokenizer.eos_token_id else ids, skip_special_tokens=False)
+    assert content.strip() == text.strip()
