@@ -19,6 +19,7 @@ from google import genai
 from google.genai import types
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from components.engine.providers import EmbeddedEngineBrickConfig
 from components.engine.scripted import ScriptedEngine
 from components.protocols import GenerationResult, SamplingParams, StreamingEngine, TokenChunk
 from tests.components.proxy.proxy_helpers import BASH_TOOL_OPENAI, tool_call_text
@@ -239,7 +240,11 @@ def test_a_client_that_leaves_mid_stream_aborts_the_engine(start_proxy, tokenize
 
 @pytest.fixture(scope="module")
 def embedded_engine(tiny_model_dir):
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_model_dir, max_batch_size=4, kv_cache_gb=0))
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(
+            model_path=tiny_model_dir, settings=EmbeddedEngineBrickConfig(max_batch_size=4, kv_cache_gb=0)
+        )
+    )
     yield engine
     engine.close()
 
