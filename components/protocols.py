@@ -55,6 +55,16 @@ class FinishReason(StrEnum):
     ABORT = "abort"  # the request was aborted (engine shut down, explicit abort)
 
 
+def _require_one_per_output_id(
+    output_ids: Sequence[int], logprobs: Sequence[float], weight_versions: Sequence[int]
+) -> None:
+    n = len(output_ids)
+    require(len(logprobs) == n, "logprobs", f"has {len(logprobs)} entries for {n} output ids")
+    require(
+        len(weight_versions) == n, "weight_versions", f"has {len(weight_versions)} entries for {n} output ids"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class GenerationResult:
     """One completion: exactly the ids the engine sampled, each with the logprob it had under the
@@ -71,13 +81,7 @@ class GenerationResult:
     routed_experts: tuple[tuple[tuple[int, ...], ...], ...] | None = None
 
     def __post_init__(self) -> None:
-        n = len(self.output_ids)
-        require(len(self.logprobs) == n, "logprobs", f"has {len(self.logprobs)} entries for {n} output ids")
-        require(
-            len(self.weight_versions) == n,
-            "weight_versions",
-            f"has {len(self.weight_versions)} entries for {n} output ids",
-        )
+        _require_one_per_output_id(self.output_ids, self.logprobs, self.weight_versions)
 
 
 @runtime_checkable
@@ -117,13 +121,7 @@ class TokenChunk:
     weight_versions: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        n = len(self.output_ids)
-        require(len(self.logprobs) == n, "logprobs", f"has {len(self.logprobs)} entries for {n} output ids")
-        require(
-            len(self.weight_versions) == n,
-            "weight_versions",
-            f"has {len(self.weight_versions)} entries for {n} output ids",
-        )
+        _require_one_per_output_id(self.output_ids, self.logprobs, self.weight_versions)
 
 
 @runtime_checkable
