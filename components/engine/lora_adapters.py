@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from components.engine.policy_view import MultiPolicyEngine, PolicyView
+from components.engine.policy_view import StreamingMultiPolicyEngine, StreamingPolicyView
 from components.json_types import JsonObject, JsonValue
 from components.lora import LoraAdapter, LoraError, injected_state_dict
 
@@ -131,7 +131,7 @@ def _structure(config: Mapping[str, JsonValue]) -> JsonObject:
     }
 
 
-class AdapterHost(MultiPolicyEngine, Protocol):
+class AdapterHost(StreamingMultiPolicyEngine, Protocol):
     """A shared multi-LoRA engine a ``PolicyEngine`` views (``EmbeddedEngine``, ``RayEngineClient``): it takes
     each policy's adapter versions and scores under them."""
 
@@ -142,7 +142,7 @@ class AdapterHost(MultiPolicyEngine, Protocol):
     ) -> tuple[float, ...]: ...
 
 
-class PolicyEngine(PolicyView[AdapterHost]):
+class PolicyEngine(StreamingPolicyView[AdapterHost]):
     """One policy's view of a shared multi-LoRA engine: an ``InferenceEngine`` + ``AdapterEngine`` whose
     requests run with the adapter ``name`` (batched with other policies' requests) and whose versions are that
     adapter's own. A proxy (and so every session it records) built over this view is bound to this policy;

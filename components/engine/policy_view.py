@@ -3,16 +3,17 @@
 The view is an ``InferenceEngine`` whose requests run with the adapter ``name`` (batched with other policies'
 requests on the shared base) and whose ``weight_version`` is that adapter's own. A proxy session bound to a view
 samples only with its policy; a ``WeightSync`` over it moves only its adapter. Subclasses check the name and add
-their engine's way of receiving an adapter.
+their engine's way of receiving an adapter. A ``StreamingPolicyView`` (embedded, Ray actor, vLLM) also streams
+with its adapter (``StreamingEngine``); SGLang's view does not stream (its sessions replay the finished turn).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from components.config import require
-from components.protocols import GenerationResult, SamplingParams
+from components.protocols import GenerationResult, SamplingParams, TokenChunk
 
 
 class MultiPolicyEngine(Protocol):
@@ -29,7 +30,16 @@ class MultiPolicyEngine(Protocol):
     ) -> GenerationResult: ...
 
 
+class StreamingMultiPolicyEngine(MultiPolicyEngine, Protocol):
+    """A shared engine that also streams a named adapter's generation (``StreamingEngine.generate_stream``)."""
+
+    def generate_stream(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> AsyncIterator[TokenChunk | GenerationResult]: ...
+
+
 E = TypeVar("E", bound=MultiPolicyEngine)
+S = TypeVar("S", bound=StreamingMultiPolicyEngine)
 
 
 class PolicyView(Generic[E]):
@@ -55,3 +65,21 @@ class PolicyView(Generic[E]):
             adapter in (None, self.name), "adapter", f"this view serves policy {self.name!r}, got {adapter!r}"
         )
         return await self.engine.generate(input_ids, params, adapter=self.name)
+
+
+class StreamingPolicyView(PolicyView[S]):
+    """A view of an engine that streams: a ``StreamingEngine`` whose streams run with the view's adapter."""
+
+    async def generate_stream(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        """Stream with this view's policy (``adapter``, when given, must name it); closing it aborts the request."""
+        require(
+            adapter in (None, self.name), "adapter", f"this view serves policy {self.name!r}, got {adapter!r}"
+        )
+        stream = self.engine.generate_stream(input_ids, params, adapter=self.name)
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            await stream.aclose()

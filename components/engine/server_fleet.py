@@ -39,7 +39,7 @@ import hashlib
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Protocol, Self, TypedDict, TypeVar, Unpack, runtime_checkable
@@ -49,7 +49,7 @@ import numpy as np
 from components.config import require, require_positive
 from components.errors import EngineError
 from components.json_types import JsonObject
-from components.protocols import GenerationResult, SamplingParams
+from components.protocols import GenerationResult, SamplingParams, TokenChunk
 
 if TYPE_CHECKING:
     import torch
@@ -175,6 +175,18 @@ class FleetRecoveryConfig:
 
 
 S = TypeVar("S", bound=InferenceServer)
+
+
+@runtime_checkable
+class StreamingServer(InferenceServer, Protocol):
+    """An ``InferenceServer`` that streams (``StreamingEngine.generate_stream``; unreachable: as ``generate``)."""
+
+    def generate_stream(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> AsyncIterator[TokenChunk | GenerationResult]: ...
+
+
+SS = TypeVar("SS", bound=StreamingServer)
 
 
 class FleetOptions(TypedDict, total=False):
@@ -313,17 +325,9 @@ class ServerFleet(Generic[S]):
     ) -> GenerationResult:
         """Generate on the session's server (or the least-loaded live one), failing over when it is down. The
         fleet serves one policy (its LoRA adapter, if any, is engine-wide): ``adapter`` must be None."""
-        require(
-            adapter is None,
-            "adapter",
-            f"the {self.server_kind} fleet serves one policy (load_lora_adapter is engine-wide), got {adapter!r}",
-        )
+        self._check_one_policy(adapter)
         prompt = np.asarray(input_ids, dtype=np.int64)
-        index = self._session_server(prompt)
-        if index is None:  # a new session
-            if not self._live():
-                await self.await_live_server()
-            index = await self._place_new_session()
+        index = await self._route(prompt)
         tried: set[int] = set()
         while True:
             attempt = index
@@ -337,10 +341,30 @@ class ServerFleet(Generic[S]):
                 continue
             finally:
                 self._in_flight[attempt] -= 1
-            self._remember(prompt, result.output_ids, index)
-            if result.weight_versions:
-                self._weight_version = max(self._weight_version, result.weight_versions[-1])
+            self._generated(prompt, result, index)
             return result
+
+    def _check_one_policy(self, adapter: str | None) -> None:
+        require(
+            adapter is None,
+            "adapter",
+            f"the {self.server_kind} fleet serves one policy (load_lora_adapter is engine-wide), got {adapter!r}",
+        )
+
+    async def _route(self, prompt: np.ndarray) -> int:
+        """The server of the session ``prompt`` extends, else (a new session) the least-loaded live one."""
+        index = self._session_server(prompt)
+        if index is None:
+            if not self._live():
+                await self.await_live_server()
+            index = await self._place_new_session()
+        return index
+
+    def _generated(self, prompt: np.ndarray, result: GenerationResult, index: int) -> None:
+        """Account a finished generation: its session's affinity and the newest version seen."""
+        self._remember(prompt, result.output_ids, index)
+        if result.weight_versions:
+            self._weight_version = max(self._weight_version, result.weight_versions[-1])
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Write ``state_dict`` where every server reads it and load it as ``version`` on all of them."""
@@ -648,3 +672,47 @@ class ServerFleet(Generic[S]):
             "%s server %s is back at version %d", self.server_kind, server.url, server.weight_version
         )
         return True
+
+
+class StreamingServerFleet(ServerFleet[SS]):
+    """A fleet of servers that stream (vLLM's): also a ``StreamingEngine``."""
+
+    async def generate_stream(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        """``generate`` as one server samples it: the request goes where ``generate`` would send it. A server
+        that cannot be reached before its first chunk fails over as in ``generate``; after it (tokens already
+        handed out) the server is taken out and the stream fails with ``EngineError`` (no other server can go on
+        with the same tokens). Closing the stream closes the server's, which aborts its request."""
+        self._check_one_policy(adapter)
+        prompt = np.asarray(input_ids, dtype=np.int64)
+        index = await self._route(prompt)
+        tried: set[int] = set()
+        while True:
+            attempt = index
+            self._in_flight[attempt] += 1
+            stream = self.servers[attempt].generate_stream(prompt.tolist(), params)
+            started = False
+            try:
+                async for item in stream:
+                    if isinstance(item, GenerationResult):
+                        self._generated(prompt, item, index)
+                        yield item
+                        return
+                    started = True
+                    yield item
+            except ServerUnreachableError as error:
+                if started:
+                    self._take_out(attempt, f"unreachable mid-stream: {error}")
+                    raise EngineError(
+                        f"{self.server_kind} server {self.servers[attempt].url} went away mid-stream: {error}"
+                    ) from error
+                tried.add(attempt)
+                index = self._fail_over(attempt, f"unreachable: {error}", exclude=tried)
+                continue
+            finally:
+                self._in_flight[attempt] -= 1
+                await stream.aclose()
+            raise EngineError(
+                f"{self.server_kind} server {self.servers[attempt].url}: stream ended without a result"
+            )

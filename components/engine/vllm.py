@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 import httpx
 
 from components.config import require, require_non_negative, require_one_of, require_positive
-from components.engine.policy_view import PolicyView
+from components.engine.policy_view import StreamingPolicyView
 from components.engine.server_client import HttpServerClient, is_unsent, json_object
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
@@ -637,7 +637,7 @@ def write_weight_folder(
     return final
 
 
-class VLLMPolicy(PolicyView[VLLMEngine]):
+class VLLMPolicy(StreamingPolicyView[VLLMEngine]):
     """One policy's view of a multi-LoRA vLLM server: requests carry this policy's adapter name (``model``) and
     its tokens this adapter's versions; a disk ``WeightSync`` over it loads only this policy's adapters."""
 

@@ -16,7 +16,7 @@ from components.config import require
 from components.engine.server_fleet import (
     FleetRecoveryConfig,
     FleetRoutingConfig,
-    ServerFleet,
+    StreamingServerFleet,
     expand_router_urls,
     parse_server_urls,
 )
@@ -76,7 +76,7 @@ def vllm_fleet_config(brick: VLLMBrickConfig, *, initial_weight_version: int) ->
     return VLLMFleetConfig(urls=urls, server=server, recovery=recovery, nccl=nccl)
 
 
-class VLLMFleet(ServerFleet[VLLMEngine]):
+class VLLMFleet(StreamingServerFleet[VLLMEngine]):
     """``InferenceEngine`` over ``config.urls``. Create with ``await VLLMFleet.connect(config)``."""
 
     server_kind = "vLLM"

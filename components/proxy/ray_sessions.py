@@ -98,6 +98,18 @@ class SessionShard:
         with self._remote_errors(session_id):
             return await self.registry.run_turn(session_id, request)
 
+    async def stream_turn(self, session_id: str, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+        """``LocalSessionRegistry.stream_turn`` as a Ray streaming generator: each event goes to the replica as
+        the engine samples it; cancelling the Ray task closes the registry's stream, which aborts the engine's
+        request."""
+        with self._remote_errors(session_id):
+            stream = self.registry.stream_turn(session_id, request)
+            try:
+                async for event in stream:
+                    yield event
+            finally:
+                await stream.aclose()
+
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> int:
@@ -179,9 +191,26 @@ class ShardedSessionRegistry:
         )
 
     async def stream_turn(self, session_id: str, request: TurnRequest) -> AsyncIterator[TurnEvent]:
-        """See ``SessionRegistry.stream_turn``: the turn runs in its shard and comes back whole, so the protocol
-        replays it (a shard does not stream its deltas across the actor boundary yet)."""
-        yield await self.run_turn(session_id, request)
+        """See ``SessionRegistry.stream_turn``: the shard's events through a Ray streaming generator, each as the
+        engine samples it; closing this iterator early (a client that left) cancels the shard's task, which
+        aborts the engine's request."""
+        import ray
+
+        shard = self._shard(session_id).stream_turn.options(num_returns="streaming")
+        stream = shard.remote(session_id, request)
+        finished = False
+        try:
+            while True:
+                try:
+                    reference = await self._result(session_id, "stream_turn", anext(stream))
+                except StopAsyncIteration:
+                    break
+                event: TurnEvent = await self._result(session_id, "stream_turn", reference)
+                finished = isinstance(event, TurnOutcome)
+                yield event
+        finally:
+            if not finished:
+                ray.cancel(stream)
 
     async def count_tokens(
         self, session_id: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]

@@ -49,7 +49,13 @@ async def test_two_policies_sampled_together_each_token_from_its_own_adapter(tin
     from transformers import AutoModelForCausalLM
 
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
-    from components.protocols import AdapterEngine, InferenceEngine, SamplingParams
+    from components.protocols import (
+        AdapterEngine,
+        InferenceEngine,
+        SamplingParams,
+        StreamingEngine,
+        TokenChunk,
+    )
 
     (alice_model, alice_adapter), (bob_model, bob_adapter) = adapters
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -92,6 +98,23 @@ async def test_two_policies_sampled_together_each_token_from_its_own_adapter(tin
         assert await alice.logprobs_of(continued) == pytest.approx(
             teacher_forced(alice_model, continued, 1), abs=1e-4
         )
+
+        # a policy's stream samples with its adapter: the chunks' logprobs are alice's, the result is generate's
+        assert isinstance(alice, StreamingEngine)
+        stream_params = SamplingParams(max_tokens=8, seed=11)
+        items = [item async for item in alice.generate_stream(PROMPTS[1], stream_params)]
+        chunks, streamed = items[:-1], items[-1]
+        assert len(chunks) > 1 and all(isinstance(chunk, TokenChunk) for chunk in chunks)
+        whole = await alice.generate(PROMPTS[1], stream_params)  # (its prefix is cached now: logprobs round)
+        assert streamed.output_ids == whole.output_ids and streamed.weight_versions == whole.weight_versions
+        assert streamed.logprobs == pytest.approx(whole.logprobs, abs=1e-4)
+        assert [t for chunk in chunks for t in chunk.output_ids] == list(streamed.output_ids)
+        assert {v for chunk in chunks for v in chunk.weight_versions} == {5}
+        expected = teacher_forced(alice_model, PROMPTS[1] + list(streamed.output_ids), len(PROMPTS[1]))
+        logprobs = [lp for chunk in chunks for lp in chunk.logprobs]
+        assert max(abs(a - b) for a, b in zip(logprobs, expected, strict=True)) <= 1e-4
+        with pytest.raises(ValueError, match="adapter"):
+            await anext(alice.generate_stream(PROMPTS[1], stream_params, adapter="bob"))
 
         # a new version of alice's adapter moves only alice's version
         await alice.update_adapter(bob_adapter, 6)

@@ -24,7 +24,7 @@ from components.engine.vllm import (
 )
 from components.engine.vllm_fleet import VLLMFleet, VLLMFleetConfig
 from components.errors import EngineError
-from components.protocols import SamplingParams
+from components.protocols import GenerationResult, SamplingParams, StreamingEngine, TokenChunk
 from components.sampling import SamplingDistribution
 
 pytestmark = pytest.mark.timeout(600)
@@ -291,6 +291,44 @@ async def test_a_router_url_stands_for_its_vllm_workers_with_affinity_and_failov
         await fleet.aclose()
         router.should_exit = True
         await router_task
+
+
+async def test_the_fleet_streams_from_the_sessions_server_and_fails_over_before_the_first_chunk(vllm_server):
+    """A vLLM fleet is a ``StreamingEngine``: a turn streams from its session's server (chunks, then the result,
+    whose ids are the chunks'); when that server is gone before the first chunk, the turn fails over to a live
+    one as ``generate`` does (and the affinity / session counts follow)."""
+    forwarder = TcpForwarder(int(vllm_server.url.rsplit(":", 1)[1]))
+    second = await forwarder.start()
+    config = VLLMEngineConfig(base_url=vllm_server.url, max_retries=0)
+    fleet = await VLLMFleet.connect(
+        VLLMFleetConfig(
+            urls=(vllm_server.url, second),
+            server=config,
+            recovery=FleetRecoveryConfig(server_return_timeout_s=0),
+        )
+    )
+    try:
+        assert isinstance(fleet, StreamingEngine)
+        params = SamplingParams(max_tokens=6, seed=0)
+        long_prompts = [[1, *range(100 + 7 * i, 180 + 7 * i)] for i in (0, 1)]
+        await fleet.generate(long_prompts[0], params)  # the first session: the first server
+        items = [
+            item async for item in fleet.generate_stream(long_prompts[1], params)
+        ]  # the second: the other
+        chunks, result = items[:-1], items[-1]
+        assert isinstance(result, GenerationResult) and all(isinstance(c, TokenChunk) for c in chunks)
+        assert chunks and [t for c in chunks for t in c.output_ids] == list(result.output_ids)
+        assert [server["sessions"] for server in fleet.status()["servers"]] == [1, 1]
+        await forwarder.close()  # the second session's server goes away before its next turn
+        turn_2 = long_prompts[1] + list(result.output_ids) + [500, 501]
+        items = [item async for item in fleet.generate_stream(turn_2, params)]
+        assert len(items) > 1 and isinstance(items[-1], GenerationResult)
+        assert [(event.from_url, event.to_url) for event in fleet.failovers] == [(second, vllm_server.url)]
+        assert [server["live"] for server in fleet.status()["servers"]] == [True, False]
+        assert all(server["in_flight"] == 0 for server in fleet.status()["servers"])
+    finally:
+        await fleet.aclose()
+        await forwarder.close()
 
 
 @pytest.mark.vllm_kills_server

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import anthropic
 import numpy as np
@@ -11,7 +12,7 @@ import openai
 import pytest
 
 from components.engine.scripted import ScriptedEngine
-from components.protocols import SessionOpen, SessionOutcome
+from components.protocols import SessionOpen, SessionOutcome, StreamingEngine, TokenChunk
 from components.proxy.config import ProxyConfig
 from components.proxy.errors import SessionNotFoundError
 from components.trajectory import TrajectoryStatus
@@ -148,3 +149,123 @@ async def test_32_sessions_through_two_serve_replicas(ray_session, tokenizer, de
     finally:
         serve.delete(app_name)
         registry.shutdown()
+
+
+class TalliedPacedEngine:
+    """A scripted engine that streams one token per ``delay_s`` from inside a session shard; it reports the
+    tokens it hands out and the streams closed before their end to a ``Tally`` actor (the shard is another
+    process)."""
+
+    def __init__(self, inner: ScriptedEngine, delay_s: float, tally) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+        self.tally = tally
+        self.context_window = inner.context_window
+        self.weight_version = inner.weight_version
+
+    async def generate(self, input_ids, params, *, adapter=None):
+        return await self.inner.generate(input_ids, params)
+
+    async def generate_stream(self, input_ids, params, *, adapter=None):
+        result = await self.inner.generate(input_ids, params)
+        finished = False
+        try:
+            for token, logprob, version in zip(
+                result.output_ids, result.logprobs, result.weight_versions, strict=True
+            ):
+                await asyncio.sleep(self.delay_s)
+                self.tally.add.remote(1)
+                yield TokenChunk(output_ids=(token,), logprobs=(logprob,), weight_versions=(version,))
+            finished = True
+            yield result
+        finally:
+            if not finished:
+                self.tally.closed_early.remote()
+
+    async def update_weights(self, state_dict, version: int) -> None:
+        raise NotImplementedError
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.num_sampled = 0
+        self.num_closed_early = 0
+
+    def add(self, count: int) -> None:
+        self.num_sampled += count
+
+    def closed_early(self) -> None:
+        self.num_closed_early += 1
+
+    def read(self) -> tuple[int, int]:
+        return self.num_sampled, self.num_closed_early
+
+
+async def test_a_serve_replica_streams_the_shards_deltas_live_and_a_disconnect_aborts(
+    ray_session, tokenizer, default_model_dir, tmp_path
+):
+    """``--proxy serve``: the turn runs in its session shard, whose events cross to the replica as the engine
+    samples them (the first delta reaches the SDK while most of the reply is unsampled; the pieces join to the
+    reply); a client that leaves mid-stream cancels the turn through the shard to the engine (no more tokens,
+    nothing recorded)."""
+    from ray import serve
+
+    from components.proxy.ray_sessions import start_session_shards
+    from components.proxy.serve import run_proxy_on_serve
+
+    tally = ray_session.remote(num_cpus=0)(Tally).remote()
+    reply = "word " * 80
+    long_reply = "word " * 1000  # 20 s at this pace: a client that leaves early leaves long before its end
+    engine = TalliedPacedEngine(ScriptedEngine(tokenizer, [reply, long_reply]), delay_s=0.02, tally=tally)
+    assert isinstance(engine, StreamingEngine)
+    config = ProxyConfig(run_dir=tmp_path, keepalive_interval_s=1.0)
+    token = config.session_keys.session_token
+    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
+    registry = start_session_shards(engine, default_model_dir, config, num_shards=2)
+    app_name = "rein-proxy-stream-test"
+    num_tokens = len(reply_ids(tokenizer, reply.strip()))
+    try:
+        url = run_proxy_on_serve(
+            registry, config, app_name=app_name, route_prefix="/proxy/stream", num_replicas=1
+        )
+        session_id = await registry.open_session()
+        client = openai.AsyncOpenAI(
+            base_url=f"{url}/s/{session_id}/v1", api_key=token(session_id), max_retries=0
+        )
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Talk"}], stream=True
+        )
+        content, first_seen = "", None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                if first_seen is None:
+                    first_seen = (await tally.read.remote())[0]
+                content += chunk.choices[0].delta.content
+        assert first_seen is not None and first_seen < num_tokens // 2, (first_seen, num_tokens)
+        assert content.split() == ["word"] * 80
+        assert (await registry.describe(session_id)).num_turns == 1
+        num_before = (await tally.read.remote())[0]
+
+        left_id = await registry.open_session()
+        client = openai.AsyncOpenAI(base_url=f"{url}/s/{left_id}/v1", api_key=token(left_id), max_retries=0)
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Talk"}], stream=True, max_tokens=1000
+        )
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                break
+        await stream.close()  # the client leaves
+        deadline = time.monotonic() + 10
+        while (await tally.read.remote())[1] == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        sampled, closed_early = await tally.read.remote()
+        assert closed_early == 1, sampled - num_before
+        await asyncio.sleep(0.3)
+        assert (
+            (await tally.read.remote())[0] == sampled < 2 * num_tokens
+        )  # nothing more for a client that left
+        assert (await registry.describe(left_id)).num_turns == 0  # an abandoned turn is not recorded
+    finally:
+        serve.delete(app_name)
+        registry.shutdown()
+        ray_session.kill(tally)
