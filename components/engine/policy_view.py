@@ -3,8 +3,8 @@
 The view is an ``InferenceEngine`` whose requests run with the adapter ``name`` (batched with other policies'
 requests on the shared base) and whose ``weight_version`` is that adapter's own. A proxy session bound to a view
 samples only with its policy; a ``WeightSync`` over it moves only its adapter. Subclasses check the name and add
-their engine's way of receiving an adapter. A ``StreamingPolicyView`` (embedded, Ray actor, vLLM) also streams
-with its adapter (``StreamingEngine``); SGLang's view does not stream (its sessions replay the finished turn).
+their engine's way of receiving an adapter. A ``StreamingPolicyView`` (embedded, Ray actor, vLLM, SGLang) also
+streams with its adapter (``StreamingEngine``).
 """
 
 from __future__ import annotations

@@ -675,7 +675,7 @@ class ServerFleet(Generic[S]):
 
 
 class StreamingServerFleet(ServerFleet[SS]):
-    """A fleet of servers that stream (vLLM's): also a ``StreamingEngine``."""
+    """A fleet of servers that stream (vLLM's, SGLang's): also a ``StreamingEngine``."""
 
     async def generate_stream(
         self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None

@@ -11,6 +11,19 @@ Request and response shapes follow SGLang's own ``sglang/srt/managers/io_struct.
   (``{"type": "stop"|"length"|"abort", ...}``), ``prompt_tokens``, ``weight_version`` and, on newer servers,
   ``weight_versions`` (spans ``{"version", "start", "end"}`` over the output tokens), and ``routed_experts``
   (base64 of little-endian int32 ``[prompt + output - 1, num_moe_layers, top_k]``).
+- Streaming (``generate_stream``), read in SGLang's ``python/sglang/srt/entrypoints/http_server.py``
+  (``generate_request``) and ``managers/tokenizer_manager.py`` (``_handle_batch_output``, ``_wait_one_response``,
+  ``_coalesce_streaming_chunks``, ``create_abort_task``) of its main branch (mid 2026, after 0.5.x; the same
+  shapes back to 0.4): ``"stream": true`` answers ``text/event-stream`` with HTTP 200, one ``data: {...}``
+  event per output step (``output_ids``, ``meta_info`` as above, ``finish_reason`` null until the last
+  event), then ``data: [DONE]``. By default (``--incremental-streaming-output`` off) every event repeats the
+  whole output so far: ``output_ids`` and ``meta_info.output_token_logprobs`` are cumulative, and a slow
+  reader gets only the newest event. With the flag on both are deltas (queued deltas are concatenated), while
+  ``completion_tokens`` and the ``weight_versions`` spans still cover the whole output so far; the client
+  tells the two apart per event by ``completion_tokens``. A refused request (too long, unknown adapter)
+  arrives as ``data: {"error": {"message": ...}}`` before ``[DONE]``; an abort carrying a ``status_code`` ends
+  the stream as the last event's ``finish_reason``. When the stream ends or the client disconnects, the
+  response's background task aborts the ``rid`` (2 s later); the client also sends ``/abort_request`` at once.
 - Weight sync: ``/pause_generation`` (``mode``), ``/update_weights_from_disk`` (``model_path``,
   ``weight_version``, ``flush_cache``, ``abort_all_requests`` → ``{success, message, num_paused_requests}``),
   ``/update_weights_from_tensor``, ``/continue_generation``, ``/flush_cache``, ``/update_weight_version``.
@@ -59,11 +72,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,12 +85,12 @@ from typing import TYPE_CHECKING
 import httpx
 
 from components.config import require, require_non_negative, require_one_of, require_positive
-from components.engine.policy_view import PolicyView
+from components.engine.policy_view import StreamingPolicyView
 from components.engine.server_client import HttpServerClient, json_object
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
 from components.json_types import JsonArray, JsonObject, JsonValue
-from components.protocols import FinishReason, GenerationResult, SamplingParams
+from components.protocols import FinishReason, GenerationResult, SamplingParams, TokenChunk
 from components.sampling import SamplingDistribution
 
 if TYPE_CHECKING:
@@ -251,18 +265,8 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
     ) -> GenerationResult:
         """One ``/generate`` call; the reply must carry a logprob for every output token. ``adapter``: the policy
         (``policy(name)``) whose adapter serves it; None: the engine-wide one."""
-        prompt = [int(token) for token in input_ids]
-        require(len(prompt) > 0, "input_ids", "must not be empty")
-        # Checked per request too: with agent-chosen sampling, an agent may ask for top-p / top-k.
-        require_untruncated_sampling(
-            SamplingDistribution(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k),
-            source="sampling of this request",
-        )
-        if len(prompt) >= self.context_window:
-            raise ContextOverflowError(num_prompt_tokens=len(prompt), context_window=self.context_window)
+        prompt, lora = self._checked_request(input_ids, params, adapter)
         rid = uuid.uuid4().hex
-        # the adapter named now serves the whole request (a loaded version never changes)
-        lora = self._loras.get(adapter or "")
         payload = self.generate_payload(prompt, params, rid=rid, lora_name=lora[0] if lora else None)
         try:
             reply = await self._request("POST", "/generate", json=payload)
@@ -277,6 +281,146 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
         if lora is not None:  # SGLang's weight_version is the base's; the adapter's name fixes its version
             result = replace(result, weight_versions=(lora[1],) * len(result.output_ids))
         return result
+
+    async def generate_stream(
+        self, input_ids: Sequence[int], params: SamplingParams, *, adapter: str | None = None
+    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        """``generate`` as SGLang samples it (``StreamingEngine``): ``/generate`` with ``stream``, one SSE event
+        per output step (see the module doc: ``output_ids`` and ``output_token_logprobs`` cumulative, or deltas
+        under ``--incremental-streaming-output``, told apart by ``meta_info.completion_tokens``), then one
+        ``GenerationResult`` equal to what ``generate`` returns. Closing the iterator closes the connection
+        (SGLang aborts the request when its stream ends) and sends ``/abort_request`` for it at once."""
+        prompt, lora = self._checked_request(input_ids, params, adapter)
+        rid = uuid.uuid4().hex
+        payload = {
+            **self.generate_payload(prompt, params, rid=rid, lora_name=lora[0] if lora else None),
+            "stream": True,
+        }
+        where = f"SGLang POST {self.url}/generate"
+        output_ids: list[int] = []
+        entries: list[JsonValue] = []
+        final: JsonObject | None = None
+        try:
+            async with self.client.stream("POST", "/generate", json=payload) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise self.status_error("POST", "/generate", response)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json_object(json.loads(line.removeprefix("data: ")), where)
+                    if "error" in event and "output_ids" not in event:
+                        raise self._stream_error(event["error"], where)
+                    meta = event.get("meta_info")
+                    ids = event.get("output_ids")
+                    if not isinstance(meta, Mapping) or not isinstance(ids, list):
+                        raise EngineError(
+                            f"{where}: a stream event lacks output_ids/meta_info: keys {sorted(event)}"
+                        )
+                    new_ids, new_entries = self._stream_delta(meta, [int(t) for t in ids], output_ids, where)
+                    output_ids.extend(new_ids)
+                    entries.extend(new_entries)
+                    if meta.get("finish_reason") is not None:  # the last event ([DONE] follows)
+                        whole = (
+                            {**meta, "output_token_logprobs": entries}
+                            if "output_token_logprobs" in meta
+                            else meta
+                        )
+                        final = {**event, "output_ids": output_ids, "meta_info": whole}
+                    elif new_ids:
+                        yield self._stream_chunk(meta, new_ids, new_entries, len(output_ids), lora)
+        except httpx.TransportError as error:
+            if isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout):
+                raise EngineError(f"{where} timed out: {error!r}") from error
+            raise self.unreachable_error(f"{where} failed: {error!r}") from error
+        except _PromptTooLongError:
+            raise ContextOverflowError(
+                num_prompt_tokens=len(prompt), context_window=self.context_window
+            ) from None
+        except (asyncio.CancelledError, GeneratorExit):
+            asyncio.get_running_loop().create_task(self._abort_quietly(rid))  # free the server's slot now
+            raise
+        if final is None:
+            raise EngineError(f"{where}: the stream ended without a finish_reason")
+        self._raise_for_abort_status(final["meta_info"]["finish_reason"], prompt)
+        result = self.parse_generate_reply(final, prompt, params)
+        if lora is not None:
+            result = replace(result, weight_versions=(lora[1],) * len(result.output_ids))
+        yield result
+
+    def _checked_request(
+        self, input_ids: Sequence[int], params: SamplingParams, adapter: str | None
+    ) -> tuple[list[int], tuple[str, int] | None]:
+        """The prompt as ids, and the LoRA adapter (name, version) that serves it, once the request is valid."""
+        prompt = [int(token) for token in input_ids]
+        require(len(prompt) > 0, "input_ids", "must not be empty")
+        # Checked per request too: with agent-chosen sampling, an agent may ask for top-p / top-k.
+        require_untruncated_sampling(
+            SamplingDistribution(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k),
+            source="sampling of this request",
+        )
+        if len(prompt) >= self.context_window:
+            raise ContextOverflowError(num_prompt_tokens=len(prompt), context_window=self.context_window)
+        return prompt, self._loras.get(adapter or "")  # the adapter named now serves the whole request
+
+    @staticmethod
+    def _stream_delta(
+        meta: Mapping[str, JsonValue], ids: list[int], seen: list[int], where: str
+    ) -> tuple[list[int], list[JsonValue]]:
+        """The output ids (and their ``output_token_logprobs`` entries) that one stream event adds. SGLang's
+        ``meta_info.completion_tokens`` counts the whole output so far in either mode, so an event whose
+        ``output_ids`` are that long repeats the earlier ones (cumulative); one that adds exactly the rest
+        is a delta (``--incremental-streaming-output``). After the first event only one of them can hold."""
+        total = meta.get("completion_tokens")
+        if not isinstance(total, int):
+            raise EngineError(f"{where}: a stream event lacks meta_info.completion_tokens")
+        logprobs = meta.get("output_token_logprobs")
+        entries = list(logprobs) if isinstance(logprobs, list) else []
+        if len(ids) == total and ids[: len(seen)] == seen:  # cumulative (the default)
+            return ids[len(seen) :], entries[len(seen) :]
+        if len(seen) + len(ids) == total:  # incremental
+            return ids, entries
+        raise EngineError(
+            f"{where}: a stream event has {len(ids)} output ids, {total} completion tokens, after {len(seen)}"
+        )
+
+    def _stream_chunk(
+        self,
+        meta: Mapping[str, JsonValue],
+        ids: list[int],
+        entries: list[JsonValue],
+        total: int,
+        lora: tuple[str, int] | None,
+    ) -> TokenChunk:
+        """The ``TokenChunk`` of ``ids``: their logprobs as ``generate`` checks them, their versions from the
+        event's spans (over the whole output so far) or its ``weight_version`` (or the adapter's version)."""
+        logprobs = self._parse_logprobs({"output_token_logprobs": entries}, ids)
+        if lora is not None:
+            versions = (lora[1],) * len(ids)
+        else:
+            versions = self._parse_versions(meta, total)[total - len(ids) :]
+        return TokenChunk(output_ids=tuple(ids), logprobs=logprobs, weight_versions=versions)
+
+    @staticmethod
+    def _stream_error(error: JsonValue, where: str) -> EngineError:
+        """An ``{"error": {"message"}}`` event (SGLang's stream reports a refused request so, with HTTP 200)."""
+        message = error.get("message") if isinstance(error, Mapping) else error
+        if "context length" in str(message).lower():
+            return _PromptTooLongError(f"SGLang refused the prompt as too long: {message}")
+        return EngineError(f"{where} failed in its stream: {message!r}")
+
+    def _raise_for_abort_status(self, finish_reason: JsonValue, prompt: list[int]) -> None:
+        """A streamed abort with a ``status_code`` is the error a non-streamed request gets as its HTTP status
+        (SGLang's ``_handle_abort_finish_reason``): raise it as ``generate`` would."""
+        if not isinstance(finish_reason, Mapping) or finish_reason.get("type") != "abort":
+            return
+        status = finish_reason.get("status_code")
+        if status is None:
+            return
+        message = str(finish_reason.get("message", ""))
+        if "context length" in message.lower():
+            raise ContextOverflowError(num_prompt_tokens=len(prompt), context_window=self.context_window)
+        raise EngineError(f"SGLang /generate aborted the request (HTTP {status}): {message}")
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Write ``state_dict`` under ``weight_sync_dir`` and load it: pause, load from disk, continue."""
@@ -794,7 +938,7 @@ def serialize_named_tensors(named_tensors: Sequence[tuple[str, torch.Tensor]]) -
     return base64.b64encode(buffer.getvalue()).decode("utf-8")
 
 
-class SGLangPolicy(PolicyView[SGLangEngine]):
+class SGLangPolicy(StreamingPolicyView[SGLangEngine]):
     """One policy's view of a multi-LoRA SGLang server: an ``InferenceEngine`` + ``LoraServingEngine`` whose
     requests carry this policy's adapter name (``lora_path``) and whose versions are that adapter's own. A proxy
     session bound to this view samples only with this policy; a disk ``WeightSync`` over it loads only this

@@ -1,5 +1,6 @@
-"""``InferenceEngine`` over one or several SGLang servers: the engine-neutral ``ServerFleet``
-(``server_fleet.py``: session affinity, least-loaded placement, failover, one weight version on every server)
+"""``InferenceEngine`` over one or several SGLang servers: the engine-neutral ``StreamingServerFleet``
+(``server_fleet.py``: session affinity, least-loaded placement, failover, one weight version on every server,
+live streams)
 over SGLang's adapter (``SGLangEngine``; router URLs expanded to their workers), plus what only SGLang offers here:
 
 - *Load* is ``/get_load`` (``num_reqs`` per data-parallel rank), so every proxy shard's requests count.
@@ -22,7 +23,7 @@ from components.engine.server_fleet import (
     FailoverEvent,
     FleetRecoveryConfig,
     FleetRoutingConfig,
-    ServerFleet,
+    StreamingServerFleet,
 )
 from components.engine.server_fleet import expand_router_urls as expand_fleet_router_urls
 from components.engine.server_fleet import parse_server_urls as _parse_server_urls
@@ -120,7 +121,7 @@ async def expand_router_urls(config: SGLangFleetConfig) -> SGLangFleetConfig:
     return replace(config, urls=urls)
 
 
-class SGLangFleet(ServerFleet[SGLangEngine]):
+class SGLangFleet(StreamingServerFleet[SGLangEngine]):
     """``InferenceEngine`` over ``config.urls``. Create with ``await SGLangFleet.connect(config)``."""
 
     server_kind = "SGLang"
