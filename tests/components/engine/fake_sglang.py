@@ -46,11 +46,11 @@ from typing import Any
 import numpy as np
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from components.engine.embedded import EmbeddedEngine
 from components.engine.scripted import ScriptedEngine
-from components.protocols import FinishReason, SamplingParams
+from components.protocols import FinishReason, GenerationResult, SamplingParams, TokenChunk
 
 
 @dataclass
@@ -76,6 +76,9 @@ class FakeSGLangState:
     num_waiting: int = 0  # /generate requests held by a pause
     enable_lora: bool = False  # SGLang's --enable-lora
     loras: dict[str, str] = field(default_factory=dict)  # loaded adapter name → its lora_path, oldest first
+    incremental_streaming_output: bool = False  # SGLang's --incremental-streaming-output (stream deltas)
+    stream_abort_delay_s: float = 2.0  # SGLang aborts a stream's rid this long after the stream ends
+    aborted: list[str] = field(default_factory=list)  # rids whose generation an abort stopped (fake only)
 
     def version_int(self) -> int:
         return 0 if self.weight_version == "default" else int(self.weight_version)
@@ -329,30 +332,35 @@ def build_app(state: FakeSGLangState) -> FastAPI:
             )
         sampling = body.get("sampling_params") or {}
         rid = body.get("rid") or f"rid-{time.time_ns()}"
+        stream = bool(body.get("stream"))
+
+        def refused(message: str) -> Response:
+            # SGLang: the tokenizer manager's ValueError is a 400 reply, or in a stream an error event (HTTP 200)
+            if stream:
+                return StreamingResponse(
+                    _sse([{"error": {"message": message}}]), media_type="text/event-stream"
+                )
+            return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
+
         if len(input_ids) >= state.engine.context_window:
             message = (
                 f"The input ({len(input_ids)} tokens) is longer than the model's context length "
                 f"({state.engine.context_window} tokens)."
             )
-            return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
+            return refused(message)
         if state.released_tags:  # the weights / KV cache are not on the GPU: nothing can run
             message = f"memory released ({sorted(state.released_tags)}): call /resume_memory_occupation"
-            return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
+            return refused(message)
         lora_name = body.get("lora_path")
         if lora_name is not None:
             if not state.enable_lora:
                 message = "LoRA is not enabled. Please set `--enable-lora` to True."
-                return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
+                return refused(message)
             if lora_name not in state.loras:
                 message = f"The following requested LoRA adapters are not loaded: {lora_name}"
-                return JSONResponse({"object": "error", "message": message, "code": 400}, 400)
+                return refused(message)
         if int(sampling.get("max_new_tokens", 128)) == 0:  # prefill only: SGLang's way to score a prompt
             return await _prompt_scores(state, body, rid, input_ids)
-        state.num_waiting += 1  # in SGLang's waiting queue until generation is not paused
-        try:
-            await state.paused.wait()
-        finally:
-            state.num_waiting -= 1
         params = SamplingParams(
             max_tokens=int(sampling.get("max_new_tokens", 128)),
             temperature=float(sampling.get("temperature", 1.0)),
@@ -364,6 +372,14 @@ def build_app(state: FakeSGLangState) -> FastAPI:
             return_routed_experts=bool(body.get("return_routed_experts", False)),
         )
         adapter = {} if lora_name is None else {"adapter": engine_adapter_name(lora_name)}
+        if stream:
+            events = _stream_events(state, body, rid, input_ids, sampling, params, adapter)
+            return StreamingResponse(_sse(events), media_type="text/event-stream")
+        state.num_waiting += 1  # in SGLang's waiting queue until generation is not paused
+        try:
+            await state.paused.wait()
+        finally:
+            state.num_waiting -= 1
         task = asyncio.ensure_future(state.engine.generate(input_ids, params, **adapter))
         state.tasks[rid] = task
         try:
@@ -491,8 +507,9 @@ def build_app(state: FakeSGLangState) -> FastAPI:
         targets = list(state.tasks) if body.get("abort_all") else [body.get("rid")]
         for rid in targets:
             task = state.tasks.get(rid)
-            if task is not None:
+            if task is not None and not task.done():
                 task.cancel()
+                state.aborted.append(rid)
         return Response(status_code=200)
 
     @app.post("/update_weight_version")
@@ -616,6 +633,116 @@ def _reply(
         "output_ids": list(result.output_ids),
         "meta_info": meta,
     }
+
+
+async def _sse(events) -> Any:
+    """SGLang's ``stream_results``: ``data: {json}`` per output, then ``data: [DONE]``."""
+    if isinstance(events, list):
+        for event in events:
+            yield b"data: " + json.dumps(event).encode() + b"\n\n"
+    else:
+        async for event in events:
+            yield b"data: " + json.dumps(event).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+async def _stream_events(
+    state: FakeSGLangState,
+    body: dict,
+    rid: str,
+    input_ids: list[int],
+    sampling: dict,
+    params: SamplingParams,
+    adapter: dict[str, str],
+) -> Any:
+    """The events of a streamed ``/generate``, as SGLang's tokenizer manager builds them: the generation runs
+    on (a task, SGLang's scheduler) whatever the reader does; each event carries the whole output so far
+    (``output_ids``, ``output_token_logprobs``) or, with ``incremental_streaming_output``, only what is new
+    since the last event (deltas queued for a slow reader are concatenated), while ``completion_tokens`` and the
+    ``weight_versions`` spans cover the whole output. The finishing step's tokens come with the
+    ``finish_reason``. When the stream ends (done or the client gone) the rid is aborted
+    ``stream_abort_delay_s`` later (SGLang's ``create_abort_task``)."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def generate() -> None:  # the scheduler's side: runs until done or aborted
+        state.num_waiting += 1
+        try:
+            await state.paused.wait()
+        finally:
+            state.num_waiting -= 1
+        items = state.engine.generate_stream(input_ids, params, **adapter)
+        try:
+            async for item in items:
+                queue.put_nowait(item)
+        finally:
+            await items.aclose()
+
+    task = asyncio.ensure_future(generate())
+    state.tasks[rid] = task
+    task.add_done_callback(queue.put_nowait)
+    task.add_done_callback(lambda done: state.tasks.pop(rid) if state.tasks.get(rid) is done else None)
+
+    async def abort_later() -> None:
+        await asyncio.sleep(state.stream_abort_delay_s)
+        if not task.done():
+            task.cancel()
+            state.aborted.append(rid)
+
+    ids: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    sent = 0  # output ids already in an event (incremental mode)
+    try:
+        while True:
+            item = await queue.get()
+            held = [item]
+            while not queue.empty() and not isinstance(held[-1], (GenerationResult, asyncio.Task)):
+                held.append(queue.get_nowait())  # a slow reader: one event for everything queued
+            final: GenerationResult | None = None
+            for entry in held:
+                if isinstance(entry, TokenChunk):
+                    ids += entry.output_ids
+                    logprobs += entry.logprobs
+                    versions += entry.weight_versions
+                elif isinstance(entry, GenerationResult):
+                    final = entry
+                elif isinstance(entry, asyncio.Task):  # ended without a result: aborted
+                    if not entry.cancelled() and entry.exception() is not None:
+                        yield {"error": {"message": repr(entry.exception())}}
+                        return
+                    final = GenerationResult(
+                        output_ids=tuple(ids),
+                        logprobs=tuple(logprobs),
+                        weight_versions=tuple(versions),
+                        finish_reason=FinishReason.ABORT,
+                        num_prompt_tokens=len(input_ids),
+                    )
+            if final is not None:
+                event = _reply(state, body, rid, input_ids, sampling, final)
+            else:
+                partial = GenerationResult(
+                    output_ids=tuple(ids),
+                    logprobs=tuple(logprobs),
+                    weight_versions=tuple(versions),
+                    finish_reason=FinishReason.LENGTH,
+                    num_prompt_tokens=len(input_ids),
+                )
+                event = _reply(
+                    state, {**body, "return_routed_experts": False}, rid, input_ids, sampling, partial
+                )
+                event["meta_info"]["finish_reason"] = None
+            if state.incremental_streaming_output:
+                meta = event["meta_info"]
+                event["output_ids"] = event["output_ids"][sent:]
+                if "output_token_logprobs" in meta:
+                    meta["output_token_logprobs"] = meta["output_token_logprobs"][sent:]
+                sent += len(event["output_ids"])
+            yield event
+            if final is not None:
+                return
+    finally:
+        if not task.done():  # the client left early: the scheduler generates on until the abort
+            asyncio.get_running_loop().create_task(abort_later())
 
 
 class FakeSGLangServer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import numpy as np
 import pytest
 from safetensors.torch import load_file
@@ -12,7 +13,14 @@ from safetensors.torch import load_file
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from components.engine.sglang import SGLangEngine, SGLangEngineConfig, serialize_named_tensors
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError
-from components.protocols import FinishReason, InferenceEngine, SamplingParams
+from components.protocols import (
+    FinishReason,
+    GenerationResult,
+    InferenceEngine,
+    SamplingParams,
+    StreamingEngine,
+    TokenChunk,
+)
 from tests.components.engine.fake_sglang import FakeSGLangServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -68,15 +76,18 @@ async def test_generate_request_shape_and_parsed_reply(client, fake_server):
     (body,) = generate_bodies(fake_server)
     assert body["input_ids"] == [5, 6, 7, 8]
     assert body["return_logprob"] is True and body["logprob_start_len"] == -1 and body["stream"] is False
-    assert body["sampling_params"] == {
-        "max_new_tokens": 12,
-        "temperature": 0.8,
-        "top_p": 1.0,  # SGLang's logprobs ignore truncation: the client refuses top_p < 1 (test_sglang_sampling)
-        "top_k": -1,
-        "stop": ["\n\n"],
-        "stop_token_ids": [17],
-        "sampling_seed": 4,
-    }
+    assert (
+        body["sampling_params"]
+        == {
+            "max_new_tokens": 12,
+            "temperature": 0.8,
+            "top_p": 1.0,  # SGLang's logprobs ignore truncation: the client refuses top_p < 1 (test_sglang_sampling)
+            "top_k": -1,
+            "stop": ["\n\n"],
+            "stop_token_ids": [17],
+            "sampling_seed": 4,
+        }
+    )
     assert isinstance(body["rid"], str) and len(body["rid"]) >= 16
     assert "return_routed_experts" not in body
     assert 1 <= len(result.output_ids) <= 12
@@ -306,3 +317,114 @@ async def test_sglang_teacher_connects_only_with_the_policys_tokenizer(fake_serv
             await connect_server_teacher(f"sglang:{fake_server.url}", policy_model=tiny_model_dir)
     finally:
         fake_server.state.model_path = str(tiny_model_dir)
+
+
+async def raw_stream_events(url: str, body: dict) -> list[dict]:
+    """The SSE events of one streamed /generate, as a plain HTTP client reads them."""
+    events = []
+    async with (
+        httpx.AsyncClient(base_url=url) as http,
+        http.stream("POST", "/generate", json=body) as response,
+    ):
+        assert response.status_code == 200 and response.headers["content-type"].startswith(
+            "text/event-stream"
+        )
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line.removeprefix("data: "))
+    assert events[-1] == "[DONE]"
+    return [json.loads(event) for event in events[:-1]]
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_stream_chunks_as_sampled_then_the_result_generate_returns(client, fake_server, incremental):
+    """SGLang's stream, cumulative (default) or with --incremental-streaming-output: the client yields each
+    step's new tokens once, then the same GenerationResult as generate."""
+    fake_server.state.incremental_streaming_output = incremental
+    try:
+        params = SamplingParams(max_tokens=10, temperature=0.9, seed=7)
+        body = {"input_ids": [4, 5, 6], "return_logprob": True, "stream": True, "sampling_params": {
+            "max_new_tokens": 10, "temperature": 0.9, "sampling_seed": 7}}  # fmt: skip
+        events = await raw_stream_events(fake_server.url, body)
+        sizes = [len(event["output_ids"]) for event in events]
+        totals = [event["meta_info"]["completion_tokens"] for event in events]
+        assert len(events) > 1 and totals[-1] == 10
+        assert [e["meta_info"]["finish_reason"] is None for e in events] == [True] * (len(events) - 1) + [
+            False
+        ]
+        assert (sum(sizes) if incremental else sizes[-1]) == 10
+        assert sizes == (
+            [b - a for a, b in zip([0, *totals], totals, strict=False)] if incremental else totals
+        )
+
+        assert isinstance(client, StreamingEngine)
+        fake_server.state.requests.clear()
+        items = [item async for item in client.generate_stream([4, 5, 6], params)]
+        chunks, streamed = items[:-1], items[-1]
+        assert generate_bodies(fake_server)[-1]["stream"] is True
+        assert len(chunks) > 1 and all(isinstance(chunk, TokenChunk) for chunk in chunks)
+        assert isinstance(streamed, GenerationResult) and len(streamed.output_ids) == 10
+        assert [t for c in chunks for t in c.output_ids] == list(streamed.output_ids)
+        assert [lp for c in chunks for lp in c.logprobs] == list(streamed.logprobs)
+        assert [v for c in chunks for v in c.weight_versions] == list(streamed.weight_versions)
+        whole = await client.generate([4, 5, 6], params)
+        assert streamed.output_ids == whole.output_ids and streamed.weight_versions == whole.weight_versions
+        assert streamed.finish_reason is whole.finish_reason is FinishReason.LENGTH
+        np.testing.assert_allclose(streamed.logprobs, whole.logprobs, atol=1e-4)
+    finally:
+        fake_server.state.incremental_streaming_output = False
+
+
+async def test_stream_refusals_are_generates_errors(client, fake_server):
+    fake_server.state.requests.clear()
+    with pytest.raises(ContextOverflowError):  # before any request
+        await anext(client.generate_stream([3] * 2048, SamplingParams(max_tokens=4)))
+    assert generate_bodies(fake_server) == []
+    # the server's own limit: SGLang's stream reports it as an error event (HTTP 200)
+    events = await raw_stream_events(fake_server.url, {"input_ids": [3] * 3000, "stream": True})
+    assert "context length" in events[0]["error"]["message"]
+    wide = SGLangEngine(SGLangEngineConfig(base_url=fake_server.url, context_window=10_000))
+    with pytest.raises(ContextOverflowError):
+        await anext(wide.generate_stream([3] * 3000, SamplingParams(max_tokens=4)))
+    await wide.aclose()
+    fake_server.state.null_logprob_at = 1
+    with pytest.raises(MissingLogprobsError, match="null logprob"):
+        _ = [item async for item in client.generate_stream([1, 2, 3], SamplingParams(max_tokens=5, seed=0))]
+    fake_server.state.null_logprob_at = None
+    fake_server.state.fail_next = 1
+    with pytest.raises(EngineError, match="503"):
+        await anext(client.generate_stream([1, 2, 3], SamplingParams(max_tokens=3, seed=0)))
+
+
+async def test_closing_a_stream_aborts_the_request_on_the_server(client, fake_server):
+    state = fake_server.state
+    state.aborted.clear()
+    # SGLang itself aborts a stream's rid once the client is gone (create_abort_task), no /abort_request needed
+    state.stream_abort_delay_s = 0.1
+    try:
+        body = {"rid": "left-early", "input_ids": [1, 2, 3], "stream": True, "sampling_params": {
+            "max_new_tokens": 1500, "temperature": 1.0}}  # fmt: skip
+        async with httpx.AsyncClient(base_url=fake_server.url) as http:
+            async with http.stream("POST", "/generate", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        break
+        for _ in range(200):
+            if "left-early" in state.aborted:
+                break
+            await asyncio.sleep(0.02)
+        assert state.aborted == ["left-early"] and "left-early" not in state.tasks
+    finally:
+        state.stream_abort_delay_s = 2.0
+    # the client's own close: the connection goes and /abort_request frees the slot at once
+    stream = client.generate_stream([1, 2, 3], SamplingParams(max_tokens=1500, seed=0))
+    assert isinstance(await anext(stream), TokenChunk)
+    await stream.aclose()
+    rid = generate_bodies(fake_server)[-1]["rid"]
+    for _ in range(100):
+        if rid in state.aborted:
+            break
+        await asyncio.sleep(0.02)
+    assert rid in state.aborted and not state.tasks
+    result = await client.generate([1, 2], SamplingParams(max_tokens=2, seed=0))
+    assert len(result.output_ids) == 2
