@@ -128,9 +128,10 @@ async def test_two_policies_sampled_together_each_token_from_its_own_adapter(tin
 async def test_sglang_fleet_loads_each_adapter_version_on_every_server(tiny_model_dir, adapters, tmp_path):
     """Against two protocol-faithful fake SGLang servers (real HTTP)."""
     from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from components.engine.sglang import SGLangEngine, SGLangEngineConfig
     from components.engine.sglang_fleet import SGLangFleet, SGLangFleetConfig
     from components.lora import write_adapter_version
-    from components.protocols import LoraServingEngine, SamplingParams
+    from components.protocols import LoraServingEngine, SamplingParams, StreamingEngine
     from tests.components.engine.fake_sglang import FakeSGLangServer
 
     (alice_model, alice_adapter), (bob_model, bob_adapter) = adapters
@@ -153,6 +154,31 @@ async def test_sglang_fleet_loads_each_adapter_version_on_every_server(tiny_mode
                 assert set(result.weight_versions) == {4}
                 expected = teacher_forced(bob_model, PROMPTS[0] + list(result.output_ids), len(PROMPTS[0]))
                 assert max(abs(a - b) for a, b in zip(result.logprobs, expected, strict=True)) <= 1e-4
+                # the fleet streams live (SGLang's /generate stream) with the adapter it serves
+                items = [
+                    item
+                    async for item in fleet.generate_stream(PROMPTS[0], SamplingParams(max_tokens=4, seed=0))
+                ]
+                assert [t for chunk in items[:-1] for t in chunk.output_ids] == list(items[-1].output_ids)
+                assert items[-1].output_ids == result.output_ids and set(items[-1].weight_versions) == {4}
+                assert {v for chunk in items[:-1] for v in chunk.weight_versions} == {4}
+                # so does one policy's view of a server, with its own adapter
+                server = await SGLangEngine.connect(SGLangEngineConfig(base_url=one.url))
+                alice = server.policy("alice")
+                await alice.load_lora_adapter(
+                    write_adapter_version(tmp_path / "alice", alice_adapter, "alice-v7", keep_last=2), 7
+                )
+                items = [
+                    item
+                    async for item in alice.generate_stream(PROMPTS[1], SamplingParams(max_tokens=4, seed=1))
+                ]
+                assert isinstance(alice, StreamingEngine) and set(items[-1].weight_versions) == {7}
+                assert {v for chunk in items[:-1] for v in chunk.weight_versions} == {7}
+                expected = teacher_forced(
+                    alice_model, PROMPTS[1] + list(items[-1].output_ids), len(PROMPTS[1])
+                )
+                assert max(abs(a - b) for a, b in zip(items[-1].logprobs, expected, strict=True)) <= 1e-4
+                await server.aclose()
             finally:
                 await fleet.aclose()
     finally:
