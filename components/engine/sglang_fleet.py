@@ -82,7 +82,7 @@ class SGLangFleetConfig:
 
     def server_config(self, url: str) -> SGLangEngineConfig:
         """The client config of the server at ``url``."""
-        return replace(self.server, base_url=url) if self.server else SGLangEngineConfig(base_url=url)
+        return replace(self.server, base_url=url) if self.server else SGLangEngineConfig.for_url(url)
 
 
 def sglang_fleet_config(
@@ -97,11 +97,7 @@ def sglang_fleet_config(
         distributed = DistributedWeightSyncConfig(master_address=sglang.nccl_address, backend="nccl")
     server = SGLangEngineConfig(
         base_url=urls[0],
-        api_key=sglang.api_key or None,
-        admin_api_key=sglang.admin_api_key or None,
-        startup_timeout_s=sglang.startup_timeout_s,
-        request_timeout_s=sglang.request_timeout_s,
-        context_window=sglang.context_window or None,
+        settings=sglang,  # API keys, timeouts, context window
         initial_weight_version=initial_weight_version,
         routed_experts_top_k=experts,  # R3: SGLang's routed experts are a flat id array, decoded with it
     )
@@ -127,12 +123,12 @@ class SGLangFleet(ServerFleet[SGLangEngine]):
     return_timeout_flag = "--sglang-server-return-timeout-s"
 
     def __init__(self, config: SGLangFleetConfig) -> None:
-        template = config.server or SGLangEngineConfig(base_url=config.urls[0])
+        template = config.server or SGLangEngineConfig.for_url(config.urls[0])
         super().__init__(
             [SGLangEngine(config.server_config(url)) for url in config.urls],
             routing=config.routing,
             initial_weight_version=template.initial_weight_version,
-            context_window=template.context_window,
+            context_window=template.settings.context_window or None,
             recovery=config.recovery,
         )
         self.config = config

@@ -51,22 +51,14 @@ class VLLMFleetConfig:
 
     def server_config(self, url: str) -> VLLMEngineConfig:
         """The client config of the server at ``url``."""
-        return replace(self.server, base_url=url) if self.server else VLLMEngineConfig(base_url=url)
+        return replace(self.server, base_url=url) if self.server else VLLMEngineConfig.for_url(url)
 
 
 def vllm_fleet_config(brick: VLLMBrickConfig, *, initial_weight_version: int) -> VLLMFleetConfig:
     """The fleet a run's ``vllm`` brick (``--vllm-*`` options) describes (``--vllm-url`` may list several)."""
     urls = parse_server_urls(brick.url, field="vllm.url")
-    server = VLLMEngineConfig(
-        base_url=urls[0],
-        api_key=brick.api_key or None,
-        startup_timeout_s=brick.startup_timeout_s,
-        request_timeout_s=brick.request_timeout_s,
-        context_window=brick.context_window or None,
-        logprobs_mode=brick.logprobs_mode or None,
-        pause_mode=brick.pause_mode,
-        initial_weight_version=initial_weight_version,
-    )
+    # API key, timeouts, context window, logprobs and pause modes
+    server = VLLMEngineConfig(base_url=urls[0], settings=brick, initial_weight_version=initial_weight_version)
     recovery = FleetRecoveryConfig(server_return_timeout_s=brick.server_return_timeout_s)
     nccl = (
         VLLMNcclConfig(master_address=brick.nccl_address, server_world_size=brick.nccl_server_world_size)
@@ -83,12 +75,12 @@ class VLLMFleet(ServerFleet[VLLMEngine]):
     return_timeout_flag = "--vllm-server-return-timeout-s"
 
     def __init__(self, config: VLLMFleetConfig) -> None:
-        template = config.server or VLLMEngineConfig(base_url=config.urls[0])
+        template = config.server or VLLMEngineConfig.for_url(config.urls[0])
         super().__init__(
             [VLLMEngine(config.server_config(url)) for url in config.urls],
             routing=config.routing,
             initial_weight_version=template.initial_weight_version,
-            context_window=template.context_window,
+            context_window=template.settings.context_window or None,
             recovery=config.recovery,
         )
         self.config = config

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from safetensors.torch import load_file
@@ -72,7 +73,9 @@ async def _sglang_on_fake(request):
     sync_dir = request.getfixturevalue("tmp_path_factory").mktemp("sglang-sync")
     backend = EmbeddedEngine(_embedded_config(request))
     with FakeSGLangServer(backend, model_dir) as server:
-        config = SGLangEngineConfig(base_url=server.url, weight_sync_dir=sync_dir, base_model_path=model_dir)
+        config = replace(
+            SGLangEngineConfig.for_url(server.url), weight_sync_dir=sync_dir, base_model_path=model_dir
+        )
         client = await SGLangEngine.connect(config)
         yield client
         await client.aclose()
