@@ -22,7 +22,6 @@ from components.engine.server_fleet import (
 )
 from components.engine.vllm import VLLMEngine, VLLMEngineConfig
 from components.engine.vllm_weight_transfer import (
-    VLLMNcclConfig,
     VLLMNcclWeightSender,
     require_nccl_available,
 )
@@ -43,11 +42,15 @@ class VLLMFleetConfig:
     )
     routing: FleetRoutingConfig = FleetRoutingConfig()
     recovery: FleetRecoveryConfig = FleetRecoveryConfig()
-    nccl: VLLMNcclConfig | None = None  # new weights broadcast over NCCL; None: reloaded from a saved folder
 
     def __post_init__(self) -> None:
         require(len(self.urls) > 0, "urls", "needs at least one vLLM server URL")
         require(len(set(self.urls)) == len(self.urls), "urls", f"lists a server twice: {self.urls}")
+
+    @property
+    def weights_over_nccl(self) -> bool:
+        """New weights broadcast over NCCL (``--vllm-weight-transfer nccl``), else reloaded from a saved folder."""
+        return self.server is not None and self.server.settings.weight_transfer == "nccl"
 
     def server_config(self, url: str) -> VLLMEngineConfig:
         """The client config of the server at ``url``."""
@@ -60,12 +63,7 @@ def vllm_fleet_config(brick: VLLMBrickConfig, *, initial_weight_version: int) ->
     # API key, timeouts, context window, logprobs and pause modes
     server = VLLMEngineConfig(base_url=urls[0], settings=brick, initial_weight_version=initial_weight_version)
     recovery = FleetRecoveryConfig(server_return_timeout_s=brick.server_return_timeout_s)
-    nccl = (
-        VLLMNcclConfig(master_address=brick.nccl_address, server_world_size=brick.nccl_server_world_size)
-        if brick.weight_transfer == "nccl"
-        else None
-    )
-    return VLLMFleetConfig(urls=urls, server=server, recovery=recovery, nccl=nccl)
+    return VLLMFleetConfig(urls=urls, server=server, recovery=recovery)
 
 
 class VLLMFleet(ServerFleet[VLLMEngine]):
@@ -84,7 +82,9 @@ class VLLMFleet(ServerFleet[VLLMEngine]):
             recovery=config.recovery,
         )
         self.config = config
-        self._senders: dict[str, VLLMNcclWeightSender] = {}  # server URL → its NCCL link (config.nccl)
+        self._senders: dict[
+            str, VLLMNcclWeightSender
+        ] = {}  # server URL → its NCCL link (config.weights_over_nccl)
 
     def __getstate__(self) -> dict[str, object]:
         # The NCCL links belong to the process that opened them (the one that pushes the weights).
@@ -118,8 +118,8 @@ class VLLMFleet(ServerFleet[VLLMEngine]):
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load ``state_dict`` as ``version`` on every live server, generation paused on all: broadcast over
-        NCCL (``config.nccl``), or written to one folder every server reloads."""
-        if self.config.nccl is None:
+        NCCL (``config.weights_over_nccl``), or written to one folder every server reloads."""
+        if not self.config.weights_over_nccl:
             await super().update_weights(state_dict, version)
             return
         require_nccl_available()
@@ -134,8 +134,8 @@ class VLLMFleet(ServerFleet[VLLMEngine]):
         await self._paused_on_all(version, broadcast)
 
     def nccl_sender(self, server: VLLMEngine) -> VLLMNcclWeightSender:
-        """The NCCL link to ``server`` (made on first use; ``config.nccl`` must be set)."""
+        """The NCCL link to ``server`` (made on first use; ``config.weights_over_nccl`` must be set)."""
         if server.url not in self._senders:
-            assert self.config.nccl is not None
-            self._senders[server.url] = VLLMNcclWeightSender(server, self.config.nccl)
+            assert self.config.weights_over_nccl
+            self._senders[server.url] = VLLMNcclWeightSender(server, server.config.settings)
         return self._senders[server.url]

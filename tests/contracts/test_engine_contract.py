@@ -55,10 +55,12 @@ async def _embedded(request):
 
 @contextlib.asynccontextmanager
 async def _ray_client(request):
+    from components.engine.providers import EmbeddedEngineBrickConfig
     from components.engine.ray_actor import RayEngineClient, start_engine_actor
 
     ray = request.getfixturevalue("ray_session")
-    handle = start_engine_actor(_embedded_config(request), num_cpus=0.5)
+    config = replace(_embedded_config(request), settings=EmbeddedEngineBrickConfig(num_cpus=0.5))
+    handle = start_engine_actor(config)
     yield await RayEngineClient.connect(handle)
     ray.kill(handle)
 
