@@ -64,7 +64,7 @@ class SGLangFleetConfig:
     # New sessions go where the servers report the fewest requests (/get_load, one call per server and new
     # session; it counts every proxy shard's requests). False: this process's own requests in flight only.
     placement_by_server_load: bool = True
-    recovery: FleetRecoveryConfig = FleetRecoveryConfig()  # how long a run waits for a server that went down
+    recovery: FleetRecoveryConfig = FleetRecoveryConfig()  # how often to ask after a server that went down
 
     def __post_init__(self) -> None:
         require(len(self.urls) > 0, "urls", "needs at least one SGLang server URL")
@@ -101,8 +101,7 @@ def sglang_fleet_config(
         initial_weight_version=initial_weight_version,
         routed_experts_top_k=experts,  # R3: SGLang's routed experts are a flat id array, decoded with it
     )
-    recovery = FleetRecoveryConfig(server_return_timeout_s=sglang.server_return_timeout_s)
-    return SGLangFleetConfig(urls=urls, server=server, distributed=distributed, recovery=recovery)
+    return SGLangFleetConfig(urls=urls, server=server, distributed=distributed)
 
 
 async def expand_router_urls(config: SGLangFleetConfig) -> SGLangFleetConfig:
@@ -129,6 +128,7 @@ class SGLangFleet(ServerFleet[SGLangEngine]):
             routing=config.routing,
             initial_weight_version=template.initial_weight_version,
             context_window=template.settings.context_window or None,
+            server_return_timeout_s=template.settings.server_return_timeout_s,
             recovery=config.recovery,
         )
         self.config = config

@@ -62,8 +62,7 @@ def vllm_fleet_config(brick: VLLMBrickConfig, *, initial_weight_version: int) ->
     urls = parse_server_urls(brick.url, field="vllm.url")
     # API key, timeouts, context window, logprobs and pause modes
     server = VLLMEngineConfig(base_url=urls[0], settings=brick, initial_weight_version=initial_weight_version)
-    recovery = FleetRecoveryConfig(server_return_timeout_s=brick.server_return_timeout_s)
-    return VLLMFleetConfig(urls=urls, server=server, recovery=recovery)
+    return VLLMFleetConfig(urls=urls, server=server)
 
 
 class VLLMFleet(ServerFleet[VLLMEngine]):
@@ -79,6 +78,7 @@ class VLLMFleet(ServerFleet[VLLMEngine]):
             routing=config.routing,
             initial_weight_version=template.initial_weight_version,
             context_window=template.settings.context_window or None,
+            server_return_timeout_s=template.settings.server_return_timeout_s,
             recovery=config.recovery,
         )
         self.config = config

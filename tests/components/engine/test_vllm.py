@@ -261,12 +261,8 @@ async def test_a_router_url_stands_for_its_vllm_workers_with_affinity_and_failov
     forwarder = TcpForwarder(int(vllm_server.url.rsplit(":", 1)[1]))
     second = await forwarder.start()
     router_url, router, router_task = await start_router([vllm_server.url, second])
-    config = replace(VLLMEngineConfig.for_url(router_url), max_retries=0)
-    fleet = await VLLMFleet.connect(
-        VLLMFleetConfig(
-            urls=(router_url,), server=config, recovery=FleetRecoveryConfig(server_return_timeout_s=0)
-        )
-    )
+    config = replace(VLLMEngineConfig.for_url(router_url, server_return_timeout_s=0), max_retries=0)
+    fleet = await VLLMFleet.connect(VLLMFleetConfig(urls=(router_url,), server=config))
     try:
         assert [server.url for server in fleet.servers] == [vllm_server.url, second]
         params = SamplingParams(max_tokens=4, seed=0)
@@ -296,8 +292,11 @@ async def test_a_router_url_stands_for_its_vllm_workers_with_affinity_and_failov
 
 @pytest.mark.vllm_kills_server
 async def test_a_killed_server_fails_requests_in_flight_with_a_clear_engine_error(vllm_server):
-    config = replace(VLLMEngineConfig.for_url(vllm_server.url), max_retries=1, retry_backoff_s=0.1)
-    recovery = FleetRecoveryConfig(server_return_timeout_s=3, health_poll_s=0.5)
+    settings = {"server_return_timeout_s": 3}
+    config = replace(
+        VLLMEngineConfig.for_url(vllm_server.url, **settings), max_retries=1, retry_backoff_s=0.1
+    )
+    recovery = FleetRecoveryConfig(health_poll_s=0.5)
     fleet = await VLLMFleet.connect(
         VLLMFleetConfig(urls=(vllm_server.url,), server=config, recovery=recovery)
     )
