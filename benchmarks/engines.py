@@ -111,7 +111,7 @@ async def main_async(args) -> None:
         server = VLLMServerProcess(config, log_path=Path(args.log)).start()
         args.vllm_url = server.url
     try:
-        vllm = FixedLengthVLLMEngine(VLLMEngineConfig(base_url=args.vllm_url, startup_timeout_s=1200))
+        vllm = FixedLengthVLLMEngine(VLLMEngineConfig.for_url(args.vllm_url, startup_timeout_s=1200))
         await vllm.wait_until_healthy(poll_s=0.5)
         if server is not None:
             vllm_start_s = time.perf_counter() - started

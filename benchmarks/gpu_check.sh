@@ -101,7 +101,7 @@ from components.engine.sglang_fleet import SGLangFleet, SGLangFleetConfig
 from components.engine.sglang import SGLangEngineConfig
 async def main():
     url = sys.argv[1]
-    fleet = await SGLangFleet.connect(SGLangFleetConfig(urls=(url,), server=SGLangEngineConfig(base_url=url, startup_timeout_s=300)))
+    fleet = await SGLangFleet.connect(SGLangFleetConfig(urls=(url,), server=SGLangEngineConfig.for_url(url, startup_timeout_s=300)))
     print(f"context window {fleet.context_window}, weight version {fleet.weight_version}")
     await fleet.aclose()
 asyncio.run(main())
@@ -162,7 +162,7 @@ from components.protocols import SamplingParams
 async def main():
     url, model_path = sys.argv[1], sys.argv[2]
     weights = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.bfloat16).cuda().state_dict()
-    fleet = await SGLangFleet.connect(SGLangFleetConfig(urls=(url,), server=SGLangEngineConfig(base_url=url),
+    fleet = await SGLangFleet.connect(SGLangFleetConfig(urls=(url,), server=SGLangEngineConfig.for_url(url),
         distributed=DistributedWeightSyncConfig(backend="nccl", master_address="127.0.0.1", bucket_bytes=128 << 20)))
     size = sum(t.numel() * t.element_size() for t in weights.values())
     for version in (1, 2):  # the first includes the group set-up

@@ -223,10 +223,7 @@ class EmbeddedEngineProvider:
         from components.training import WeightSync, WeightSyncConfig
 
         self._actor = start_engine_actor(
-            self.engine_config(model_path=model_path, weight_version=weight_version),
-            num_cpus=self.config.num_cpus,
-            num_gpus=self.config.num_gpus,
-            max_restarts=self.config.max_restarts,
+            self.engine_config(model_path=model_path, weight_version=weight_version)
         )
         engine = self._engine = await RayEngineClient.connect(self._actor)
         engine.start_watching()  # a restarted actor gets the run's weights back (``RayEngineClient.restore``)
@@ -399,7 +396,7 @@ class VLLMEngineProvider:
         from components.engine.vllm_weight_transfer import require_nccl_available
 
         fleet_config = vllm_fleet_config(self.config, initial_weight_version=weight_version)
-        if fleet_config.nccl is not None:  # refused before any server is contacted
+        if fleet_config.weights_over_nccl:  # refused before any server is contacted
             require_nccl_available()
         engine = self._engine = await VLLMFleet.connect(fleet_config)
         for server in engine.servers:  # the run's sampling against each server's own --logprobs-mode
@@ -416,7 +413,7 @@ class VLLMEngineProvider:
         reloads."""
         from components.training import WeightSync, WeightSyncConfig
 
-        if engine.config.nccl is not None:
+        if engine.config.weights_over_nccl:
             return WeightSync(WeightSyncConfig(mode="memory"), engine)
         return WeightSync(WeightSyncConfig(mode="disk", weights_dir=run_dir / "weights"), engine)
 

@@ -53,7 +53,6 @@ EngineInfo = dict[str, int | bool]
 # call is an ``EngineStalledError`` naming the request, never a silent hang.
 ENGINE_CALL_DEADLINE_S = 900.0
 ENGINE_RESTART_WAIT_S = 300.0  # how long requests wait for a restarted actor to get the run's weights back
-ENGINE_MAX_RESTARTS = 3
 WATCH_POLL_S = 2.0  # how often the driver's client asks whether the actor was restarted
 
 
@@ -171,21 +170,19 @@ def start_engine_actor(
     *,
     name: str | None = None,
     namespace: str | None = None,
-    num_cpus: float = 1.0,
-    num_gpus: float = 0.0,
     max_concurrency: int = 1024,
-    max_restarts: int = ENGINE_MAX_RESTARTS,
     restart_wait_s: float = ENGINE_RESTART_WAIT_S,
 ) -> ActorHandle:
-    """Start (or, when ``name`` is taken, reuse) the engine actor, restarted by Ray up to ``max_restarts`` times
-    when it dies (calls in flight then fail: no retry of a generate). The caller must have called ``ray.init``."""
+    """Start (or, when ``name`` is taken, reuse) the engine actor with the CPUs and GPUs of ``config.settings``,
+    restarted by Ray up to its ``max_restarts`` times when it dies (calls in flight then fail: no retry of a
+    generate). The caller must have called ``ray.init``."""
     import ray
 
     options: dict[str, object] = {
-        "num_cpus": num_cpus,
-        "num_gpus": num_gpus,
+        "num_cpus": config.settings.num_cpus,
+        "num_gpus": config.settings.num_gpus,
         "max_concurrency": max_concurrency,
-        "max_restarts": max_restarts,
+        "max_restarts": config.settings.max_restarts,
         "max_task_retries": 0,
     }
     if name is not None:

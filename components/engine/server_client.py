@@ -1,8 +1,8 @@
 """What every HTTP inference-server client shares (``SGLangEngine``, ``VLLMEngine``): one lazily opened
 ``httpx`` client per process, the update lock, pickling without either (a copy in another process opens its
 own), bounded retries of transient failures with typed errors, and the ``/health`` wait. The config needs
-``base_url``, ``api_key``, ``request_timeout_s``, ``connect_timeout_s``, ``max_retries``, ``retry_backoff_s``
-and ``startup_timeout_s`` (``ServerClientConfig``)."""
+``base_url``, ``connect_timeout_s``, ``max_retries``, ``retry_backoff_s`` and the engine brick's ``settings``
+(``api_key``, ``request_timeout_s``, ``startup_timeout_s``) (``ServerClientConfig``)."""
 
 from __future__ import annotations
 
@@ -21,23 +21,30 @@ from components.json_types import JsonObject, JsonValue
 TRANSIENT_STATUS = (502, 503, 504)
 
 
+class ServerSettings(Protocol):
+    """What ``HttpServerClient`` reads of the engine brick's settings (``SGLangBrickConfig``, ``VLLMBrickConfig``)."""
+
+    @property
+    def api_key(self) -> str: ...  # '' = none
+    @property
+    def request_timeout_s(self) -> float: ...
+    @property
+    def startup_timeout_s(self) -> float: ...
+
+
 class ServerClientConfig(Protocol):
     """What ``HttpServerClient`` reads of its server's config (``SGLangEngineConfig``, ``VLLMEngineConfig``)."""
 
     @property
     def base_url(self) -> str: ...
     @property
-    def api_key(self) -> str | None: ...
-    @property
-    def request_timeout_s(self) -> float: ...
+    def settings(self) -> ServerSettings: ...
     @property
     def connect_timeout_s(self) -> float: ...
     @property
     def max_retries(self) -> int: ...
     @property
     def retry_backoff_s(self) -> float: ...
-    @property
-    def startup_timeout_s(self) -> float: ...
 
 
 C = TypeVar("C", bound=ServerClientConfig)
@@ -90,11 +97,12 @@ class HttpServerClient(Generic[C]):
     def client(self) -> httpx.AsyncClient:
         """This process's HTTP client to the server (opened on first use)."""
         if self._client is None:
-            headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+            settings = self.config.settings
+            headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
             self._client = httpx.AsyncClient(
                 base_url=self.url,
                 headers=headers,
-                timeout=httpx.Timeout(self.config.request_timeout_s, connect=self.config.connect_timeout_s),
+                timeout=httpx.Timeout(settings.request_timeout_s, connect=self.config.connect_timeout_s),
             )
         return self._client
 
@@ -120,7 +128,7 @@ class HttpServerClient(Generic[C]):
 
     async def wait_until_healthy(self, timeout_s: float | None = None, *, poll_s: float = 1.0) -> None:
         """Poll ``GET /health`` until it answers 200; ``EngineError`` naming the URL after ``timeout_s``."""
-        timeout_s = self.config.startup_timeout_s if timeout_s is None else timeout_s
+        timeout_s = self.config.settings.startup_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         while not await self.health():
             if time.monotonic() >= deadline:

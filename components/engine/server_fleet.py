@@ -162,15 +162,12 @@ class FleetRoutingConfig:
 
 @dataclass(kw_only=True, frozen=True)
 class FleetRecoveryConfig:
-    """How long a run waits for a server that went down, and how often it asks."""
+    """How often a run asks after a server that went down (how long it waits: the engine brick's
+    ``server_return_timeout_s``, passed to the fleet)."""
 
-    server_return_timeout_s: float = (
-        600.0  # from going down to failing the run's waiting requests; 0: at once
-    )
     health_poll_s: float = 2.0  # GET /health of down servers (and, in watch(), of live ones) this often
 
     def __post_init__(self) -> None:
-        require(self.server_return_timeout_s >= 0, "server_return_timeout_s", "must be >= 0")
         require_positive(self.health_poll_s, "health_poll_s")
 
 
@@ -195,6 +192,7 @@ class FleetOptions(TypedDict, total=False):
     routing: FleetRoutingConfig | None
     initial_weight_version: int
     context_window: int | None
+    server_return_timeout_s: float
     recovery: FleetRecoveryConfig | None
 
 
@@ -225,10 +223,14 @@ class ServerFleet(Generic[S]):
         routing: FleetRoutingConfig | None = None,
         initial_weight_version: int = 0,
         context_window: int | None = None,
+        server_return_timeout_s: float,
         recovery: FleetRecoveryConfig | None = None,
     ) -> None:
+        """``server_return_timeout_s``: how long requests wait for a server that went down (the servers'
+        settings: ``--sglang-server-return-timeout-s`` / ``--vllm-server-return-timeout-s``); 0: fail at once."""
         require(len(servers) > 0, "servers", "needs at least one server")
         self.routing = routing or FleetRoutingConfig()
+        self.server_return_timeout_s = server_return_timeout_s
         self.recovery = recovery or FleetRecoveryConfig()
         self.servers = list(servers)
         self._context_window = context_window
@@ -629,10 +631,10 @@ class ServerFleet(Generic[S]):
                 if self._live():
                     return
                 since = max(self._down_since.values(), default=started)
-                if time.monotonic() - min(since, time.monotonic()) >= self.recovery.server_return_timeout_s:
+                if time.monotonic() - min(since, time.monotonic()) >= self.server_return_timeout_s:
                     raise ServerDownError(
                         f"every {self.server_kind} server is down and none came back within "
-                        f"{self.recovery.server_return_timeout_s:g} s ({self._down_summary()}): restart "
+                        f"{self.server_return_timeout_s:g} s ({self._down_summary()}): restart "
                         f"{', '.join(self.url_of(index) for index in self._down)} or raise the wait "
                         f"({self.return_timeout_flag})"
                     )

@@ -86,6 +86,7 @@ import httpx
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.policy_view import StreamingPolicyView
+from components.engine.providers import SGLangBrickConfig
 from components.engine.server_client import HttpServerClient, json_object
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
@@ -123,14 +124,13 @@ class SGLangEngineConfig:
     """How to reach and drive one SGLang server."""
 
     base_url: str  # e.g. "http://10.0.0.5:30000"
-    context_window: int | None = None  # None: the server's max_model_len (GET /v1/models)
-    request_timeout_s: float = 600.0  # one /generate call, prefill + decode
+    # The --sglang-* flags' settings this client reads (API keys, start-up and request timeouts, context window:
+    # 0 = the server's max_model_len from GET /v1/models): the run's brick config itself, never copied.
+    # ``for_url``: a lone server's.
+    settings: SGLangBrickConfig
     connect_timeout_s: float = 10.0
     max_retries: int = 3  # extra attempts after a transient connection error or 502/503/504
     retry_backoff_s: float = 0.5  # first wait; doubles per attempt
-    api_key: str | None = None  # sent as a bearer token (SGLang's --api-key)
-    admin_api_key: str | None = None  # bearer token of the control endpoints (SGLang's --admin-api-key)
-    startup_timeout_s: float = 600.0  # wait_until_healthy: how long /health may answer non-200 at start
     # update_weights writes safetensors here (a path the server can read, e.g. a shared filesystem) and asks
     # the server to load them with /update_weights_from_disk. None: update_weights is refused.
     weight_sync_dir: str | Path | None = None
@@ -147,17 +147,19 @@ class SGLangEngineConfig:
             "base_url",
             f"must start with http:// or https://, got {self.base_url!r}",
         )
-        if self.context_window is not None:
-            require_positive(self.context_window, "context_window")
-        require_positive(self.request_timeout_s, "request_timeout_s")
         require_positive(self.connect_timeout_s, "connect_timeout_s")
-        require_positive(self.startup_timeout_s, "startup_timeout_s")
         require_non_negative(self.max_retries, "max_retries")
         require_non_negative(self.retry_backoff_s, "retry_backoff_s")
         require_positive(self.keep_synced_versions, "keep_synced_versions")
         require_one_of(self.pause_mode, "pause_mode", _PAUSE_MODES)
         if self.routed_experts_top_k is not None:
             require_positive(self.routed_experts_top_k, "routed_experts_top_k")
+
+    @classmethod
+    def for_url(cls, url: str, **settings: str | float) -> SGLangEngineConfig:
+        """The client of the one server at ``url`` (tests, teachers): the ``--sglang-*`` defaults, ``settings``
+        changed (e.g. ``api_key``)."""
+        return cls(base_url=url, settings=SGLangBrickConfig(url=url, **settings))  # type: ignore[arg-type]
 
 
 class SGLangUnreachableError(ServerUnreachableError):
@@ -212,7 +214,7 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
     def __init__(self, config: SGLangEngineConfig, *, client: httpx.AsyncClient | None = None) -> None:
         self.config = config
         self._client: httpx.AsyncClient | None = client
-        self._context_window = config.context_window
+        self._context_window = config.settings.context_window or None
         self._weight_version = config.initial_weight_version
         self._update_lock: asyncio.Lock | None = None
         # policy ("" = the engine-wide adapter) → (loaded name, version) of the adapter its requests are served with
@@ -231,7 +233,7 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
 
     async def refresh(self) -> None:
         """Read the context window (unless configured) and the current weight version from the server."""
-        if self.config.context_window is None:
+        if not self.config.settings.context_window:
             data = (await self._request_object("GET", "/v1/models")).get("data")
             lengths = [
                 m.get("max_model_len")
@@ -863,8 +865,8 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
     ) -> JsonValue:
         """``HttpServerClient._request``, with the admin key on the control endpoints."""
         headers = None
-        if path in CONTROL_PATHS and self.config.admin_api_key:
-            headers = {"Authorization": f"Bearer {self.config.admin_api_key}"}
+        if path in CONTROL_PATHS and self.config.settings.admin_api_key:
+            headers = {"Authorization": f"Bearer {self.config.settings.admin_api_key}"}
         return await super()._request(
             method, path, json=json, params=params, headers=headers, accept_status=accept_status
         )

@@ -65,7 +65,7 @@ class SGLangFleetConfig:
     # New sessions go where the servers report the fewest requests (/get_load, one call per server and new
     # session; it counts every proxy shard's requests). False: this process's own requests in flight only.
     placement_by_server_load: bool = True
-    recovery: FleetRecoveryConfig = FleetRecoveryConfig()  # how long a run waits for a server that went down
+    recovery: FleetRecoveryConfig = FleetRecoveryConfig()  # how often to ask after a server that went down
 
     def __post_init__(self) -> None:
         require(len(self.urls) > 0, "urls", "needs at least one SGLang server URL")
@@ -83,7 +83,7 @@ class SGLangFleetConfig:
 
     def server_config(self, url: str) -> SGLangEngineConfig:
         """The client config of the server at ``url``."""
-        return replace(self.server, base_url=url) if self.server else SGLangEngineConfig(base_url=url)
+        return replace(self.server, base_url=url) if self.server else SGLangEngineConfig.for_url(url)
 
 
 def sglang_fleet_config(
@@ -98,16 +98,11 @@ def sglang_fleet_config(
         distributed = DistributedWeightSyncConfig(master_address=sglang.nccl_address, backend="nccl")
     server = SGLangEngineConfig(
         base_url=urls[0],
-        api_key=sglang.api_key or None,
-        admin_api_key=sglang.admin_api_key or None,
-        startup_timeout_s=sglang.startup_timeout_s,
-        request_timeout_s=sglang.request_timeout_s,
-        context_window=sglang.context_window or None,
+        settings=sglang,  # API keys, timeouts, context window
         initial_weight_version=initial_weight_version,
         routed_experts_top_k=experts,  # R3: SGLang's routed experts are a flat id array, decoded with it
     )
-    recovery = FleetRecoveryConfig(server_return_timeout_s=sglang.server_return_timeout_s)
-    return SGLangFleetConfig(urls=urls, server=server, distributed=distributed, recovery=recovery)
+    return SGLangFleetConfig(urls=urls, server=server, distributed=distributed)
 
 
 async def expand_router_urls(config: SGLangFleetConfig) -> SGLangFleetConfig:
@@ -128,12 +123,13 @@ class SGLangFleet(StreamingServerFleet[SGLangEngine]):
     return_timeout_flag = "--sglang-server-return-timeout-s"
 
     def __init__(self, config: SGLangFleetConfig) -> None:
-        template = config.server or SGLangEngineConfig(base_url=config.urls[0])
+        template = config.server or SGLangEngineConfig.for_url(config.urls[0])
         super().__init__(
             [SGLangEngine(config.server_config(url)) for url in config.urls],
             routing=config.routing,
             initial_weight_version=template.initial_weight_version,
-            context_window=template.context_window,
+            context_window=template.settings.context_window or None,
+            server_return_timeout_s=template.settings.server_return_timeout_s,
             recovery=config.recovery,
         )
         self.config = config

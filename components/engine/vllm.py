@@ -48,12 +48,13 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import httpx
 
 from components.config import require, require_non_negative, require_one_of, require_positive
 from components.engine.policy_view import StreamingPolicyView
+from components.engine.providers import VLLMBrickConfig
 from components.engine.server_client import HttpServerClient, is_unsent, json_object
 from components.engine.server_fleet import ServerUnreachableError
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError, ReinError
@@ -74,18 +75,13 @@ class VLLMEngineConfig:
 
     base_url: str  # e.g. "http://10.0.0.5:8000"
     served_model: str | None = None  # the server's --served-model-name; None: the first of GET /v1/models
-    context_window: int | None = None  # None: the server's max_model_len (GET /v1/models)
-    # The server's --logprobs-mode; None: read it from /server_info (needs VLLM_SERVER_DEV_MODE=1).
-    logprobs_mode: str | None = None
-    request_timeout_s: float = 600.0  # one generate call, prefill + decode
+    # The --vllm-* flags' settings this client reads (API key, start-up and request timeouts, context window: 0 =
+    # the server's max_model_len; logprobs mode: '' = read from /server_info, which needs
+    # VLLM_SERVER_DEV_MODE=1; pause mode): the run's brick config itself, never copied. ``for_url``: a lone server's.
+    settings: VLLMBrickConfig
     connect_timeout_s: float = 10.0
     max_retries: int = 3  # extra attempts after a transient connection error or 502/503/504
     retry_backoff_s: float = 0.5  # first wait; doubles per attempt
-    api_key: str | None = None  # the server's --api-key, sent as a bearer token
-    startup_timeout_s: float = 600.0  # wait_until_healthy: how long /health may fail at start
-    # wait: requests running at a weight update finish on the old weights first (their tokens say so);
-    # keep: they are frozen and continue on the new weights (the version spans say where); abort: cut off.
-    pause_mode: Literal["wait", "keep", "abort"] = "wait"
     # update_weights(state_dict) writes an HF folder here (a path the server can read); None: refused.
     weight_sync_dir: str | Path | None = None
     base_model_path: str | Path | None = None  # config.json / tokenizer files copied next to synced weights
@@ -102,16 +98,16 @@ class VLLMEngineConfig:
             "base_url",
             f"must start with http:// or https://, got {self.base_url!r}",
         )
-        if self.context_window is not None:
-            require_positive(self.context_window, "context_window")
-        if self.logprobs_mode is not None:
-            require_one_of(self.logprobs_mode, "logprobs_mode", LOGPROBS_MODES)
-        require_one_of(self.pause_mode, "pause_mode", PAUSE_MODES)
-        for name in ("request_timeout_s", "connect_timeout_s", "startup_timeout_s"):
-            require_positive(getattr(self, name), name)
+        require_positive(self.connect_timeout_s, "connect_timeout_s")
         require_non_negative(self.max_retries, "max_retries")
         require_non_negative(self.retry_backoff_s, "retry_backoff_s")
         require_positive(self.max_concurrent_scoring, "max_concurrent_scoring")
+
+    @classmethod
+    def for_url(cls, url: str, **settings: str | float) -> VLLMEngineConfig:
+        """The client of the one server at ``url`` (tests, teachers): the ``--vllm-*`` defaults, ``settings``
+        changed (e.g. ``logprobs_mode``)."""
+        return cls(base_url=url, settings=VLLMBrickConfig(url=url, **settings))  # type: ignore[arg-type]
 
 
 class VLLMUnreachableError(ServerUnreachableError):
@@ -155,9 +151,9 @@ class VLLMEngine(HttpServerClient[VLLMEngineConfig]):
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
         self._client: httpx.AsyncClient | None = None
-        self._context_window = config.context_window
+        self._context_window = config.settings.context_window or None
         self._served_model = config.served_model
-        self._logprobs_mode = config.logprobs_mode
+        self._logprobs_mode = config.settings.logprobs_mode or None
         self._weight_version = config.initial_weight_version
         self._update_lock: asyncio.Lock | None = None
         self._scoring: asyncio.Semaphore | None = None  # made in the scoring loop (max_concurrent_scoring)
@@ -194,13 +190,13 @@ class VLLMEngine(HttpServerClient[VLLMEngineConfig]):
                 f"vLLM server {self.url} serves {[c.get('id') for c in cards]}, not {self._served_model!r}"
             )
         self._served_model = str(card["id"])
-        if self.config.context_window is None:
+        if not self.config.settings.context_window:
             if not card.get("max_model_len"):
                 raise EngineError(
                     "vLLM /v1/models reported no max_model_len; set context_window in the config"
                 )
             self._context_window = int(card["max_model_len"])
-        if self.config.logprobs_mode is None:
+        if not self.config.settings.logprobs_mode:
             self._logprobs_mode = await self._server_logprobs_mode()
         self._weight_version = self._parse_version(
             (await self._request_object("GET", "/weight_info")).get("weight_version")
@@ -404,7 +400,7 @@ class VLLMEngine(HttpServerClient[VLLMEngineConfig]):
     async def pause_generation(self, mode: str | None = None) -> None:
         """``POST /pause?mode=...``: new requests wait; running ones finish (``wait``), freeze (``keep``) or
         are aborted (``abort``)."""
-        mode = mode or self.config.pause_mode
+        mode = mode or self.config.settings.pause_mode
         require_one_of(mode, "mode", PAUSE_MODES)
         await self._request("POST", "/pause", params={"mode": mode})
 

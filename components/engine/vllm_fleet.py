@@ -22,7 +22,6 @@ from components.engine.server_fleet import (
 )
 from components.engine.vllm import VLLMEngine, VLLMEngineConfig
 from components.engine.vllm_weight_transfer import (
-    VLLMNcclConfig,
     VLLMNcclWeightSender,
     require_nccl_available,
 )
@@ -43,37 +42,27 @@ class VLLMFleetConfig:
     )
     routing: FleetRoutingConfig = FleetRoutingConfig()
     recovery: FleetRecoveryConfig = FleetRecoveryConfig()
-    nccl: VLLMNcclConfig | None = None  # new weights broadcast over NCCL; None: reloaded from a saved folder
 
     def __post_init__(self) -> None:
         require(len(self.urls) > 0, "urls", "needs at least one vLLM server URL")
         require(len(set(self.urls)) == len(self.urls), "urls", f"lists a server twice: {self.urls}")
 
+    @property
+    def weights_over_nccl(self) -> bool:
+        """New weights broadcast over NCCL (``--vllm-weight-transfer nccl``), else reloaded from a saved folder."""
+        return self.server is not None and self.server.settings.weight_transfer == "nccl"
+
     def server_config(self, url: str) -> VLLMEngineConfig:
         """The client config of the server at ``url``."""
-        return replace(self.server, base_url=url) if self.server else VLLMEngineConfig(base_url=url)
+        return replace(self.server, base_url=url) if self.server else VLLMEngineConfig.for_url(url)
 
 
 def vllm_fleet_config(brick: VLLMBrickConfig, *, initial_weight_version: int) -> VLLMFleetConfig:
     """The fleet a run's ``vllm`` brick (``--vllm-*`` options) describes (``--vllm-url`` may list several)."""
     urls = parse_server_urls(brick.url, field="vllm.url")
-    server = VLLMEngineConfig(
-        base_url=urls[0],
-        api_key=brick.api_key or None,
-        startup_timeout_s=brick.startup_timeout_s,
-        request_timeout_s=brick.request_timeout_s,
-        context_window=brick.context_window or None,
-        logprobs_mode=brick.logprobs_mode or None,
-        pause_mode=brick.pause_mode,
-        initial_weight_version=initial_weight_version,
-    )
-    recovery = FleetRecoveryConfig(server_return_timeout_s=brick.server_return_timeout_s)
-    nccl = (
-        VLLMNcclConfig(master_address=brick.nccl_address, server_world_size=brick.nccl_server_world_size)
-        if brick.weight_transfer == "nccl"
-        else None
-    )
-    return VLLMFleetConfig(urls=urls, server=server, recovery=recovery, nccl=nccl)
+    # API key, timeouts, context window, logprobs and pause modes
+    server = VLLMEngineConfig(base_url=urls[0], settings=brick, initial_weight_version=initial_weight_version)
+    return VLLMFleetConfig(urls=urls, server=server)
 
 
 class VLLMFleet(StreamingServerFleet[VLLMEngine]):
@@ -83,16 +72,19 @@ class VLLMFleet(StreamingServerFleet[VLLMEngine]):
     return_timeout_flag = "--vllm-server-return-timeout-s"
 
     def __init__(self, config: VLLMFleetConfig) -> None:
-        template = config.server or VLLMEngineConfig(base_url=config.urls[0])
+        template = config.server or VLLMEngineConfig.for_url(config.urls[0])
         super().__init__(
             [VLLMEngine(config.server_config(url)) for url in config.urls],
             routing=config.routing,
             initial_weight_version=template.initial_weight_version,
-            context_window=template.context_window,
+            context_window=template.settings.context_window or None,
+            server_return_timeout_s=template.settings.server_return_timeout_s,
             recovery=config.recovery,
         )
         self.config = config
-        self._senders: dict[str, VLLMNcclWeightSender] = {}  # server URL → its NCCL link (config.nccl)
+        self._senders: dict[
+            str, VLLMNcclWeightSender
+        ] = {}  # server URL → its NCCL link (config.weights_over_nccl)
 
     def __getstate__(self) -> dict[str, object]:
         # The NCCL links belong to the process that opened them (the one that pushes the weights).
@@ -126,8 +118,8 @@ class VLLMFleet(StreamingServerFleet[VLLMEngine]):
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load ``state_dict`` as ``version`` on every live server, generation paused on all: broadcast over
-        NCCL (``config.nccl``), or written to one folder every server reloads."""
-        if self.config.nccl is None:
+        NCCL (``config.weights_over_nccl``), or written to one folder every server reloads."""
+        if not self.config.weights_over_nccl:
             await super().update_weights(state_dict, version)
             return
         require_nccl_available()
@@ -142,8 +134,8 @@ class VLLMFleet(StreamingServerFleet[VLLMEngine]):
         await self._paused_on_all(version, broadcast)
 
     def nccl_sender(self, server: VLLMEngine) -> VLLMNcclWeightSender:
-        """The NCCL link to ``server`` (made on first use; ``config.nccl`` must be set)."""
+        """The NCCL link to ``server`` (made on first use; ``config.weights_over_nccl`` must be set)."""
         if server.url not in self._senders:
-            assert self.config.nccl is not None
-            self._senders[server.url] = VLLMNcclWeightSender(server, self.config.nccl)
+            assert self.config.weights_over_nccl
+            self._senders[server.url] = VLLMNcclWeightSender(server, server.config.settings)
         return self._senders[server.url]

@@ -23,10 +23,8 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from components.config import require_positive
 from components.errors import EngineError
 
 if TYPE_CHECKING:  # vLLM lives in the process that pushes (or in .vllm-venv for the tests), not in every one
@@ -34,18 +32,8 @@ if TYPE_CHECKING:  # vLLM lives in the process that pushes (or in .vllm-venv for
     from vllm.distributed.weight_transfer.base import WeightSource
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
 
+    from components.engine.providers import VLLMBrickConfig
     from components.engine.vllm import VLLMEngine
-
-
-@dataclass(kw_only=True, frozen=True)
-class VLLMNcclConfig:
-    """The NCCL group between this process (rank 0) and each vLLM server's GPU workers."""
-
-    master_address: str = ""  # where the servers reach this process; '' = this host's address
-    server_world_size: int = 1  # GPU workers per server (tensor x pipeline parallel size)
-
-    def __post_init__(self) -> None:
-        require_positive(self.server_world_size, "server_world_size")
 
 
 def require_nccl_available() -> None:
@@ -86,10 +74,11 @@ class StateDictSource:
 class VLLMNcclWeightSender:
     """Rank 0's NCCL link to one vLLM server (opened on the first ``push``, then reused per version)."""
 
-    def __init__(self, server: VLLMEngine, config: VLLMNcclConfig) -> None:
+    def __init__(self, server: VLLMEngine, settings: VLLMBrickConfig) -> None:
+        """``settings``: the run's ``--vllm-*`` options (``nccl_address``, ``nccl_server_world_size``)."""
         self.server = server
-        self.master_address = config.master_address or socket.gethostbyname(socket.gethostname())
-        self.world_size = 1 + config.server_world_size
+        self.master_address = settings.nccl_address or socket.gethostbyname(socket.gethostname())
+        self.world_size = 1 + settings.nccl_server_world_size
         self._engine: NCCLTrainerWeightTransferEngine | None = None
         self._source: dict[str, torch.Tensor] = {}
 

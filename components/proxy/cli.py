@@ -28,6 +28,7 @@ from pathlib import Path
 from components.engine.providers import StandaloneEngine
 from components.errors import EngineError
 from components.proxy.config import ProxyConfig
+from components.proxy.providers import ProxyFormatsConfig
 from components.registry import ENGINES
 from components.sampling import SamplingDistribution
 
@@ -229,8 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             sampling=SamplingDistribution(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k),
             agent_sampling=args.agent_sampling,
             record_routed_experts=args.record_routed_experts,
-            tool_format=args.tool_format,
-            reasoning_format=args.reasoning_format,
+            formats=ProxyFormatsConfig(tool_format=args.tool_format, reasoning_format=args.reasoning_format),
         )
         engine_brick(args)  # the engine's flags, checked before anything starts
         _hand_admin_key_to_host(config, args)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from components.config import require, require_positive
 from components.proxy.auth import SessionKeys, generate_admin_key
+from components.proxy.providers import ProxyFormats, ProxyFormatsConfig, tito_config_of
 from components.sampling import SamplingDistribution
 from components.tito import TitoConfig
 
@@ -43,10 +44,9 @@ class ProxyConfig:
     # R3: ask the engine for the experts each position was routed to (MoE policies) and record them per segment
     record_routed_experts: bool = False
     # The model family's tool-call format (README "Model families": hermes, qwen3_coder, llama3_json, mistral,
-    # deepseek_v3, glm45, kimi_k2, harmony) and reasoning format (think, harmony, none); None: detected from
-    # the tokenizer's chat template.
-    tool_format: str | None = None
-    reasoning_format: str | None = None
+    # deepseek_v3, glm45, kimi_k2, harmony) and reasoning format (think, harmony, none), None: detected from the
+    # tokenizer's chat template; a run's: its proxy brick (--proxy-tool-format, --proxy-reasoning-format) itself.
+    formats: ProxyFormats = ProxyFormatsConfig()
     # What one request may send (components/proxy/limits.py): refused in the protocol's error shape before the
     # body is held (413 for the body, 400 for the rest). Real agents send far less: Claude Code's first request
     # is ~76 KB with ~20 tools; a 200k-token conversation is ~1 MB of JSON.
@@ -102,7 +102,7 @@ class ProxyConfig:
 
     def tito_config(self) -> TitoConfig:
         """How each session's TITO core renders and parses (the formats this config names)."""
-        return TitoConfig(tool_format=self.tool_format, reasoning_format=self.reasoning_format)
+        return tito_config_of(self.formats)
 
     @property
     def session_keys(self) -> SessionKeys | None:

@@ -17,6 +17,7 @@ from components.registry import PROXIES
 if TYPE_CHECKING:
     from components.proxy.config import ProxyConfig
     from components.proxy.server import ProxyServer
+    from components.tito import TitoConfig
 
 
 @runtime_checkable
@@ -35,11 +36,26 @@ class ProxyProvider(Protocol):
     async def close(self) -> None: ...
 
 
-class ProxyBrickConfig(Protocol):
-    """A registered kind of the ``proxy`` seam."""
+class ProxyFormats(Protocol):
+    """The policy's tool-call and reasoning formats, as a proxy brick names them (None: detected from the chat
+    template)."""
 
-    tool_format: str | None
-    reasoning_format: str | None
+    @property
+    def tool_format(self) -> str | None: ...
+    @property
+    def reasoning_format(self) -> str | None: ...
+
+
+def tito_config_of(formats: ProxyFormats) -> TitoConfig:
+    """How each session's TITO core renders and parses: the formats ``formats`` names (``ValueError`` listing
+    the registered ones for a name none has)."""
+    from components.tito import TitoConfig
+
+    return TitoConfig(tool_format=formats.tool_format, reasoning_format=formats.reasoning_format)
+
+
+class ProxyBrickConfig(ProxyFormats, Protocol):
+    """A registered kind of the ``proxy`` seam."""
 
     @property
     def reachable_from_other_processes(self) -> bool:
@@ -64,9 +80,7 @@ class ProxyFormatsConfig:
     )
 
     def __post_init__(self) -> None:
-        from components.tito import TitoConfig
-
-        TitoConfig(tool_format=self.tool_format, reasoning_format=self.reasoning_format)  # names the options
+        tito_config_of(self)  # refuses an unknown format, naming the option
 
 
 @PROXIES.register("serve")

@@ -280,8 +280,7 @@ class RunStack:
             agent_sampling=self.config.sampling.agent_sampling,
             record_routed_experts=self.config.sampling.record_routed_experts,
             admin_key=admin_key,
-            tool_format=self.config.proxy.tool_format,
-            reasoning_format=self.config.proxy.reasoning_format,
+            formats=self.config.proxy,  # the policy's tool-call and reasoning formats
         )
 
     async def rollout_or_load(

@@ -38,7 +38,8 @@ Known limits: on the fallback path (SWE-bench's own) the verdict is read from th
 test also writes to, so a forged ``PASSED <id>`` line counts; the random markers only stop it from cutting the
 parsed region short. On the observer path the code under test still runs inside pytest's process (the
 observer's known limit), the repository's own ``conftest.py`` files load before the fingerprint is taken, and
-pytest plugins are not autoloaded (``SweBenchGraderConfig.pytest_plugins`` names the ones a repository needs).
+pytest plugins are not autoloaded (``SweBenchGraderConfig.grader.pytest_plugins`` names the ones a repository
+needs).
 
 Grading failures (sandbox or image unusable, ``test_patch`` not applying to the restored tree, the test
 command not found) are ``RewardResult(reward=None, error=...)``, never a 0.
@@ -52,10 +53,9 @@ import json
 import re
 import secrets
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
-from components.config import require_positive
 from components.errors import SandboxError
 from components.protocols import RewardResult, Sandbox, Task
 from components.tasks.grading import (
@@ -99,18 +99,13 @@ TEST_RUNNER_REPOS = frozenset({"pytest-dev/pytest", "pytest-dev/pluggy"})
 class SweBenchGraderConfig:
     """How ``SweBenchGrader`` runs an instance's tests."""
 
-    test_timeout_s: float = 1800.0  # the whole test command (a patch that hangs the tests earns 0)
-    step_timeout_s: float = 120.0  # each git / patch step
-    reject_test_runner_tampering: bool = True  # as SweGraderConfig's
-    # pytest plugins the observer path enables with ``-p`` (it turns entry-point autoloading off: a
-    # ``*.dist-info`` in the working tree could otherwise load a plugin before the fingerprint is taken).
-    pytest_plugins: tuple[str, ...] = ()
-    observer_grace_s: float = 60.0  # the observer's time beyond test_timeout_s (kill loop, verdict)
-
-    def __post_init__(self) -> None:
-        require_positive(self.test_timeout_s, "test_timeout_s")
-        require_positive(self.step_timeout_s, "step_timeout_s")
-        require_positive(self.observer_grace_s, "observer_grace_s")
+    # The project grader's settings, SWE-bench's longer limits: ``test_timeout_s`` bounds the whole test command
+    # (a patch that hangs the tests earns 0), ``step_timeout_s`` each git / patch step; ``pytest_plugins``: the
+    # plugins the observer path enables with ``-p`` (it turns entry-point autoloading off: a ``*.dist-info`` in
+    # the working tree could otherwise load a plugin before the fingerprint is taken); ``observer_grace_s``,
+    # ``reject_test_runner_tampering`` as there. Each instance's tests run under its own interpreter, whatever
+    # ``python_executable`` says; nothing of the host is mounted (``tool_paths``).
+    grader: SweGraderConfig = SweGraderConfig(test_timeout_s=1800.0, step_timeout_s=120.0, tool_paths=())
 
 
 _INTERPRETER = re.compile(r"python(3(\.\d+)?)?")
@@ -279,7 +274,7 @@ class SweBenchGrader:
         self.sandboxes = sandboxes
         self.config = config or SweBenchGraderConfig()
         # The project grader reads the agent's diff; only its git plumbing is used.
-        self._diff_reader = SweGrader(sandboxes, SweGraderConfig(step_timeout_s=self.config.step_timeout_s))
+        self._diff_reader = SweGrader(sandboxes, self.config.grader)
 
     async def score(self, task: Task, agent_sandbox: Sandbox) -> RewardResult:
         """Grade what the agent left in ``agent_sandbox``."""
@@ -302,7 +297,9 @@ class SweBenchGrader:
         log = [f"diff: {len(patch.splitlines())} lines"]
         reasons = flag_suspicious_diff(patch)
         log.extend(f"FLAGGED: {reason}" for reason in reasons)
-        rejecting = self.config.reject_test_runner_tampering and task.instance.repo not in TEST_RUNNER_REPOS
+        rejecting = (
+            self.config.grader.reject_test_runner_tampering and task.instance.repo not in TEST_RUNNER_REPOS
+        )
         if rejecting and any(_TAMPERING in reason for reason in reasons):
             log.append("reward 0: the diff's non-test code reaches into the test runner")
             return RewardResult(reward=0.0, log="\n".join(log))
@@ -396,10 +393,10 @@ class SweBenchGrader:
         start, end = f"REIN-TESTS-START-{secrets.token_hex(12)}", f"REIN-TESTS-END-{secrets.token_hex(12)}"
         script = f"echo {start}; {task.test_command}; echo; echo {end}"
         result = await sandbox.exec(
-            ["bash", "-c", script], timeout_s=self.config.test_timeout_s, env=_NO_BYTECODE
+            ["bash", "-c", script], timeout_s=self.config.grader.test_timeout_s, env=_NO_BYTECODE
         )
         if result.timed_out:
-            log.append(f"tests timed out after {self.config.test_timeout_s:.0f} s")
+            log.append(f"tests timed out after {self.config.grader.test_timeout_s:.0f} s")
             return RewardResult(reward=0.0, log="\n".join(log))
         output = result.stdout + "\n" + result.stderr
         section = output.split(start, 1)[1].split(end, 1)[0] if start in output and end in output else ""
@@ -440,14 +437,7 @@ class SweBenchGrader:
         observer = _RepositoryTestsObserver(
             pytest_args,
             changed_paths,
-            SweGraderConfig(
-                python_executable=interpreter,
-                tool_paths=(),
-                test_timeout_s=self.config.test_timeout_s,
-                step_timeout_s=self.config.step_timeout_s,
-                observer_grace_s=self.config.observer_grace_s,
-                pytest_plugins=self.config.pytest_plugins,
-            ),
+            replace(self.config.grader, python_executable=interpreter),
         )
         observer.runner_source = self.runner_source
         run = await observer._run_runner(sandbox, task, grader_dir)  # type: ignore[arg-type]
@@ -471,7 +461,7 @@ class SweBenchGrader:
         elif run.flooded:
             failure = "the test process flooded the observer's channel with events"
         elif run.timed_out:
-            failure = f"tests timed out after {self.config.test_timeout_s:.0f} s"
+            failure = f"tests timed out after {self.config.grader.test_timeout_s:.0f} s"
         elif not run.finished:
             failure = f"the test process ended before its pytest session did (exit {run.exit_code})"
         if failure:
@@ -499,11 +489,11 @@ class SweBenchGrader:
         await sandbox.write_file(f"{grader_dir}/eval.sh", task.instance.eval_script)
         result = await sandbox.exec(
             ["bash", "-c", f"bash {grader_dir}/eval.sh 2>&1"],
-            timeout_s=self.config.test_timeout_s,
+            timeout_s=self.config.grader.test_timeout_s,
             env=_NO_BYTECODE,
         )
         if result.timed_out:
-            log.append(f"eval script timed out after {self.config.test_timeout_s:.0f} s")
+            log.append(f"eval script timed out after {self.config.grader.test_timeout_s:.0f} s")
             return RewardResult(reward=0.0, log="\n".join(log))
         output = result.stdout + result.stderr
         if START_TEST_OUTPUT not in output:  # it broke before any code of the agent ran: the data's fault
@@ -622,7 +612,7 @@ class SweBenchGrader:
             await sandbox.close()
 
     async def _step(self, sandbox: Sandbox, command: list[str]):
-        return await sandbox.exec(command, timeout_s=self.config.step_timeout_s)
+        return await sandbox.exec(command, timeout_s=self.config.grader.step_timeout_s)
 
     async def _checked(self, sandbox: Sandbox, command: list[str], what: str) -> None:
         result = await self._step(sandbox, command)

@@ -45,7 +45,7 @@ async def connect_server_teacher(
 async def _vllm(url: str, policy_model: Path, field: str) -> VLLMEngine:
     from components.engine.vllm import VLLMEngine, VLLMEngineConfig
 
-    engine = await VLLMEngine.connect(VLLMEngineConfig(base_url=url, logprobs_mode="processed_logprobs"))
+    engine = await VLLMEngine.connect(VLLMEngineConfig.for_url(url, logprobs_mode="processed_logprobs"))
     try:
         cards = (await engine._request("GET", "/v1/models")).get("data") or [{}]
         folder = Path(str(cards[0].get("root") or ""))
@@ -76,7 +76,7 @@ async def _require_same_tokenization(engine: VLLMEngine, policy_model: Path, fie
 async def _sglang(url: str, policy_model: Path, field: str) -> SGLangEngine:
     from components.engine.sglang import SGLangEngine, SGLangEngineConfig
 
-    engine = await SGLangEngine.connect(SGLangEngineConfig(base_url=url))
+    engine = await SGLangEngine.connect(SGLangEngineConfig.for_url(url))
     try:
         info = await engine._request("GET", "/model_info")
         folder = Path(str(info.get("tokenizer_path") or info.get("model_path") or ""))

@@ -122,7 +122,7 @@ async def test_engines_compare_the_same_number_of_tokens(vllm_server):
     from components.engine.vllm import VLLMEngineConfig
 
     engines = load("engines")
-    vllm = engines.FixedLengthVLLMEngine(VLLMEngineConfig(base_url=vllm_server.url))
+    vllm = engines.FixedLengthVLLMEngine(VLLMEngineConfig.for_url(vllm_server.url))
     embedded = engines.embedded_engine(vllm_server.model_dir)
     try:
         await vllm.refresh()

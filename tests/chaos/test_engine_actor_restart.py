@@ -25,6 +25,7 @@ import pytest
 from safetensors.torch import load_file
 
 from components.engine.embedded import EmbeddedEngineConfig
+from components.engine.providers import EmbeddedEngineBrickConfig
 from components.engine.ray_actor import RayEngineClient, start_engine_actor
 from components.errors import EngineError
 from components.protocols import SamplingParams
@@ -54,8 +55,11 @@ def next_weights(tmp_path_factory, default_model_dir):
 
 
 def _actor(tiny_model_dir, **options):
-    config = EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=4096, eos_token_ids=())
-    return start_engine_actor(config, num_cpus=0.5, **options)
+    settings = EmbeddedEngineBrickConfig(num_cpus=0.5)
+    config = EmbeddedEngineConfig(
+        model_path=tiny_model_dir, settings=settings, context_window=4096, eos_token_ids=()
+    )
+    return start_engine_actor(config, **options)
 
 
 async def _kill_mid_request(client: RayEngineClient) -> BaseException:

@@ -17,6 +17,7 @@ import pytest
 
 from components.engine import ray_actor
 from components.engine.embedded import EmbeddedEngineConfig
+from components.engine.providers import EmbeddedEngineBrickConfig
 from components.engine.ray_actor import RayEngineClient, start_engine_actor
 from components.protocols import SamplingParams
 from components.remote_waits import STALLS_FILE_NAME, EngineStalledError, StallReporter
@@ -30,8 +31,11 @@ REPORT_AFTER_S, DEADLINE_S = 1.0, 4.0
 
 @pytest.fixture
 def frozen_engine(ray_session, tiny_model_dir):
-    config = EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=512, eos_token_ids=())
-    actor = start_engine_actor(config, num_cpus=0.5)
+    settings = EmbeddedEngineBrickConfig(num_cpus=0.5)
+    config = EmbeddedEngineConfig(
+        model_path=tiny_model_dir, settings=settings, context_window=512, eos_token_ids=()
+    )
+    actor = start_engine_actor(config)
     client = asyncio.run(RayEngineClient.connect(actor))
     pid = ray_session.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
     os.kill(pid, signal.SIGSTOP)  # the fault: the actor's process stops answering, its socket stays open

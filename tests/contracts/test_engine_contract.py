@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from safetensors.torch import load_file
@@ -54,10 +55,12 @@ async def _embedded(request):
 
 @contextlib.asynccontextmanager
 async def _ray_client(request):
+    from components.engine.providers import EmbeddedEngineBrickConfig
     from components.engine.ray_actor import RayEngineClient, start_engine_actor
 
     ray = request.getfixturevalue("ray_session")
-    handle = start_engine_actor(_embedded_config(request), num_cpus=0.5)
+    config = replace(_embedded_config(request), settings=EmbeddedEngineBrickConfig(num_cpus=0.5))
+    handle = start_engine_actor(config)
     yield await RayEngineClient.connect(handle)
     ray.kill(handle)
 
@@ -72,7 +75,9 @@ async def _sglang_on_fake(request):
     sync_dir = request.getfixturevalue("tmp_path_factory").mktemp("sglang-sync")
     backend = EmbeddedEngine(_embedded_config(request))
     with FakeSGLangServer(backend, model_dir) as server:
-        config = SGLangEngineConfig(base_url=server.url, weight_sync_dir=sync_dir, base_model_path=model_dir)
+        config = replace(
+            SGLangEngineConfig.for_url(server.url), weight_sync_dir=sync_dir, base_model_path=model_dir
+        )
         client = await SGLangEngine.connect(config)
         yield client
         await client.aclose()

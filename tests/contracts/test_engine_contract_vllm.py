@@ -6,6 +6,7 @@ head size the suite's tiny model does not have), so ``engine`` and ``next_weight
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from safetensors.torch import load_file
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 async def engine(vllm_server, tmp_path_factory) -> AsyncIterator[VLLMEngine]:
-    config = VLLMEngineConfig(
-        base_url=vllm_server.url,
+    config = replace(
+        VLLMEngineConfig.for_url(vllm_server.url),
         weight_sync_dir=tmp_path_factory.mktemp("vllm-sync"),
         base_model_path=vllm_server.model_dir,
     )

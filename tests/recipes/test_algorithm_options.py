@@ -176,7 +176,7 @@ def test_a_vllm_server_teaches_a_recipe_step(tmp_path, tiny_model_dir, vllm_serv
 
     async def server_scores() -> list[list[float]]:
         engine = await VLLMEngine.connect(
-            VLLMEngineConfig(base_url=vllm_server.url, logprobs_mode="processed_logprobs")
+            VLLMEngineConfig.for_url(vllm_server.url, logprobs_mode="processed_logprobs")
         )
         try:
             return [list(await engine.logprobs_of(segment["token_ids"], 1)) for segment in segments]

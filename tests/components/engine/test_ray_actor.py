@@ -9,6 +9,7 @@ import pytest
 from safetensors.torch import load_file
 
 from components.engine.embedded import EmbeddedEngineConfig
+from components.engine.providers import EmbeddedEngineBrickConfig
 from components.engine.ray_actor import RayEngineClient, start_engine_actor
 from components.errors import ContextOverflowError
 from components.protocols import (
@@ -25,8 +26,11 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def engine_actor(ray_session, tiny_model_dir):
-    config = EmbeddedEngineConfig(model_path=tiny_model_dir, context_window=4096, eos_token_ids=())
-    handle = start_engine_actor(config, num_cpus=0.5)
+    settings = EmbeddedEngineBrickConfig(num_cpus=0.5)
+    config = EmbeddedEngineConfig(
+        model_path=tiny_model_dir, settings=settings, context_window=4096, eos_token_ids=()
+    )
+    handle = start_engine_actor(config)
     yield handle
     ray_session.kill(handle)
 

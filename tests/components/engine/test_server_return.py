@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -41,8 +42,12 @@ def server(tiny_model_dir):
 async def connect(server, *, return_timeout_s: float) -> SGLangFleet:
     config = SGLangFleetConfig(
         urls=(server.url,),
-        server=SGLangEngineConfig(base_url=server.url, max_retries=1, retry_backoff_s=0.05),
-        recovery=FleetRecoveryConfig(server_return_timeout_s=return_timeout_s, health_poll_s=0.2),
+        server=replace(
+            SGLangEngineConfig.for_url(server.url, server_return_timeout_s=return_timeout_s),
+            max_retries=1,
+            retry_backoff_s=0.05,
+        ),
+        recovery=FleetRecoveryConfig(health_poll_s=0.2),
     )
     return await SGLangFleet.connect(config)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -46,8 +47,8 @@ async def client(fake_server, tmp_path):
         0,
         True,
     )
-    config = SGLangEngineConfig(
-        base_url=fake_server.url,
+    config = replace(
+        SGLangEngineConfig.for_url(fake_server.url),
         weight_sync_dir=tmp_path / "weights",
         base_model_path=fake_server.state.model_path,
         retry_backoff_s=0.01,
@@ -112,7 +113,7 @@ async def test_max_new_tokens_clamped_and_overflow_refused_client_side(client, f
 
 async def test_server_side_length_refusal_is_a_context_overflow(fake_server):
     # A client configured with a larger window than the server's: the server's 400 becomes the typed error.
-    engine = SGLangEngine(SGLangEngineConfig(base_url=fake_server.url, context_window=10_000))
+    engine = SGLangEngine(SGLangEngineConfig.for_url(fake_server.url, context_window=10_000))
     with pytest.raises(ContextOverflowError):
         await engine.generate([3] * 3000, SamplingParams(max_tokens=4))
     await engine.aclose()
@@ -141,8 +142,10 @@ async def test_transient_503_is_retried_then_gives_up(client, fake_server):
 
 async def test_unreachable_server_is_an_engine_error():
     engine = SGLangEngine(
-        SGLangEngineConfig(
-            base_url="http://127.0.0.1:9", context_window=100, max_retries=1, retry_backoff_s=0.01
+        replace(
+            SGLangEngineConfig.for_url("http://127.0.0.1:9", context_window=100),
+            max_retries=1,
+            retry_backoff_s=0.01,
         )
     )
     with pytest.raises(EngineError, match="failed"):
@@ -181,7 +184,7 @@ async def test_refused_update_is_an_error_and_generation_continues(client, fake_
 
 
 async def test_update_weights_without_a_sync_dir_is_refused(fake_server):
-    engine = await SGLangEngine.connect(SGLangEngineConfig(base_url=fake_server.url))
+    engine = await SGLangEngine.connect(SGLangEngineConfig.for_url(fake_server.url))
     with pytest.raises(ValueError, match="weight_sync_dir"):
         await engine.update_weights({}, version=1)
     await engine.aclose()
@@ -207,7 +210,7 @@ async def test_versions_without_spans_stamp_every_token(client, fake_server):
 
 def test_reply_parsing_of_version_spans_finish_reasons_and_routed_experts():
     engine = SGLangEngine(
-        SGLangEngineConfig(base_url="http://unused:1", context_window=64, routed_experts_top_k=2)
+        replace(SGLangEngineConfig.for_url("http://unused:1", context_window=64), routed_experts_top_k=2)
     )
     routing = np.arange(4 * 3 * 2, dtype="<i4")  # 4 positions (3 prompt + 2 output - 1), 3 layers, top-2
     import base64
@@ -243,7 +246,7 @@ def test_reply_parsing_of_version_spans_finish_reasons_and_routed_experts():
 async def test_routed_experts_requested_and_decoded(tiny_moe_model_dir):
     moe_engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=tiny_moe_model_dir, eos_token_ids=()))
     with FakeSGLangServer(moe_engine, tiny_moe_model_dir) as server:
-        config = SGLangEngineConfig(base_url=server.url, routed_experts_top_k=2)
+        config = replace(SGLangEngineConfig.for_url(server.url), routed_experts_top_k=2)
         client = await SGLangEngine.connect(config)
         params = SamplingParams(max_tokens=5, seed=1, return_routed_experts=True)
         result = await client.generate([3, 4, 5, 6], params)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -124,8 +125,10 @@ async def test_disk_weight_update_reaches_every_server_with_one_version_while_pa
 ):
     fleet = await connect(
         servers,
-        server=SGLangEngineConfig(
-            base_url=servers[0].url, weight_sync_dir=tmp_path, base_model_path=tiny_model_dir
+        server=replace(
+            SGLangEngineConfig.for_url(servers[0].url),
+            weight_sync_dir=tmp_path,
+            base_model_path=tiny_model_dir,
         ),
     )
     logs = [await server_log(server.url) for server in servers]

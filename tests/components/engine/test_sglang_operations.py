@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -38,14 +39,17 @@ def keyed_server(tiny_model_dir):
     engine.close()
 
 
-def fleet_config(url: str, **options) -> SGLangFleetConfig:
-    return SGLangFleetConfig(urls=(url,), server=SGLangEngineConfig(base_url=url, **options))
+USER_KEY = {"api_key": "user-key"}  # --sglang-* settings
+ADMIN_KEYS = {"api_key": "user-key", "admin_api_key": "admin-key"}
+
+
+def fleet_config(url: str, settings: dict[str, str | float], **options) -> SGLangFleetConfig:
+    server = replace(SGLangEngineConfig.for_url(url, **settings), **options)
+    return SGLangFleetConfig(urls=(url,), server=server)
 
 
 async def test_the_fleet_travels_into_another_process_and_opens_its_own_connections(keyed_server):
-    fleet = await SGLangFleet.connect(
-        fleet_config(keyed_server.url, api_key="user-key", admin_api_key="admin-key")
-    )
+    fleet = await SGLangFleet.connect(fleet_config(keyed_server.url, settings=ADMIN_KEYS))
     await fleet.generate([1, 2, 3], SamplingParams(max_tokens=2))  # this process's HTTP client is open
     copy = cloudpickle.loads(cloudpickle.dumps(fleet))  # what Ray does to the session-shard actors' argument
     results = []
@@ -62,16 +66,18 @@ async def test_the_fleet_travels_into_another_process_and_opens_its_own_connecti
 async def test_start_up_waits_for_health_then_times_out_naming_the_server(keyed_server):
     keyed_server.state.starting_until = time.monotonic() + 1.5  # SGLang answers 503 while it starts
     started = time.monotonic()
-    fleet = await SGLangFleet.connect(fleet_config(keyed_server.url, api_key="user-key"))
+    fleet = await SGLangFleet.connect(fleet_config(keyed_server.url, settings=USER_KEY))
     assert time.monotonic() - started >= 1.0 and fleet.context_window > 0
     await fleet.aclose()
     keyed_server.state.starting_until = time.monotonic() + 60
     with pytest.raises(EngineError, match=rf"{keyed_server.url} did not answer GET /health .* within 2 s"):
-        await SGLangFleet.connect(fleet_config(keyed_server.url, api_key="user-key", startup_timeout_s=2))
+        await SGLangFleet.connect(
+            fleet_config(keyed_server.url, settings={**USER_KEY, "startup_timeout_s": 2})
+        )
     keyed_server.state.starting_until = 0.0
     with pytest.raises(EngineError, match="did not answer GET /health"):  # nothing listens there
         await SGLangFleet.connect(
-            fleet_config("http://127.0.0.1:9", startup_timeout_s=1, connect_timeout_s=0.5)
+            fleet_config("http://127.0.0.1:9", settings={"startup_timeout_s": 1}, connect_timeout_s=0.5)
         )
 
 
@@ -81,7 +87,7 @@ async def test_admin_key_guards_control_endpoints(keyed_server, tiny_model_dir, 
     weights = load_file(str(tiny_model_dir / "model.safetensors"))
     options = {"weight_sync_dir": tmp_path, "base_model_path": tiny_model_dir, "max_retries": 0}
     # A client with only the ordinary key can generate but cannot touch the weights.
-    user_only = await SGLangFleet.connect(fleet_config(keyed_server.url, api_key="user-key", **options))
+    user_only = await SGLangFleet.connect(fleet_config(keyed_server.url, settings=USER_KEY, **options))
     await user_only.generate([1, 2], SamplingParams(max_tokens=2))
     with pytest.raises(EngineError, match="401"):
         await user_only.update_weights(weights, version=8)
@@ -90,14 +96,12 @@ async def test_admin_key_guards_control_endpoints(keyed_server, tiny_model_dir, 
     # Weakened server (no --admin-api-key): the ordinary key then opens the control endpoints, so the same
     # client does change the weights - the admin key is what stops it.
     keyed_server.state.admin_api_key = None
-    weakened = await SGLangFleet.connect(fleet_config(keyed_server.url, api_key="user-key", **options))
+    weakened = await SGLangFleet.connect(fleet_config(keyed_server.url, settings=USER_KEY, **options))
     await weakened.update_weights(weights, version=8)
     assert keyed_server.state.weight_version == "8"
     await weakened.aclose()
     keyed_server.state.admin_api_key = "admin-key"
-    admin = await SGLangFleet.connect(
-        fleet_config(keyed_server.url, api_key="user-key", admin_api_key="admin-key", **options)
-    )
+    admin = await SGLangFleet.connect(fleet_config(keyed_server.url, settings=ADMIN_KEYS, **options))
     await admin.update_weights(weights, version=9)
     assert keyed_server.state.weight_version == "9" and admin.weight_version == 9
     await admin.aclose()
@@ -107,9 +111,7 @@ async def test_admin_key_guards_control_endpoints(keyed_server, tiny_model_dir, 
 
 
 async def test_colocated_memory_release_and_resume(keyed_server):
-    fleet = await SGLangFleet.connect(
-        fleet_config(keyed_server.url, api_key="user-key", admin_api_key="admin-key")
-    )
+    fleet = await SGLangFleet.connect(fleet_config(keyed_server.url, settings=ADMIN_KEYS))
     await fleet.release_memory_occupation()
     assert keyed_server.state.released_tags == {"weights", "kv_cache"}
     with pytest.raises(EngineError, match="memory released"):

@@ -81,7 +81,7 @@ def test_sglang_logprobs_miss_the_truncated_distribution(fake_server):
 async def test_client_refuses_truncated_sampling_before_any_request(fake_server):
     state = fake_server.state
     state.requests.clear()
-    client = await SGLangEngine.connect(SGLangEngineConfig(base_url=fake_server.url))
+    client = await SGLangEngine.connect(SGLangEngineConfig.for_url(fake_server.url))
     try:
         for params in (SamplingParams(max_tokens=4, top_p=0.9), SamplingParams(max_tokens=4, top_k=5)):
             with pytest.raises(TruncatedSamplingError, match=r"--top-p 1 --top-k 0"):

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -50,8 +51,8 @@ def trainer_logprobs(model_dir, prompt, output_ids, *, temperature: float = 1.0)
 @pytest.fixture(scope="module")
 async def engine(vllm_server, tmp_path_factory):
     client = await VLLMEngine.connect(
-        VLLMEngineConfig(
-            base_url=vllm_server.url,
+        replace(
+            VLLMEngineConfig.for_url(vllm_server.url),
             weight_sync_dir=tmp_path_factory.mktemp("vllm-sync"),
             base_model_path=vllm_server.model_dir,
         )
@@ -173,7 +174,7 @@ async def test_lora_adapters_load_and_swap_per_version(engine, vllm_server, tmp_
 
 async def test_fleet_over_vllm_pauses_reloads_and_stamps_one_version(vllm_server):
     fleet = await VLLMFleet.connect(
-        VLLMFleetConfig(urls=(vllm_server.url,), server=VLLMEngineConfig(base_url=vllm_server.url))
+        VLLMFleetConfig(urls=(vllm_server.url,), server=VLLMEngineConfig.for_url(vllm_server.url))
     )
     try:
         version = fleet.weight_version + 1
@@ -253,19 +254,15 @@ async def test_a_router_url_stands_for_its_vllm_workers_with_affinity_and_failov
     stays itself."""
     assert await expand_router_urls(
         [vllm_server.url],
-        lambda url: VLLMEngine(VLLMEngineConfig(base_url=url)),
+        lambda url: VLLMEngine(VLLMEngineConfig.for_url(url)),
         server_kind="vLLM",
         field="url",
     ) == (vllm_server.url,)
     forwarder = TcpForwarder(int(vllm_server.url.rsplit(":", 1)[1]))
     second = await forwarder.start()
     router_url, router, router_task = await start_router([vllm_server.url, second])
-    config = VLLMEngineConfig(base_url=router_url, max_retries=0)
-    fleet = await VLLMFleet.connect(
-        VLLMFleetConfig(
-            urls=(router_url,), server=config, recovery=FleetRecoveryConfig(server_return_timeout_s=0)
-        )
-    )
+    config = replace(VLLMEngineConfig.for_url(router_url, server_return_timeout_s=0), max_retries=0)
+    fleet = await VLLMFleet.connect(VLLMFleetConfig(urls=(router_url,), server=config))
     try:
         assert [server.url for server in fleet.servers] == [vllm_server.url, second]
         params = SamplingParams(max_tokens=4, seed=0)
@@ -333,8 +330,11 @@ async def test_the_fleet_streams_from_the_sessions_server_and_fails_over_before_
 
 @pytest.mark.vllm_kills_server
 async def test_a_killed_server_fails_requests_in_flight_with_a_clear_engine_error(vllm_server):
-    config = VLLMEngineConfig(base_url=vllm_server.url, max_retries=1, retry_backoff_s=0.1)
-    recovery = FleetRecoveryConfig(server_return_timeout_s=3, health_poll_s=0.5)
+    settings = {"server_return_timeout_s": 3}
+    config = replace(
+        VLLMEngineConfig.for_url(vllm_server.url, **settings), max_retries=1, retry_backoff_s=0.1
+    )
+    recovery = FleetRecoveryConfig(health_poll_s=0.5)
     fleet = await VLLMFleet.connect(
         VLLMFleetConfig(urls=(vllm_server.url,), server=config, recovery=recovery)
     )

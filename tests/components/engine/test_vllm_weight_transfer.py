@@ -13,7 +13,7 @@ import torch
 
 from components.engine.providers import VLLMBrickConfig
 from components.engine.vllm_fleet import VLLMFleet, vllm_fleet_config
-from components.engine.vllm_weight_transfer import VLLMNcclConfig, VLLMNcclWeightSender
+from components.engine.vllm_weight_transfer import VLLMNcclWeightSender
 from components.recipe_config import parse_config
 from components.run.config import RunConfig
 
@@ -46,7 +46,7 @@ def test_the_flag_builds_the_nccl_path(tmp_path):
     ).engine  # fmt: skip
     assert type(brick) is VLLMBrickConfig and brick.weight_transfer == "nccl"
     config = vllm_fleet_config(brick, initial_weight_version=0)
-    assert config.nccl == VLLMNcclConfig(master_address="10.0.0.7", server_world_size=2)
+    assert config.weights_over_nccl and config.server is not None and config.server.settings is brick
     fleet = VLLMFleet(config)  # not connected: nothing is contacted
     sender = fleet.nccl_sender(fleet.servers[0])
     assert isinstance(sender, VLLMNcclWeightSender) and sender is fleet.nccl_sender(fleet.servers[0])
@@ -55,7 +55,10 @@ def test_the_flag_builds_the_nccl_path(tmp_path):
     assert (sync.config.mode, sync.engine) == ("memory", fleet)
     # the default stays the folder every server reloads
     disk = parse_config(RunConfig, nccl_flags()).engine
-    assert disk.weight_transfer == "disk" and vllm_fleet_config(disk, initial_weight_version=0).nccl is None
+    assert (
+        disk.weight_transfer == "disk"
+        and not vllm_fleet_config(disk, initial_weight_version=0).weights_over_nccl
+    )
     disk_fleet = VLLMFleet(vllm_fleet_config(disk, initial_weight_version=0))
     assert disk.build().weight_sync(disk_fleet, run_dir=tmp_path).config.mode == "disk"
     with pytest.raises(SystemExit):
@@ -90,7 +93,8 @@ import inspect, types, torch
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
-from components.engine.vllm_weight_transfer import VLLMNcclConfig, VLLMNcclWeightSender
+from components.engine.providers import VLLMBrickConfig
+from components.engine.vllm_weight_transfer import VLLMNcclWeightSender
 
 real, calls = NCCLTrainerWeightTransferEngine.trainer_init, []
 def recording(init_info, **kwargs):
@@ -99,7 +103,8 @@ def recording(init_info, **kwargs):
     return types.SimpleNamespace(shutdown=lambda: None)
 NCCLTrainerWeightTransferEngine.trainer_init = staticmethod(recording)
 server = types.SimpleNamespace(url="http://127.0.0.1:9")
-sender = VLLMNcclWeightSender(server, VLLMNcclConfig(master_address="10.0.0.7", server_world_size=2))
+settings = VLLMBrickConfig(url=server.url, nccl_address="10.0.0.7", nccl_server_world_size=2)
+sender = VLLMNcclWeightSender(server, settings)
 sender.connect({"w": torch.zeros(2, 3, dtype=torch.bfloat16), "b": torch.ones(4)})
 (info, kwargs), = calls
 assert isinstance(info, NCCLTrainerInitInfo) and info.is_sender, info

@@ -25,6 +25,7 @@ from openai import OpenAI
 from components.engine.scripted import ScriptedEngine
 from components.protocols import SessionDescription
 from components.proxy.config import ProxyConfig
+from components.proxy.providers import ProxyFormatsConfig
 from components.proxy.server import ProxyServer
 from components.proxy.sessions import LocalSessionRegistry
 from components.tito.drift_audit import audit_session, drift_audit
@@ -216,7 +217,7 @@ def family_proxy(tokenizer, family: Family, replies: list[str], *, tool_format: 
     engine = ScriptedEngine(family_tok, replies)
     if family.template_file is None:
         tool_format = family.tool_format
-    config = ProxyConfig(port=0, tool_format=tool_format)
+    config = ProxyConfig(port=0, formats=ProxyFormatsConfig(tool_format=tool_format))
     registry = LocalSessionRegistry(engine, family_tok, config)
     server = ProxyServer(registry, config)
     server.start_in_thread()

@@ -5,6 +5,7 @@ the previous prompt + its sampled ids exactly (never re-tokenized)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import numpy as np
 import openai
@@ -31,7 +32,7 @@ class RecordingVLLM(VLLMEngine):
 
 
 def test_three_turn_tool_conversation_keeps_vllms_ids(vllm_server, start_proxy):
-    config = VLLMEngineConfig(base_url=vllm_server.url, served_model=vllm_server.served_model)
+    config = replace(VLLMEngineConfig.for_url(vllm_server.url), served_model=vllm_server.served_model)
     engine = RecordingVLLM(config)
     asyncio.run(engine.refresh())  # context window, logprobs mode, version (its HTTP client is then reopened)
     engine._client = None
@@ -78,7 +79,9 @@ def test_rein_proxy_engine_vllm_serves_an_agent_request(vllm_server, tmp_path):
     from tests.components.proxy.proxy_helpers import one_reply_through_rein_proxy, read_rein_proxy_start
 
     # The server is shared by the test run: earlier tests may have labelled its weights with a later version.
-    probe = VLLMEngine(VLLMEngineConfig(base_url=vllm_server.url, served_model=vllm_server.served_model))
+    probe = VLLMEngine(
+        replace(VLLMEngineConfig.for_url(vllm_server.url), served_model=vllm_server.served_model)
+    )
 
     async def read_version() -> int:
         await probe.refresh()

@@ -125,13 +125,17 @@ async def test_two_runners_each_bound_to_its_policy_on_one_engine_actor_over_ses
     from ray import serve
 
     from components.engine.embedded import EmbeddedEngineConfig
+    from components.engine.providers import EmbeddedEngineBrickConfig
     from components.engine.ray_actor import RayEngineClient, start_engine_actor
     from components.proxy.config import ProxyConfig
     from components.proxy.ray_sessions import start_session_shards
     from components.proxy.serve import run_proxy_on_serve
 
     (_, alice_adapter), (_, bob_adapter) = adapters
-    actor = start_engine_actor(EmbeddedEngineConfig(model_path=tiny_model_dir, eos_token_ids=()), num_cpus=0)
+    settings = EmbeddedEngineBrickConfig(num_cpus=0)
+    actor = start_engine_actor(
+        EmbeddedEngineConfig(model_path=tiny_model_dir, settings=settings, eos_token_ids=())
+    )
     engine = await RayEngineClient.connect(actor)
     alice, bob = engine.policy("alice"), engine.policy("bob")
     assert alice.weight_version == bob.weight_version == 0  # no adapter yet: the engine's initial version

@@ -130,7 +130,7 @@ async def test_disk_weight_sync_reloads_sglang_from_an_hf_folder(trainer, tiny_m
     )
     try:
         with FakeSGLangServer(engine, tiny_model_dir) as server:
-            client = await SGLangEngine.connect(SGLangEngineConfig(base_url=server.url))
+            client = await SGLangEngine.connect(SGLangEngineConfig.for_url(server.url))
             try:
                 version = trainer.state.weight_version + 10
                 sync = WeightSync(WeightSyncConfig(mode="disk", weights_dir=tmp_path / "weights"), client)

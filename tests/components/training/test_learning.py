@@ -107,7 +107,6 @@ async def start_engine_and_trainer(
         EmbeddedEngineConfig(
             model_path=tiny_model_dir, settings=EmbeddedEngineBrickConfig(max_batch_size=32), eos_token_ids=()
         ),
-        num_cpus=1,
     )
     engine = await RayEngineClient.connect(actor)
     trainer = Trainer(

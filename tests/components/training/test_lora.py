@@ -201,7 +201,7 @@ async def test_sglang_loads_each_adapter_version_under_a_new_name_and_unloads_th
     )
     try:
         with FakeSGLangServer(engine, tiny_model_dir, enable_lora=True) as server:
-            client = await SGLangEngine.connect(SGLangEngineConfig(base_url=server.url))
+            client = await SGLangEngine.connect(SGLangEngineConfig.for_url(server.url))
             try:
                 sync = WeightSync(WeightSyncConfig(mode="disk", weights_dir=tmp_path / "adapters"), client)
                 first, second = trainer.state.weight_version + 20, trainer.state.weight_version + 21
@@ -240,7 +240,7 @@ async def test_sglang_loads_each_adapter_version_under_a_new_name_and_unloads_th
             finally:
                 await client.aclose()
         with FakeSGLangServer(engine, tiny_model_dir) as server:  # launched without --enable-lora
-            client = await SGLangEngine.connect(SGLangEngineConfig(base_url=server.url))
+            client = await SGLangEngine.connect(SGLangEngineConfig.for_url(server.url))
             try:
                 with pytest.raises(EngineError, match="enable-lora"):
                     await client.load_lora_adapter(str(folder1), first)
@@ -373,7 +373,7 @@ async def test_two_lora_policies_train_concurrently_on_one_engine(ray_session, t
 
         # SGLang: each policy's versions loaded under their own names; requests carry their policy's lora_path
         with FakeSGLangServer(engine, tiny_model_dir, enable_lora=True) as server:
-            client = await SGLangEngine.connect(SGLangEngineConfig(base_url=server.url))
+            client = await SGLangEngine.connect(SGLangEngineConfig.for_url(server.url))
             try:
                 policies = {n: client.policy(n) for n in names}
                 syncs = {
