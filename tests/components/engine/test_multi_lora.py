@@ -163,7 +163,7 @@ async def test_sglang_fleet_loads_each_adapter_version_on_every_server(tiny_mode
                 assert items[-1].output_ids == result.output_ids and set(items[-1].weight_versions) == {4}
                 assert {v for chunk in items[:-1] for v in chunk.weight_versions} == {4}
                 # so does one policy's view of a server, with its own adapter
-                server = await SGLangEngine.connect(SGLangEngineConfig(base_url=one.url))
+                server = await SGLangEngine.connect(SGLangEngineConfig.for_url(one.url))
                 alice = server.policy("alice")
                 await alice.load_lora_adapter(
                     write_adapter_version(tmp_path / "alice", alice_adapter, "alice-v7", keep_last=2), 7

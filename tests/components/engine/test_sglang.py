@@ -386,7 +386,7 @@ async def test_stream_refusals_are_generates_errors(client, fake_server):
     # the server's own limit: SGLang's stream reports it as an error event (HTTP 200)
     events = await raw_stream_events(fake_server.url, {"input_ids": [3] * 3000, "stream": True})
     assert "context length" in events[0]["error"]["message"]
-    wide = SGLangEngine(SGLangEngineConfig(base_url=fake_server.url, context_window=10_000))
+    wide = SGLangEngine(SGLangEngineConfig.for_url(fake_server.url, context_window=10_000))
     with pytest.raises(ContextOverflowError):
         await anext(wide.generate_stream([3] * 3000, SamplingParams(max_tokens=4)))
     await wide.aclose()

@@ -136,7 +136,7 @@ class StreamingRecordingVLLM(VLLMEngine):
 def test_streamed_turn_follows_vllms_stream(vllm_server, start_proxy, tokenizer):
     """An openai-SDK streamed chat turn over the real vLLM server's token stream: vLLM's chunks are the
     result's ids in order; the SDK's content is their text and the record holds exactly those ids."""
-    config = VLLMEngineConfig(base_url=vllm_server.url, served_model=vllm_server.served_model)
+    config = replace(VLLMEngineConfig.for_url(vllm_server.url), served_model=vllm_server.served_model)
     engine = StreamingRecordingVLLM(config)
     asyncio.run(engine.refresh())
     engine._client = None
