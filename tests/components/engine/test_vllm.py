@@ -296,14 +296,8 @@ async def test_the_fleet_streams_from_the_sessions_server_and_fails_over_before_
     one as ``generate`` does (and the affinity / session counts follow)."""
     forwarder = TcpForwarder(int(vllm_server.url.rsplit(":", 1)[1]))
     second = await forwarder.start()
-    config = replace(VLLMEngineConfig.for_url(vllm_server.url), max_retries=0)
-    fleet = await VLLMFleet.connect(
-        VLLMFleetConfig(
-            urls=(vllm_server.url, second),
-            server=config,
-            recovery=FleetRecoveryConfig(server_return_timeout_s=0),
-        )
-    )
+    config = replace(VLLMEngineConfig.for_url(vllm_server.url, server_return_timeout_s=0), max_retries=0)
+    fleet = await VLLMFleet.connect(VLLMFleetConfig(urls=(vllm_server.url, second), server=config))
     try:
         assert isinstance(fleet, StreamingEngine)
         params = SamplingParams(max_tokens=6, seed=0)
