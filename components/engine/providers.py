@@ -220,7 +220,7 @@ class EmbeddedEngineProvider:
         self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
     ) -> tuple[InferenceEngine, WeightSync]:
         from components.engine.ray_actor import RayEngineClient, start_engine_actor
-        from components.training import WeightSync, WeightSyncConfig
+        from components.training.weight_sync import WeightSync, WeightSyncConfig
 
         self._actor = start_engine_actor(
             self.engine_config(model_path=model_path, weight_version=weight_version)
@@ -250,7 +250,7 @@ class SGLangEngineProvider:
         self, *, model_path: Path, weight_version: int, run_dir: Path, resumed: bool
     ) -> tuple[InferenceEngine, WeightSync]:
         from components.engine.sglang_fleet import SGLangFleet, sglang_fleet_config
-        from components.training import WeightSync, WeightSyncConfig
+        from components.training.weight_sync import WeightSync, WeightSyncConfig
 
         fleet_config = sglang_fleet_config(
             self.config,
@@ -411,7 +411,7 @@ class VLLMEngineProvider:
         """How the trainer's new weights reach ``engine``: rank 0's gathered state dict through this process to
         ``VLLMFleet.update_weights`` (NCCL broadcast), or an HF folder under ``RUN_DIR/weights`` every server
         reloads."""
-        from components.training import WeightSync, WeightSyncConfig
+        from components.training.weight_sync import WeightSync, WeightSyncConfig
 
         if engine.config.weights_over_nccl:
             return WeightSync(WeightSyncConfig(mode="memory"), engine)

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from components.config import require, require_one_of
 from components.protocols import (
@@ -45,10 +45,36 @@ from components.training.checkpoint import save_hf_model
 
 if TYPE_CHECKING:
     import torch
+    from ray import ObjectRef
 
-    from components.training.trainer import Trainer
+    from components.lora import LoraAdapter, LoraSettings
 
 WeightSyncMode = Literal["memory", "disk", "distributed"]
+
+
+class WeightSourceConfig(Protocol):
+    """The trainer settings a push reads."""
+
+    @property
+    def lora(self) -> LoraSettings: ...
+
+    @property
+    def model_path(self) -> Path: ...
+
+    @property
+    def run_dir(self) -> Path: ...
+
+
+class WeightSource(Protocol):
+    """What a push reads from the trainer (``components.training.trainer.Trainer``): named by its methods, so the
+    engine bricks that build a ``WeightSync`` never import the trainer (nor, through it, themselves)."""
+
+    @property
+    def config(self) -> WeightSourceConfig: ...
+
+    def full_state_dict_ref(self) -> ObjectRef[dict[str, torch.Tensor]]: ...
+
+    def adapter(self) -> LoraAdapter: ...
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -93,7 +119,7 @@ class WeightSync:
         self.config = config
         self.engine = engine
 
-    async def push(self, trainer: Trainer, version: int) -> dict[str, float]:
+    async def push(self, trainer: WeightSource, version: int) -> dict[str, float]:
         """Gather the trainer's full state dict and load it into the engine as ``version``; returns timings."""
         started = time.perf_counter()
         if trainer.config.lora.enabled:
@@ -115,7 +141,7 @@ class WeightSync:
             await self.engine.update_weights_from_disk(str(path), version)
         return {"weight_sync/gather_s": gathered_s, "weight_sync/total_s": time.perf_counter() - started}
 
-    async def _push_adapter(self, trainer: Trainer, version: int, started: float) -> dict[str, float]:
+    async def _push_adapter(self, trainer: WeightSource, version: int, started: float) -> dict[str, float]:
         from components.lora import write_adapter_version
 
         if self.config.mode == "memory" and not isinstance(self.engine, AdapterEngine):
