@@ -322,15 +322,16 @@ class SGLangEngine(HttpServerClient[SGLangEngineConfig]):
                     new_ids, new_entries = self._stream_delta(meta, [int(t) for t in ids], output_ids, where)
                     output_ids.extend(new_ids)
                     entries.extend(new_entries)
-                    if meta.get("finish_reason") is not None:  # the last event ([DONE] follows)
+                    finished = meta.get("finish_reason") is not None  # the last event ([DONE] follows)
+                    if new_ids:  # the last event's tokens are a chunk too
+                        yield self._stream_chunk(meta, new_ids, new_entries, len(output_ids), lora)
+                    if finished:
                         whole = (
                             {**meta, "output_token_logprobs": entries}
                             if "output_token_logprobs" in meta
                             else meta
                         )
                         final = {**event, "output_ids": output_ids, "meta_info": whole}
-                    elif new_ids:
-                        yield self._stream_chunk(meta, new_ids, new_entries, len(output_ids), lora)
         except httpx.TransportError as error:
             if isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout):
                 raise EngineError(f"{where} timed out: {error!r}") from error

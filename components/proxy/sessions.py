@@ -370,6 +370,7 @@ class LocalSessionRegistry:
             turn, params, max_tokens = self._prepare(session, request)
             tokens = session.tito.reply_tokens(turn)
             deltas: list[ReplyDelta] = []
+            fed: list[int] = []  # the ids streamed so far
             started = False
             stream = engine.generate_stream(turn.prompt_ids, params)
             try:
@@ -389,12 +390,23 @@ class LocalSessionRegistry:
                     if not started:  # the engine took the request: from here on errors are in-stream
                         started = True
                         yield TurnStarted(num_prompt_tokens=len(turn.prompt_ids))
+                    fed.extend(item.output_ids)
                     new = tokens.feed(item.output_ids)
                     deltas.extend(new)
                     for delta in new:
                         yield delta
             finally:
                 await stream.aclose()
+            if list(result.output_ids[: len(fed)]) != fed:
+                error = EngineError("the engine's streamed tokens are not its GenerationResult's")
+                self._engine_failed(session, error)
+                raise error
+            if rest := result.output_ids[len(fed) :]:  # tokens the engine did not stream as chunks
+                if not started:
+                    yield TurnStarted(num_prompt_tokens=len(turn.prompt_ids))
+                for delta in tokens.feed(rest):
+                    deltas.append(delta)
+                    yield delta
             for delta in tokens.finish():
                 deltas.append(delta)
                 yield delta

@@ -50,7 +50,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from components.engine.embedded import EmbeddedEngine
 from components.engine.scripted import ScriptedEngine
-from components.protocols import FinishReason, GenerationResult, SamplingParams, TokenChunk
+from components.protocols import FinishReason, GenerationResult, SamplingParams, StreamingEngine, TokenChunk
 
 
 @dataclass
@@ -670,6 +670,9 @@ async def _stream_events(
             await state.paused.wait()
         finally:
             state.num_waiting -= 1
+        if not isinstance(state.engine, StreamingEngine):  # a scripted policy: its reply in one step
+            queue.put_nowait(await state.engine.generate(input_ids, params, **adapter))
+            return
         items = state.engine.generate_stream(input_ids, params, **adapter)
         try:
             async for item in items:

@@ -22,7 +22,7 @@ from components.protocols import (
     StreamingEngine,
     TokenChunk,
 )
-from tests.components.engine.fake_sglang import FakeSGLangServer
+from tests.components.engine.fake_sglang import FakeSGLangServer, ScriptedSGLangEngine
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -431,3 +431,20 @@ async def test_closing_a_stream_aborts_the_request_on_the_server(client, fake_se
     assert rid in state.aborted and not state.tasks
     result = await client.generate([1, 2], SamplingParams(max_tokens=2, seed=0))
     assert len(result.output_ids) == 2
+
+
+async def test_tokens_of_the_last_event_are_a_chunk_too(tokenizer, tiny_model_dir):
+    """SGLang's last event (the one with the ``finish_reason``) carries the finishing step's tokens; here all of
+    them (a reply decoded in one step): they are yielded as a chunk before the result, so a live stream shows
+    every token (they were left out, and the proxy's client never saw the reply's last tokens)."""
+    engine = ScriptedSGLangEngine(tokenizer, lambda prompt: "hello there, a reply", context_window=4096)
+    with FakeSGLangServer(engine, tiny_model_dir) as server:
+        client = await SGLangEngine.connect(SGLangEngineConfig.for_url(server.url))
+        try:
+            items = [item async for item in client.generate_stream([1, 2, 3], SamplingParams(max_tokens=50))]
+        finally:
+            await client.aclose()
+    chunks, result = items[:-1], items[-1]
+    assert isinstance(result, GenerationResult) and result.output_ids
+    assert chunks and all(isinstance(chunk, TokenChunk) for chunk in chunks)
+    assert [t for c in chunks for t in c.output_ids] == list(result.output_ids)

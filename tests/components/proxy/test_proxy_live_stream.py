@@ -7,6 +7,7 @@ that "before the end" is measured, not raced)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -327,3 +328,36 @@ def test_embedded_engine_through_the_proxy(start_proxy, embedded_engine, tokeniz
     ids = list(engine.result.output_ids)
     text = tokenizer.decode(ids[:-1] if ids[-1] == tokenizer.eos_token_id else ids, skip_special_tokens=False)
     assert content == text.strip()
+
+
+class TailHeldEngine(PacedEngine):
+    """Streams only the first ``streamed`` tokens as chunks and leaves the rest to its ``GenerationResult`` (as a
+    server whose last event carries the last tokens)."""
+
+    streamed = 3
+
+    async def generate_stream(self, input_ids, params, *, adapter=None):
+        result = await self.inner.generate(input_ids, params)
+        head = slice(0, self.streamed)
+        yield TokenChunk(
+            output_ids=result.output_ids[head],
+            logprobs=result.logprobs[head],
+            weight_versions=result.weight_versions[head],
+        )
+        self.results.append(result)
+        yield result
+
+
+@pytest.mark.parametrize("streamed", [0, 3])
+def test_tokens_left_to_the_result_still_reach_the_client(start_proxy, tokenizer, streamed):
+    """Tokens an engine hands over only with its ``GenerationResult`` are streamed too: the client gets the same
+    text and call as from a non-streamed turn (without them it got no tool call and echoed a history the
+    session never sampled)."""
+    engine = TailHeldEngine(ScriptedEngine(tokenizer, [REPLY, REPLY]), delay_s=0.0)
+    engine.streamed = streamed
+    proxy = start_proxy(engine)
+    content, names, arguments, _ = _chat(proxy, proxy.open_session())
+    assert content == "Let me look at the files."
+    assert names == ["bash"] and json.loads("".join(arguments)) == {
+        "cmd": "ls -la /workspace && cat README.md"
+    }
