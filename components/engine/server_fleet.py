@@ -540,13 +540,18 @@ class ServerFleet(Generic[S]):
     async def _paused_on_all(self, version: int, load: Callable[[list[int]], Awaitable[None]]) -> None:
         """Pause every live server, ``await load(live)``, continue them all; the fleet's version is ``version``
         only when at least one server holds it (servers that failed were taken out)."""
-        if not self._live():
-            await self.await_live_server()
         async with self.update_lock:
-            live = self._live()
-            if not live:
-                raise EngineError(f"every {self.server_kind} server is down: {self._down_summary()}")
-            await self._on_each(live, lambda server: server.pause_generation(), "pause")
+            while True:
+                if not self._live():  # bounded: ServerDownError after server_return_timeout_s
+                    await self.await_live_server()
+                try:
+                    await self._on_each(self._live(), lambda server: server.pause_generation(), "pause")
+                    break
+                except EngineError:
+                    if self._live():
+                        raise
+                    # every server went down as it was paused (killed just before this update): wait for one
+                    # to come back with the run's weights, as requests do, instead of failing the run
             try:
                 await load(self._live())
             finally:
