@@ -539,29 +539,32 @@ class ServerFleet(Generic[S]):
 
     async def _paused_on_all(self, version: int, load: Callable[[list[int]], Awaitable[None]]) -> None:
         """Pause every live server, ``await load(live)``, continue them all; the fleet's version is ``version``
-        only when at least one server holds it (servers that failed were taken out)."""
-        async with self.update_lock:
-            while True:
-                if not self._live():  # bounded: ServerDownError after server_return_timeout_s
-                    await self.await_live_server()
+        only when at least one server holds it (servers that failed were taken out). With no live server (or
+        every server gone as it was paused: killed just before this update) it waits for one to come back, as
+        requests do, outside the lock (a server that returns is given the run's weights meanwhile)."""
+        while True:
+            if not self._live():  # bounded: ServerDownError after server_return_timeout_s
+                await self.await_live_server()
+            async with self.update_lock:
+                if not self._live():
+                    continue
                 try:
                     await self._on_each(self._live(), lambda server: server.pause_generation(), "pause")
-                    break
                 except EngineError:
                     if self._live():
                         raise
-                    # every server went down as it was paused (killed just before this update): wait for one
-                    # to come back with the run's weights, as requests do, instead of failing the run
-            try:
-                await load(self._live())
-            finally:
-                await self._on_each(self._live(), lambda server: server.continue_generation(), "continue")
-            if not self._live():
-                raise EngineError(
-                    f"no {self.server_kind} server took version {version}: {self._down_summary()}"
-                )
-            self._weight_version = int(version)
-            self._weights = None  # a disk update names its folder after this; a broadcast leaves none
+                    continue
+                try:
+                    await load(self._live())
+                finally:
+                    await self._on_each(self._live(), lambda server: server.continue_generation(), "continue")
+                if not self._live():
+                    raise EngineError(
+                        f"no {self.server_kind} server took version {version}: {self._down_summary()}"
+                    )
+                self._weight_version = int(version)
+                self._weights = None  # a disk update names its folder after this; a broadcast leaves none
+                return
 
     async def _on_each(self, indices: list[int], call: Callable[[S], Awaitable[object]], what: str) -> None:
         """``call(server)`` on every listed server at once; a server that fails is taken out (reason kept)."""
