@@ -36,7 +36,7 @@ run: setup
 test:
 	$(MAKE) -j4 --output-sync=target setup-test
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -rs --durations=40 --durations-min=20 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+	$(PY) -m pytest -q -rfEs --durations=40 --durations-min=20 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
 setup: $(VENV)/.installed $(MODEL_DIR)/config.json /usr/bin/bwrap
 

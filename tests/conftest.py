@@ -100,13 +100,6 @@ def pytest_unconfigure(config):
 
 def pytest_collection_modifyitems(config, items):
     vllm_fixture.order_server_killers_last(items)
-    if os.environ.get("REIN_LONG_CHAOS") != "1":  # deselected (not skipped) from the default run: CI's 90 min
-        kept, long_chaos = [], []
-        for item in items:
-            (long_chaos if item.get_closest_marker("long_chaos") else kept).append(item)
-        if long_chaos:
-            config.hook.pytest_deselected(items=long_chaos)
-            items[:] = kept
 
 
 def pytest_collection_finish(session):

@@ -81,7 +81,7 @@ END_TO_END = {
     ),
     "python recipes/swe_grpo.py --model M --run-dir RUN_DIR --engine vllm --vllm-url http://GPU:8000 "
     "--num-steps 1 --num-tasks 1 --group-size 2 --max-turns 2": (
-        "tests/recipes/test_swe_grpo_vllm.py::test_swe_grpo_one_step_on_a_real_vllm_server"
+        "tests/recipes/test_ray_job.py::test_ray_job_submit_runs_one_swe_step_on_vllm"
     ),
     "python recipes/swe_grpo.py --model M --run-dir RUN_DIR --engine vllm --vllm-url "
     "http://GPU1:8000,http://GPU2:8000 --rollout-mode async --num-steps 1 --num-tasks 1 --group-size 2 "

@@ -137,7 +137,6 @@ def test_losing_the_rollout_producers_node_reschedules_it_and_the_run_completes(
     print(f"lost rollouts {len(lost_rollouts)}, groups dropped {dict(ledger['dropped'])}")
 
 
-@pytest.mark.long_chaos  # ~2.5-5 min: REIN_LONG_CHAOS=1 runs it (see tests/conftest.py)
 def test_a_sync_run_losing_the_producers_node_completes_with_every_step_trained_once(
     tmp_path, tiny_model_dir, three_node_cluster
 ):

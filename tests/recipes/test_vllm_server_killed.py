@@ -185,7 +185,6 @@ def test_server_killed_mid_step_comes_back_with_the_weights_and_the_lost_rollout
     assert httpx.get(f"{vllm_server.url}/weight_info").json()["weight_version"] == "2"
 
 
-@pytest.mark.long_chaos  # ~2.5-5 min: REIN_LONG_CHAOS=1 runs it (see tests/conftest.py)
 def test_server_killed_in_an_async_run_comes_back_and_every_group_is_trained_at_most_once(
     tmp_path, vllm_server
 ):
