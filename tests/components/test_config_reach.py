@@ -327,7 +327,14 @@ def test_every_rein_proxy_field_reaches_the_object_it_configures(
                 other_spellings.append(f"--{flag}")
         config_file = tmp_path / "proxy.json"
         config_file.write_text(json.dumps(file_fields(leaf.path, value)))
-        if dotted(parse_proxy_config([*flags, "--config", str(config_file)]), leaf.path) != value:
+        pairs = zip(flags[::2], flags[1::2], strict=True)  # the base flags but the field's own (a URL)
+        others = [
+            word
+            for flag, given in pairs
+            if flag.removeprefix("--") not in leaf.flags
+            for word in (flag, given)
+        ]
+        if dotted(parse_proxy_config([*others, "--config", str(config_file)]), leaf.path) != value:
             from_file.append(leaf.dotted)
         if leaf.path[0] == "engine" and standalone_engine_state(config.engine, tiny_model_dir) == (
             standalone_engine_state(reference.engine, tiny_model_dir)
