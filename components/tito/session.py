@@ -97,8 +97,8 @@ _MIN_LINEAGE_TEXT_CHARS = 24
 
 class TemplateFormats(Protocol):
     """The model family's tool-call and reasoning formats a session renders and parses with, by name (None:
-    detected from the chat template). Whatever has the two properties serves: ``TemplateFormatsConfig``, or a run's
-    proxy brick itself (``ServeProxyConfig`` is one)."""
+    detected from the chat template). Whatever has the two properties serves: ``TemplateFormatsConfig``, or a
+    run's proxy brick itself (``ServeProxyConfig`` is one)."""
 
     @property
     def tool_format(self) -> str | None: ...
@@ -152,7 +152,7 @@ class TitoConfig:
     max_open_segments: int = 16
     # How the model writes tool calls (``components/tito/formats``: hermes, qwen3_coder, llama3_json, mistral,
     # deepseek_v3, glm45, kimi_k2, harmony) and reasoning (think, harmony, none); None: detected from the chat
-    # template. Whatever ``TemplateFormats`` it is given: the proxy passes its own formats config (a run's: its proxy brick).
+    # template. The proxy passes its own formats config as it is (a run's: its proxy brick).
     formats: TemplateFormats = TemplateFormatsConfig()
 
     def __post_init__(self) -> None:
