@@ -34,9 +34,16 @@ def require_one_of(value: object, field: str, allowed: Iterable[object]) -> None
     require(value in allowed, field, f"must be one of {list(allowed)}, got {value!r}")
 
 
-def option(default: T, help: str, *, flag: str | None = None, set_by: str | None = None, **kwargs: Any) -> T:
+def option(
+    default: T,
+    help: str,
+    *,
+    flag: str | tuple[str, ...] | None = None,
+    set_by: str | None = None,
+    **kwargs: Any,
+) -> T:
     """A config field with its documentation (``--help`` shows it). ``default`` may be a brick config (a
-    dataclass instance); ``flag`` is a second, historical flag besides the derived ``--prefix-name`` one;
+    dataclass instance); ``flag`` is a historical flag (or several) besides the derived ``--prefix-name`` one;
     ``set_by`` names who sets a field a person never types (no flag, no config-file key: it has one source)."""
     metadata = {"help": help, **({"flag": flag} if flag else {}), **({"set_by": set_by} if set_by else {})}
     if dataclasses.is_dataclass(default) and not isinstance(default, type):

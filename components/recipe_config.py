@@ -6,7 +6,8 @@ flat, readable command line — one convention: a brick's field ``trainer.use_gp
 (a field may keep a shorter historical flag with ``option(..., flag="learning-rate")``) — and reads
 ``--config FILE`` (YAML or JSON, nested like the dataclasses: ``trainer: {num_workers: 2}``); flags given on the
 command line override the file. ``--help`` lists every field, grouped by brick, with its meaning and default.
-A bad value fails naming the field (``trainer.num_workers: must be > 0``).
+A bool field's flag alone means true (``--agent-sampling``). A bad value fails naming the field
+(``trainer.num_workers: must be > 0``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,18 @@ def _is_brick(annotation: object) -> bool:
     return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
 
 
+def _brick_class(annotation: object, value: object) -> type | None:
+    """The config class of a brick field holding ``value``: its annotation when that is a dataclass; for a field
+    typed by a Protocol, its value's class (``formats: TemplateFormats = option(TemplateFormatsConfig(), ...)``:
+    the fields of ``TemplateFormatsConfig``); None for a plain field."""
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return annotation
+    is_protocol = isinstance(annotation, type) and getattr(annotation, "_is_protocol", False)
+    if is_protocol and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value)
+    return None
+
+
 def _registry(field: dataclasses.Field, annotation: object = None) -> Registry | None:
     """The seam's registry of a slot: a ``slot(...)`` field, or a field typed by a seam's Protocol whose default
     is a registered kind (a recipe overriding a slot's default with ``option(LocalProxyConfig(), ...)``)."""
@@ -96,7 +109,10 @@ def _registry(field: dataclasses.Field, annotation: object = None) -> Registry |
         return None
     from components.registry import registry_of
 
-    return registry_of(field.default_factory())
+    default = field.default_factory()
+    if not callable(getattr(default, "build", None)):  # every registered kind builds its brick: none of them
+        return None
+    return registry_of(default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +134,11 @@ def _field_default(field: dataclasses.Field) -> object:
 
 
 def _flags(path: tuple[str, ...], field: dataclasses.Field) -> tuple[str, ...]:
+    """The derived flag, then the field's historical ones (``option(..., flag=...)``: one or a tuple)."""
     derived = "-".join(path).replace("_", "-")
-    historical = field.metadata.get("flag")
-    return (derived,) if not historical or historical == derived else (derived, historical)
+    historical = field.metadata.get("flag") or ()
+    historical = (historical,) if isinstance(historical, str) else tuple(historical)
+    return (derived, *(flag for flag in historical if flag != derived))
 
 
 def _leaves(
@@ -158,8 +176,9 @@ def _leaves(
             )
             leaves += _leaves(kind_class, field_path, value if type(value) is kind_class else None, kinds)
             continue
-        if _is_brick(hints[field.name]):
-            leaves += _leaves(hints[field.name], field_path, value, kinds)
+        brick_class = _brick_class(hints[field.name], value)
+        if brick_class is not None:
+            leaves += _leaves(brick_class, field_path, value, kinds)
             continue
         if not _representable(hints[field.name]):
             continue
@@ -177,10 +196,13 @@ def _leaves(
 
 def config_flags(config_class: type, kinds: Mapping[str, str] | None = None) -> dict[str, str]:
     """Every plain field of ``config_class`` and its bricks (dotted: ``trainer.use_gpu``; a slot's kind:
-    ``engine.kind``) → its command-line flag (``--trainer-workers``; a field with a historical flag: that one).
+    ``engine.kind``) → its command-line flag (``--trainer-workers``; a field with historical flags: the first).
     ``kinds`` (slot path → kind, e.g. ``{"engine": "sglang"}``) lists another kind's fields than the default's."""
     by_path = {tuple(path.split(".")): kind for path, kind in (kinds or {}).items()}
-    return {leaf.dotted: f"--{leaf.flags[-1]}" for leaf in _leaves(config_class, kinds=by_path)}
+    return {
+        leaf.dotted: f"--{leaf.flags[min(1, len(leaf.flags) - 1)]}"
+        for leaf in _leaves(config_class, kinds=by_path)
+    }
 
 
 def _coerce(value: object, annotation: object, where: str) -> object:
@@ -283,10 +305,10 @@ def _build(
                 kind_fields.setdefault(shorthand_field, shorthand)
             kind_base = brick_default if type(brick_default) is kind_class else None
             changes[name] = _build(kind_class, kind_fields, (*path, name), kind_base)
-        elif _is_brick(hints[name]):
+        elif (brick_class := _brick_class(hints[name], brick_default)) is not None:
             if not isinstance(value, Mapping):
                 raise ValueError(f"{where}: expected a mapping of its fields, got {value!r}")
-            changes[name] = _build(hints[name], value, (*path, name), brick_default)
+            changes[name] = _build(brick_class, value, (*path, name), brick_default)
         else:
             changes[name] = _coerce(value, hints[name], where)
     try:
@@ -363,11 +385,16 @@ def _file_kind(file_fields: Mapping[str, object], slot_path: tuple[str, ...]) ->
 
 
 def parse_config(
-    config_class: type[ConfigT], argv: Sequence[str] | None = None, *, description: str = ""
+    config_class: type[ConfigT],
+    argv: Sequence[str] | None = None,
+    *,
+    description: str = "",
+    prog: str | None = None,
 ) -> ConfigT:
-    """Build ``config_class`` from ``--config FILE`` and ``--flag value`` arguments (flags win over the file)."""
+    """Build ``config_class`` from ``--config FILE`` and ``--flag value`` arguments (flags win over the file);
+    ``prog`` names the command in usage and error lines (default: the script's name)."""
     parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--config",
@@ -388,7 +415,8 @@ def parse_config(
     brick_help = {
         f.name: f.metadata.get("help", "")
         for f in fields
-        if _registry(f, hints[f.name]) is not None or _is_brick(hints[f.name])
+        if _registry(f, hints[f.name]) is not None
+        or _brick_class(hints[f.name], _field_default(f)) is not None
     }
     groups: dict[str, argparse._ActionsContainer] = {}
     for leaf in leaves:
@@ -412,6 +440,8 @@ def parse_config(
             choices=choices if leaf.choices is None else None,
             default=dataclasses.MISSING,
             help=f"{help} (default: {shown})",
+            # a bool flag alone means true (``--agent-sampling``); ``--agent-sampling false`` still parses
+            **({"nargs": "?", "const": True} if convert is _parse_bool else {}),
         )
     namespace = vars(parser.parse_args(argv))
     namespace.pop("config", None)

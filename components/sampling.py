@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from components.config import require, require_non_negative
+from components.config import option, require, require_non_negative
 
 if TYPE_CHECKING:
     import torch
@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 class SamplingDistribution:
     """Temperature, top-p and top-k of a sampling distribution (defaults: the model's own distribution)."""
 
-    temperature: float = 1.0  # 0: greedy
-    top_p: float = 1.0  # nucleus mass, in (0, 1]; 1: no nucleus truncation
-    top_k: int = 0  # keep only the k most likely tokens; 0: no top-k truncation
+    temperature: float = option(1.0, "sampling temperature (0: greedy)", flag="temperature")
+    top_p: float = option(1.0, "nucleus mass, in (0, 1]; 1: no nucleus truncation", flag="top-p")
+    top_k: int = option(0, "keep only the k most likely tokens; 0: no top-k truncation", flag="top-k")
 
     def __post_init__(self) -> None:
         require_non_negative(self.temperature, "temperature")

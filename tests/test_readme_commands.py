@@ -167,10 +167,11 @@ def parse(command: str, placeholders: dict[str, str]) -> tuple[object, set[str],
 
         assert argv[1] in SUBCOMMANDS, f"rein has no subcommand {argv[1]!r}"
         assert argv[1] == "proxy", f"add how to parse `rein {argv[1]}` here"
-        from components.proxy.cli import _parser
+        from components.proxy.cli import StandaloneProxyConfig, parse_proxy_config
+        from components.recipe_config import command_line_flags
 
-        parser = _parser()
-        return parser.parse_args(argv[2:]), set(parser._option_string_actions), argv[2:]
+        flags = command_line_flags(StandaloneProxyConfig, argv[2:])
+        return parse_proxy_config(argv[2:]), flags, argv[2:]
     from components.recipe_config import command_line_flags, parse_config
 
     assert argv[0] == "python", argv

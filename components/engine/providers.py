@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from components.engine.embedded import EmbeddedEngineConfig
     from components.engine.ray_actor import RayEngineClient
     from components.engine.sglang_fleet import SGLangFleet
+    from components.engine.sglang_weight_transfer import DistributedWeightSyncConfig
     from components.engine.vllm_fleet import VLLMFleet
     from components.training.weight_sync import WeightSync
 
@@ -52,6 +53,10 @@ class StandaloneEngine(Protocol):
         logprobs under)."""
         ...
 
+    def standalone_label(self, model_path: Path) -> str:
+        """What generates, for ``rein proxy``'s start-up line (``SGLang URL``, ``vLLM URL``, the model folder)."""
+        ...
+
 
 class EngineBrickConfig(Protocol):
     """A registered kind of the ``engine`` seam."""
@@ -78,7 +83,7 @@ class EmbeddedEngineBrickConfig:
 
     num_cpus: float = option(1.0, "Ray CPUs reserved for the embedded engine actor")
     num_gpus: float = option(0.0, "Ray GPUs for the embedded engine actor (device cuda when > 0)")
-    threads: int = option(1, "torch threads of the embedded engine")
+    threads: int = option(1, "torch threads of the embedded engine", flag="threads")
     max_batch_size: int = option(8, "requests the embedded engine decodes together")
     kv_cache_gb: float = option(1.0, "GiB of the embedded engine's prefix cache (KV of past turns); 0 = off")
     max_restarts: int = option(
@@ -113,6 +118,9 @@ class EmbeddedEngineBrickConfig:
         engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_path, settings=self))
         return engine, engine.tokenizer
 
+    def standalone_label(self, model_path: Path) -> str:
+        return str(model_path)
+
 
 @ENGINES.register("sglang")
 @dataclass(kw_only=True, frozen=True)
@@ -136,7 +144,9 @@ class SGLangBrickConfig:
     )
     request_timeout_s: float = option(600.0, "bound of one /generate call", flag="sglang-request-timeout-s")
     context_window: int = option(
-        0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)", flag="sglang-context-window"
+        0,
+        "tokens per sequence; 0 = the servers' max_model_len (/v1/models)",
+        flag=("sglang-context-window", "context-window"),
     )
     weight_sync: Literal["disk", "nccl"] = option(
         "disk",
@@ -169,6 +179,17 @@ class SGLangBrickConfig:
         require_non_negative(self.context_window, "context_window")
         require_one_of(self.weight_sync, "weight_sync", ("disk", "nccl"))
 
+    @property
+    def distributed_weight_sync(self) -> DistributedWeightSyncConfig | None:
+        """Where the NCCL weight-update group meets (``weight_sync`` nccl; the group's other settings: their
+        defaults); None: new weights travel through disk."""
+        from components.engine.sglang_weight_transfer import DistributedWeightSyncConfig
+
+        if self.weight_sync != "nccl":
+            return None
+        # '' : the node IP of the trainer's rank 0, found there
+        return DistributedWeightSyncConfig(master_address=self.nccl_address, backend="nccl")
+
     def check_sampling(self, sampling: SamplingDistribution) -> None:
         """SGLang's logprobs ignore top-p / top-k truncation."""
         from components.engine.sglang import require_untruncated_sampling
@@ -194,6 +215,9 @@ class SGLangBrickConfig:
             self, model_path=model_path, record_routed_experts=record_routed_experts, initial_weight_version=0
         )
         return await SGLangFleet.connect(config), AutoTokenizer.from_pretrained(model_path)
+
+    def standalone_label(self, model_path: Path) -> str:
+        return f"SGLang {self.url}"
 
 
 class EmbeddedEngineProvider:
@@ -293,7 +317,9 @@ class VLLMBrickConfig:
     )
     request_timeout_s: float = option(600.0, "bound of one generate call", flag="vllm-request-timeout-s")
     context_window: int = option(
-        0, "tokens per sequence; 0 = the servers' max_model_len (/v1/models)", flag="vllm-context-window"
+        0,
+        "tokens per sequence; 0 = the servers' max_model_len (/v1/models)",
+        flag=("vllm-context-window", "context-window"),
     )
     logprobs_mode: str = option(
         "",
@@ -376,6 +402,9 @@ class VLLMBrickConfig:
             await fleet.aclose()
             raise
         return fleet, AutoTokenizer.from_pretrained(model_path)
+
+    def standalone_label(self, model_path: Path) -> str:
+        return f"vLLM {self.url}"
 
 
 class VLLMEngineProvider:

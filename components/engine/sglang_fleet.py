@@ -92,17 +92,14 @@ def sglang_fleet_config(
     """The fleet a run's ``--engine sglang`` brick (``--sglang-*`` options) describes (``--sglang-url`` may list
     several servers); ``model_path``: the policy the servers serve (its experts per token for R3)."""
     urls = parse_server_urls(sglang.url, field="engine.url")
-    distributed = None
     experts = experts_per_token(model_path) if record_routed_experts else None
-    if sglang.weight_sync == "nccl":  # '' : the node IP of the trainer's rank 0, found there
-        distributed = DistributedWeightSyncConfig(master_address=sglang.nccl_address, backend="nccl")
     server = SGLangEngineConfig(
         base_url=urls[0],
         settings=sglang,  # API keys, timeouts, context window
         initial_weight_version=initial_weight_version,
         routed_experts_top_k=experts,  # R3: SGLang's routed experts are a flat id array, decoded with it
     )
-    return SGLangFleetConfig(urls=urls, server=server, distributed=distributed)
+    return SGLangFleetConfig(urls=urls, server=server, distributed=sglang.distributed_weight_sync)
 
 
 async def expand_router_urls(config: SGLangFleetConfig) -> SGLangFleetConfig:

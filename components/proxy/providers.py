@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from components.config import option, require_positive
 from components.protocols import InferenceEngine, SessionControl
 from components.registry import PROXIES
+from components.tito.session import TemplateFormats, TemplateFormatsConfig
 
 if TYPE_CHECKING:
     from components.proxy.config import ProxyConfig
     from components.proxy.server import ProxyServer
-    from components.tito import TitoConfig
 
 
 @runtime_checkable
@@ -36,26 +36,9 @@ class ProxyProvider(Protocol):
     async def close(self) -> None: ...
 
 
-class ProxyFormats(Protocol):
-    """The policy's tool-call and reasoning formats, as a proxy brick names them (None: detected from the chat
-    template)."""
-
-    @property
-    def tool_format(self) -> str | None: ...
-    @property
-    def reasoning_format(self) -> str | None: ...
-
-
-def tito_config_of(formats: ProxyFormats) -> TitoConfig:
-    """How each session's TITO core renders and parses: the formats ``formats`` names (``ValueError`` listing
-    the registered ones for a name none has)."""
-    from components.tito import TitoConfig
-
-    return TitoConfig(tool_format=formats.tool_format, reasoning_format=formats.reasoning_format)
-
-
-class ProxyBrickConfig(ProxyFormats, Protocol):
-    """A registered kind of the ``proxy`` seam."""
+class ProxyBrickConfig(TemplateFormats, Protocol):
+    """A registered kind of the ``proxy`` seam (its tool-call and reasoning formats go to each session's TITO
+    core as they are: ``TitoConfig.formats``)."""
 
     @property
     def reachable_from_other_processes(self) -> bool:
@@ -65,27 +48,9 @@ class ProxyBrickConfig(ProxyFormats, Protocol):
     def build(self) -> ProxyProvider: ...
 
 
-@dataclass(kw_only=True, frozen=True)
-class ProxyFormatsConfig:
-    """What every proxy kind needs to know about the policy's text: its tool-call and reasoning formats."""
-
-    tool_format: str | None = option(
-        None,
-        "the policy's tool-call format (hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, glm45, kimi_k2, "
-        "harmony); default: detected from the chat template",
-    )
-    reasoning_format: str | None = option(
-        None,
-        "how the policy writes reasoning (think, harmony, none); default: detected from the chat template",
-    )
-
-    def __post_init__(self) -> None:
-        tito_config_of(self)  # refuses an unknown format, naming the option
-
-
 @PROXIES.register("serve")
 @dataclass(kw_only=True, frozen=True)
-class ServeProxyConfig(ProxyFormatsConfig):
+class ServeProxyConfig(TemplateFormatsConfig):
     """The proxy as Ray Serve replicas over session-shard actors, 0 CPUs each (they wait on I/O)."""
 
     replicas: int = option(2, "Ray Serve replicas of the proxy")
@@ -107,7 +72,7 @@ class ServeProxyConfig(ProxyFormatsConfig):
 
 @PROXIES.register("local")
 @dataclass(kw_only=True, frozen=True)
-class LocalProxyConfig(ProxyFormatsConfig):
+class LocalProxyConfig(TemplateFormatsConfig):
     """The proxy in the driver process."""
 
     @property

@@ -63,11 +63,11 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from components.config import require, require_positive
+from components.config import option, require, require_positive
 from components.errors import ContextOverflowError, EngineError, MissingLogprobsError
 from components.protocols import FinishReason, GenerationResult
 from components.sampling import SamplingDistribution
@@ -95,6 +95,52 @@ _LOGPROB_ROUNDING_SLACK = 1e-3
 _MIN_LINEAGE_TEXT_CHARS = 24
 
 
+class TemplateFormats(Protocol):
+    """The model family's tool-call and reasoning formats a session renders and parses with, by name (None:
+    detected from the chat template). Whatever has the two properties serves: ``TemplateFormatsConfig``, or a
+    run's proxy brick itself (``ServeProxyConfig`` is one)."""
+
+    @property
+    def tool_format(self) -> str | None: ...
+    @property
+    def reasoning_format(self) -> str | None: ...
+
+
+def check_template_formats(formats: TemplateFormats) -> None:
+    """``ValueError`` naming the field and listing the registered formats for a name no format has."""
+    require(
+        formats.tool_format is None or formats.tool_format in TOOL_FORMATS,
+        "tool_format",
+        f"unknown format {formats.tool_format!r}; choose one of {sorted(TOOL_FORMATS)} (or None: detect)",
+    )
+    require(
+        formats.reasoning_format is None or formats.reasoning_format in REASONING_FORMATS,
+        "reasoning_format",
+        f"unknown format {formats.reasoning_format!r}; choose one of {sorted(REASONING_FORMATS)} "
+        "(or None: detect)",
+    )
+
+
+@dataclass(kw_only=True, frozen=True)
+class TemplateFormatsConfig:
+    """The policy's tool-call and reasoning formats by name (every proxy kind's config is one)."""
+
+    tool_format: str | None = option(
+        None,
+        "the policy's tool-call format (hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, glm45, kimi_k2, "
+        "harmony); default: detected from the chat template",
+        flag="tool-format",
+    )
+    reasoning_format: str | None = option(
+        None,
+        "how the policy writes reasoning (think, harmony, none); default: detected from the chat template",
+        flag="reasoning-format",
+    )
+
+    def __post_init__(self) -> None:
+        check_template_formats(self)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TitoConfig:
     """How a TITO session renders and matches conversations."""
@@ -105,25 +151,14 @@ class TitoConfig:
     # How many of the most recently used segments a request may extend or fork from.
     max_open_segments: int = 16
     # How the model writes tool calls (``components/tito/formats``: hermes, qwen3_coder, llama3_json, mistral,
-    # deepseek_v3, glm45, kimi_k2, harmony); None: detected from the chat template.
-    tool_format: str | None = None
-    # How the model writes reasoning (think, harmony, none); None: detected from the chat template.
-    reasoning_format: str | None = None
+    # deepseek_v3, glm45, kimi_k2, harmony) and reasoning (think, harmony, none); None: detected from the chat
+    # template. The proxy passes its own formats config as it is (a run's: its proxy brick).
+    formats: TemplateFormats = TemplateFormatsConfig()
 
     def __post_init__(self) -> None:
         require(self.native_tools in (None, True, False), "native_tools", "must be None, True or False")
         require_positive(self.max_open_segments, "max_open_segments")
-        require(
-            self.tool_format is None or self.tool_format in TOOL_FORMATS,
-            "tool_format",
-            f"unknown format {self.tool_format!r}; choose one of {sorted(TOOL_FORMATS)} (or None: detect)",
-        )
-        require(
-            self.reasoning_format is None or self.reasoning_format in REASONING_FORMATS,
-            "reasoning_format",
-            f"unknown format {self.reasoning_format!r}; choose one of {sorted(REASONING_FORMATS)} "
-            "(or None: detect)",
-        )
+        check_template_formats(self.formats)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -316,17 +351,18 @@ class TitoSession:
     ) -> None:
         require_positive(context_window, "context_window")
         self.config = config or TitoConfig()
+        formats = self.config.formats
         self.tokenizer = tokenizer
         self.context_window = context_window
         self.session_id = session_id
         self.renderer = ChatTemplateRenderer(
             tokenizer,
             native_tools=self.config.native_tools,
-            tool_format=tool_format_named(self.config.tool_format) if self.config.tool_format else None,
+            tool_format=tool_format_named(formats.tool_format) if formats.tool_format else None,
         )
         reasoning = (
-            reasoning_format_named(self.config.reasoning_format)
-            if self.config.reasoning_format
+            reasoning_format_named(formats.reasoning_format)
+            if formats.reasoning_format
             else detect_reasoning_format(self.renderer.template)
         )
         self.reply_parser = ReplyParser(

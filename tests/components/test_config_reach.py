@@ -13,6 +13,7 @@ Fields the run wing reads itself (steps, Ray, rollout scheduling, the task list)
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -242,3 +243,104 @@ def test_model_folder_teachers_run_with_the_policy_engines_settings(engine, rubr
     policy = config.engine if engine == "embedded" else EmbeddedEngineBrickConfig()
     assert teacher.settings == dataclasses.replace(policy, kv_cache_gb=0.0)
     assert teacher.settings.threads == (3 if engine == "embedded" else 1)
+
+
+# ``rein proxy``: the standalone proxy's tree (components/proxy/cli.py). The tree IS the ProxyConfig the server
+# and the session registry run with, so a proxy field reaches its object when its value reads back from the parsed
+# tree, from every spelling of its flag and from a --config file alike; an engine field must also change what the
+# engine runs with (the embedded engine's config, the fleet's), as above.
+STANDALONE_ENGINE_FLAGS = {
+    "embedded": [],
+    "sglang": ["--sglang-url", SGLANG_URL],
+    "vllm": ["--vllm-url", SGLANG_URL],
+}
+# (engine kind, field) with no valid non-default value beside that kind
+STANDALONE_FIXED_FIELDS = {
+    ("sglang", "sampling.top_p"): "SGLang's logprobs ignore top-p (refused: test_proxy_cli_sampling)",
+    ("sglang", "sampling.top_k"): "SGLang's logprobs ignore top-k (refused: test_proxy_cli_sampling)",
+}
+# values a field takes only in a form the generic candidates lack
+STANDALONE_VALUES = {"admin_key": "k" * 40}
+
+
+def standalone_engine_state(engine: Any, model_dir: Path) -> Any:
+    """What ``start_standalone`` runs the engine with (built, not started)."""
+    from components.engine.embedded import EmbeddedEngineConfig
+
+    if isinstance(engine, EmbeddedEngineBrickConfig):
+        return state(EmbeddedEngineConfig(model_path=model_dir, settings=engine))
+    if isinstance(engine, VLLMBrickConfig):
+        return state(vllm_fleet_config(engine, initial_weight_version=0))
+    return state(
+        sglang_fleet_config(
+            engine, model_path=model_dir, record_routed_experts=False, initial_weight_version=0
+        )
+    )
+
+
+def file_fields(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """``a.b = value`` as a config file's nested mapping (paths as text, tuples as lists)."""
+    plain = str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
+    for name in reversed(path):
+        plain = {name: plain}
+    return plain
+
+
+@pytest.mark.parametrize("kind", sorted(STANDALONE_ENGINE_FLAGS))
+def test_every_rein_proxy_field_reaches_the_object_it_configures(
+    kind, rubric, tiny_model_dir, tmp_path, monkeypatch
+):
+    from components.proxy.cli import StandaloneProxyConfig, parse_proxy_config
+
+    monkeypatch.delenv("REIN_PROXY_ADMIN_KEY", raising=False)
+    base_flags = ["--engine", kind, *STANDALONE_ENGINE_FLAGS[kind]]
+    leaves = [
+        leaf for leaf in _leaves(StandaloneProxyConfig, kinds={("engine",): kind}) if leaf.choices is None
+    ]
+    assert {leaf.dotted for leaf in leaves} >= {
+        "port",
+        "sampling.temperature",
+        "formats.tool_format",
+        "engine.url",
+    } - ({"engine.url"} if kind == "embedded" else set())
+    unset, unreached, other_spellings, from_file = [], [], [], []
+    for leaf in leaves:
+        if (kind, leaf.dotted) in STANDALONE_FIXED_FIELDS:
+            continue
+        flags = [*base_flags, *ENGINE_COMPANION_FLAGS.get((kind, leaf.dotted), [])]
+        reference = parse_proxy_config(flags)
+        default = dotted(reference, leaf.path)
+        texts = [STANDALONE_VALUES[leaf.dotted]] if leaf.dotted in STANDALONE_VALUES else []
+        for text in [*texts, *candidates(leaf.annotation, default, rubric)]:
+            try:
+                config = parse_proxy_config([*flags, f"--{leaf.flags[0]}", text])
+            except SystemExit:  # not a valid value of this field: the next candidate
+                continue
+            if dotted(config, leaf.path) != default:
+                break
+        else:
+            unset.append(leaf.dotted)
+            continue
+        value = dotted(config, leaf.path)
+        for flag in leaf.flags[1:]:  # a historical spelling sets the same field
+            if dotted(parse_proxy_config([*flags, f"--{flag}", text]), leaf.path) != value:
+                other_spellings.append(f"--{flag}")
+        config_file = tmp_path / "proxy.json"
+        config_file.write_text(json.dumps(file_fields(leaf.path, value)))
+        pairs = zip(flags[::2], flags[1::2], strict=True)  # the base flags but the field's own (a URL)
+        others = [
+            word
+            for flag, given in pairs
+            if flag.removeprefix("--") not in leaf.flags
+            for word in (flag, given)
+        ]
+        if dotted(parse_proxy_config([*others, "--config", str(config_file)]), leaf.path) != value:
+            from_file.append(leaf.dotted)
+        if leaf.path[0] == "engine" and standalone_engine_state(config.engine, tiny_model_dir) == (
+            standalone_engine_state(reference.engine, tiny_model_dir)
+        ):
+            unreached.append(f"{leaf.dotted}={text}")
+    assert not unset, f"no non-default value of these fields parses from the command line: {unset}"
+    assert not other_spellings, f"these spellings do not set their field: {other_spellings}"
+    assert not from_file, f"these fields do not read back from a --config file: {from_file}"
+    assert not unreached, f"these engine fields never reach what the engine runs with: {unreached}"

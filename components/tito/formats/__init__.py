@@ -87,7 +87,7 @@ def detect_tool_format(template: str, *, renders_tools: bool) -> ToolFormat:
         return HermesFormat()
     raise UnknownTemplateFormatError(
         "tokenizer chat template: it renders tools, but its tool-call format is none Rein knows; pass "
-        f"--tool-format NAME (TitoConfig.tool_format) with one of {sorted(TOOL_FORMATS)}, or add a format "
+        f"--tool-format NAME (TemplateFormatsConfig.tool_format) with one of {sorted(TOOL_FORMATS)}, or add a format "
         "(README: Model families)"
     )
 

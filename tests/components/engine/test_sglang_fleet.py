@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -17,7 +18,12 @@ from safetensors.torch import load_file
 
 from components.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from components.engine.sglang import SGLangEngineConfig
-from components.engine.sglang_fleet import SGLangFleet, SGLangFleetConfig, parse_server_urls
+from components.engine.sglang_fleet import (
+    SGLangFleet,
+    SGLangFleetConfig,
+    parse_server_urls,
+    sglang_fleet_config,
+)
 from components.engine.sglang_weight_transfer import DistributedWeightSyncConfig
 from components.errors import EngineError
 from components.protocols import SamplingParams
@@ -258,3 +264,24 @@ async def test_killed_server_sessions_fail_over_and_nothing_is_lost(servers, tin
     with pytest.raises(EngineError, match="every SGLang server is down"):
         await fleet.generate([*SYSTEM_PROMPT, 7000], SamplingParams(max_tokens=2))
     await fleet.aclose()
+
+
+def test_the_brick_builds_the_fleets_weight_update_group():
+    """``--sglang-weight-sync nccl``: the fleet's NCCL group is the one the SGLang brick builds, meeting at its
+    ``--sglang-nccl-address``; ``disk``: no group (weights travel through RUN_DIR/weights)."""
+    from components.engine.providers import SGLangBrickConfig
+
+    nccl = SGLangBrickConfig(url="http://127.0.0.1:9", weight_sync="nccl", nccl_address="10.0.0.7")
+    built = sglang_fleet_config(
+        nccl, model_path=Path("unread"), record_routed_experts=False, initial_weight_version=0
+    )
+    assert built.distributed == DistributedWeightSyncConfig(master_address="10.0.0.7", backend="nccl")
+    assert built.distributed == nccl.distributed_weight_sync
+    disk = replace(nccl, weight_sync="disk")
+    unread = Path("unread")
+    assert (
+        sglang_fleet_config(
+            disk, model_path=unread, record_routed_experts=False, initial_weight_version=0
+        ).distributed
+        is None
+    )

@@ -25,9 +25,9 @@ from openai import OpenAI
 from components.engine.scripted import ScriptedEngine
 from components.protocols import SessionDescription
 from components.proxy.config import ProxyConfig
-from components.proxy.providers import ProxyFormatsConfig
 from components.proxy.server import ProxyServer
 from components.proxy.sessions import LocalSessionRegistry
+from components.tito import TemplateFormatsConfig
 from components.tito.drift_audit import audit_session, drift_audit
 from components.tito.formats import tool_format_named
 from components.tito.messages import ToolCall
@@ -217,7 +217,7 @@ def family_proxy(tokenizer, family: Family, replies: list[str], *, tool_format: 
     engine = ScriptedEngine(family_tok, replies)
     if family.template_file is None:
         tool_format = family.tool_format
-    config = ProxyConfig(port=0, formats=ProxyFormatsConfig(tool_format=tool_format))
+    config = ProxyConfig(port=0, formats=TemplateFormatsConfig(tool_format=tool_format))
     registry = LocalSessionRegistry(engine, family_tok, config)
     server = ProxyServer(registry, config)
     server.start_in_thread()
@@ -491,20 +491,28 @@ def test_an_unknown_tool_template_is_refused_naming_the_formats(tokenizer):
     with pytest.raises(UnknownTemplateFormatError) as refused:
         TitoSession(clone, context_window=4096)
     assert "--tool-format" in str(refused.value) and all(name in str(refused.value) for name in TOOL_FORMATS)
-    forced = TitoSession(clone, context_window=4096, config=TitoConfig(tool_format="hermes"))
+    forced = TitoSession(
+        clone, context_window=4096, config=TitoConfig(formats=TemplateFormatsConfig(tool_format="hermes"))
+    )
     assert forced.renderer.tool_format.name == "hermes"
 
 
 def test_the_cli_flags_name_formats_and_refuse_unknown_ones(capsys):
-    from components.proxy.cli import _parser, main
+    from components.proxy.cli import parse_proxy_config
 
-    args = _parser().parse_args(["--tool-format", "qwen3_coder", "--reasoning-format", "none"])
-    assert (args.tool_format, args.reasoning_format) == ("qwen3_coder", "none")
-    assert main(["--tool-format", "gemma"]) == 2
+    config = parse_proxy_config(["--tool-format", "qwen3_coder", "--reasoning-format", "none"])
+    assert (config.formats.tool_format, config.formats.reasoning_format) == ("qwen3_coder", "none")
+    assert (
+        config.tito_config().formats is config.formats
+    )  # the TITO core reads the proxy's formats as they are
+    with pytest.raises(SystemExit) as refused:
+        parse_proxy_config(["--tool-format", "gemma"])
     error = capsys.readouterr().err
-    assert "tool_format: unknown format 'gemma'" in error and "qwen3_coder" in error
-    assert main(["--reasoning-format", "deep"]) == 2
-    assert "reasoning_format" in capsys.readouterr().err
+    assert refused.value.code == 2
+    assert "formats.tool_format: unknown format 'gemma'" in error and "qwen3_coder" in error
+    with pytest.raises(SystemExit) as refused:
+        parse_proxy_config(["--reasoning-format", "deep"])
+    assert refused.value.code == 2 and "formats.reasoning_format" in capsys.readouterr().err
 
 
 def test_a_malformed_call_stays_content_and_is_counted(tokenizer):

@@ -600,6 +600,28 @@ def test_when_incremental_rendering_fails_a_full_render_is_used_and_checked(temp
     assert third.new_segment_reason == SegmentReason.RENDER_FAILED and third.num_reused_tokens == 0
 
 
+def test_the_formats_are_any_object_naming_the_two_formats(tokenizer):
+    """``TitoConfig.formats`` takes any ``TemplateFormats`` as it is (a run's proxy brick is one, nothing is
+    copied out of it); a name no format has fails naming the field and listing the registered ones."""
+    from dataclasses import dataclass
+
+    from components.tito import TemplateFormatsConfig, TitoConfig
+    from components.tito.formats import TOOL_FORMATS
+
+    @dataclass(frozen=True)
+    class Named:  # no Rein base class: the two properties are the whole contract
+        tool_format: str | None = "qwen3_coder"
+        reasoning_format: str | None = "none"
+
+    session = TitoSession(tokenizer, context_window=4096, config=TitoConfig(formats=Named()))
+    assert session.renderer.tool_format.name == "qwen3_coder"
+    with pytest.raises(ValueError, match="tool_format: unknown format 'gemma'") as refused:
+        TitoConfig(formats=Named(tool_format="gemma"))
+    assert all(name in str(refused.value) for name in TOOL_FORMATS)
+    with pytest.raises(ValueError, match="reasoning_format: unknown format 'deep'"):
+        TemplateFormatsConfig(reasoning_format="deep")
+
+
 def test_config_is_validated_and_can_force_the_tool_rendering(tokenizer):
     from components.tito import TitoConfig
 
