@@ -541,7 +541,8 @@ class ServerFleet(Generic[S]):
         """Pause every live server, ``await load(live)``, continue them all; the fleet's version is ``version``
         only when at least one server holds it (servers that failed were taken out). With no live server (or
         every server gone as it was paused: killed just before this update) it waits for one to come back, as
-        requests do, outside the lock (a server that returns is given the run's weights meanwhile)."""
+        requests do, outside the lock (a server that returns is given the run's weights meanwhile). A pause the
+        servers refuse (e.g. HTTP 401 without the admin key) is no outage: it fails at once."""
         while True:
             if not self._live():  # bounded: ServerDownError after server_return_timeout_s
                 await self.await_live_server()
@@ -550,7 +551,7 @@ class ServerFleet(Generic[S]):
                     continue
                 try:
                     await self._on_each(self._live(), lambda server: server.pause_generation(), "pause")
-                except EngineError:
+                except ServerUnreachableError:  # every server gone as it was paused: wait for one
                     if self._live():
                         raise
                     continue
@@ -571,15 +572,19 @@ class ServerFleet(Generic[S]):
         results = await asyncio.gather(
             *(call(self.servers[index]) for index in indices), return_exceptions=True
         )
+        refused = False  # a failure other than an unreachable server (a refusal, a bad reply)
         for index, result in zip(indices, results, strict=True):
             if isinstance(result, asyncio.CancelledError):
                 raise result
             if isinstance(result, BaseException):
                 if not isinstance(result, EngineError | OSError):
                     raise result
+                refused = refused or not isinstance(result, ServerUnreachableError | OSError)
                 self._take_out(index, f"{what} failed: {result}")
         if not self._live():
-            raise EngineError(f"{what} failed on every {self.server_kind} server: {self._down_summary()}")
+            # every server gone (none refused): the error of an outage, which callers may wait out
+            error = EngineError if refused else ServerUnreachableError
+            raise error(f"{what} failed on every {self.server_kind} server: {self._down_summary()}")
 
     # --- servers that come back --------------------------------------------------------------------------
 
