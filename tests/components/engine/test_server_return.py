@@ -92,6 +92,30 @@ async def test_a_killed_server_comes_back_with_the_runs_weights_and_version(serv
         await fleet.aclose()
 
 
+async def test_a_weight_update_whose_pause_finds_the_server_just_killed_waits_for_its_return(
+    server, tiny_model_dir
+):
+    """The race the async vLLM kill hit: the server dies between a step's end and its push, before anything
+    noticed. The pause fails as unreachable, so the update waits for the server (as requests do) and loads the
+    new version on it once it is back, instead of stopping the run (the pre-fix fleet raised "pause failed on
+    every SGLang server"). A pause the server refuses is no outage: ``test_sglang_operations``'s admin-key test
+    (HTTP 401) fails at once."""
+    fleet = await connect(server, return_timeout_s=120)
+    try:
+        await fleet.update_weights_from_disk(tiny_model_dir, version=3)
+        fleet.remember_weights(tiny_model_dir, 3)
+        server.kill()  # nothing has noticed: the fleet still counts it live
+        assert fleet.status()["servers"][0]["live"]
+        update = asyncio.create_task(fleet.update_weights_from_disk(tiny_model_dir, version=4))
+        await restart_later(server, 1.0)
+        await asyncio.wait_for(update, 60)
+        assert fleet.weight_version == 4 and await weights_label(server.url) == "4"
+        result = await fleet.generate(PROMPT, SamplingParams(max_tokens=4, seed=1))
+        assert set(result.weight_versions) == {4}
+    finally:
+        await fleet.aclose()
+
+
 async def test_a_shards_copy_takes_the_server_back_only_after_the_original_re_pushed(server, tiny_model_dir):
     original = await connect(server, return_timeout_s=120)
     try:
