@@ -552,9 +552,7 @@ class ServerFleet(Generic[S]):
                 try:
                     await self._on_each(self._live(), lambda server: server.pause_generation(), "pause")
                 except ServerUnreachableError:  # every server gone as it was paused: wait for one
-                    if self._live():
-                        raise
-                    continue
+                    continue  # (_on_each raises only once no server is live)
                 try:
                     await load(self._live())
                 finally:
