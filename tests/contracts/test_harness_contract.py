@@ -50,7 +50,7 @@ pytestmark = pytest.mark.timeout(300)
 BOUND_S = 120.0
 # The wall time of an agent whose retries of a failing engine no setting bounds, in the failure checks: long
 # enough to start under load and make its first call (the failing-engine check needs it), short of its back-off.
-RETRYING_WALL_TIME_S = 30.0
+RETRYING_WALL_TIME_S = 20.0
 ADMIN_KEY = "contract-suite-admin-key"
 REPLY = "I looked at the problem and I am not sure what to do."
 

@@ -12,8 +12,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from tests.chaos.recipe_faults import still_running
 from tests.recipes.recipe_runs import (
     REPO_ROOT,
     assert_complete_run,
@@ -76,6 +78,9 @@ def test_recipe_help_lists_every_field_and_bad_values_fail_fast():
     assert "--sglang-url" in config_flags(TicTacToeGrpoConfig, kinds={"engine": "sglang"}).values()
 
 
+GONE_WITHIN_S = 30.0  # from the driver's SIGKILL until no process of its run is left
+
+
 def _wait_for(predicate, *, process: subprocess.Popen, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -85,8 +90,12 @@ def _wait_for(predicate, *, process: subprocess.Popen, timeout_s: float) -> None
 
 
 def test_tictactoe_killed_run_resumes_without_lost_or_duplicated_trajectories(tmp_path, tiny_model_dir):
-    """With LoRA (``--lora-rank``): the checkpoints are adapter folders, and the resumed run starts the engine on
-    the base weights with the checkpoint's adapter pushed (full-weight resume: ``test_async_loop``'s kill test)."""
+    """The driver SIGKILLed mid-step (its pid only, not its process group: issue #27 point 5) leaves no process of
+    its run behind within ``GONE_WITHIN_S`` (the local Ray it started, the engine, the Serve proxy, the trainer's
+    workers, its sandboxes: ``components/process_guard.py`` kills them and says so in ``logs/process_guard.log``),
+    and the same command resumes it with nothing lost or duplicated. With LoRA (``--lora-rank``): the checkpoints
+    are adapter folders, and the resumed run starts the engine on the base weights with the checkpoint's adapter
+    pushed (full-weight resume: ``test_async_loop``'s kill test)."""
     run_dir = tmp_path / "run"
     flags = (
         "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--num-steps", "4", "--group-size", "2",
@@ -100,15 +109,30 @@ def test_tictactoe_killed_run_resumes_without_lost_or_duplicated_trajectories(tm
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,  # its own process group: the SIGKILL takes its local Ray with it
+        start_new_session=True,  # its own process group: only for this test's clean-up when it fails
     )
+    recorded: list[psutil.Process] = []
     try:
         # Step 1's checkpoint (steps 0-1 trained) exists and step 2's shard is written, not yet checkpointed.
         _wait_for(lambda: len(shard_steps(run_dir)) >= 3, process=process, timeout_s=300)
+        recorded = psutil.Process(process.pid).children(recursive=True)
+        names = {p.name() for p in recorded if p.is_running()}
+        assert {"raylet", "gcs_server"} <= names, f"the run's local Ray is not among its processes: {names}"
+        os.kill(process.pid, signal.SIGKILL)  # the fault: the driver alone
+        process.wait()
+        killed_at = time.monotonic()
+        while (left := still_running(recorded)) and time.monotonic() - killed_at < GONE_WITHIN_S:
+            time.sleep(0.2)
+        assert not left, f"left behind after {GONE_WITHIN_S:g} s: {[(p.pid, p.name()) for p in left]}"
+        guard_log = (run_dir / "logs" / "process_guard.log").read_text()
+        assert f"owner {process.pid} died: killed" in guard_log, guard_log
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        for leftover in still_running(recorded):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftover.kill()
     before = shard_steps(run_dir)
     checkpointed = latest_trainer_state(run_dir)
     assert len(checkpointed["consumed_shards"]) == 2 and checkpointed["step"] == 2

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.timeout(600)
 
 BODY_BYTES = 32 * 1024 * 1024  # what the attacker sends; the host may keep at most a few MB of it
 HEADER_FLOOD_BYTES = 64 * 1024 * 1024  # one request's head: 64 header lines of 1 MiB
+HELD_WHOLE = 0.75  # the share of a body the weakened proxy's peak must show: read whole, not refused
 LIMITS = dict(
     max_request_body_bytes=1024 * 1024,
     max_header_bytes=8 * 1024,
@@ -234,8 +235,10 @@ async def test_oversized_requests_are_refused_before_the_host_holds_them(start_p
     )
     gemini_cases = ("gemini_messages", "gemini_tools", "gemini_tool_bytes", "gemini_count_tokens")
     if variant == "limits-off":  # the weakened proxy reads the bodies and the head whole, serves the rest
-        assert peak_growth["requests"] >= BODY_BYTES, peak_growth
-        assert peak_growth["header_flood"] >= HEADER_FLOOD_BYTES, peak_growth
+        # Holding a whole body raises the peak by about its size, less what the allocator reuses of memory the
+        # process already held (CI once measured 31.9 MiB for a 32 MiB body): far over the default's bound.
+        assert peak_growth["requests"] >= HELD_WHOLE * BODY_BYTES, peak_growth
+        assert peak_growth["header_flood"] >= HELD_WHOLE * HEADER_FLOOD_BYTES, peak_growth
         assert results["body_with_length"]["status"] == results["body_chunked"]["status"] == 400  # bad JSON
         assert results["header_flood"]["status"] == 400  # parsed whole, then its empty body is no JSON
         assert "invalid_request_error" in results["header_flood"]["body"]
