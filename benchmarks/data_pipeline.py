@@ -1,8 +1,9 @@
-"""Trajectory shards → packed training micro-batches: Rein's Ray Data pipeline vs a plain pyarrow loop.
+"""Trajectory shards → packed training micro-batches: Rein's Ray pipeline vs a plain pyarrow loop.
 
 Both run the same three functions (explode segments → plan advantages/weights → pack) over the same Parquet
-shards written by ``TrajectoryStore``: the plain loop in this process, one shard after another; Ray Data
-maps the shard paths through read+explode and the segments through packing in parallel tasks (the plan is computed on the driver) and the
+shards written by ``TrajectoryStore``: the plain loop in this process, one shard after another; the Ray
+pipeline reads+explodes groups of shards in parallel tasks, plans on the driver over the summary columns, packs
+each block in a parallel task and wraps the packed blocks as the Ray Dataset a trainer splits per rank; the
 packed rows are then pulled to the driver, as a trainer would consume them. Both sides run once untimed first
 (Ray: worker processes and imports; plain: imports, allocator, page cache of the shards), then throughput =
 tokens / wall time, median of ``--repeats`` alternating runs. Ray gets the machine's real cores
@@ -126,7 +127,7 @@ def main() -> None:
     print(f"cores: {os.cpu_count()}; repeats: {repeats}")
     print(f"plain pyarrow loop: {plain_rate:,.0f} tokens/s (runs: {', '.join(f'{r:,.0f}' for r in plain)})")
     print(
-        f"Ray Data pipeline:  {ray_rate:,.0f} tokens/s (runs: {', '.join(f'{r:,.0f}' for r in distributed)})"
+        f"Ray pipeline:       {ray_rate:,.0f} tokens/s (runs: {', '.join(f'{r:,.0f}' for r in distributed)})"
     )
     print(f"data_pipeline: {ray_rate / plain_rate:.2f}x (target >= 0.5x)")
 

@@ -3,8 +3,8 @@
 Starting a ``TorchTrainer`` costs tens of seconds, so ``Trainer`` starts ``fit()`` once, in a background
 thread, with a train loop that never ends on its own: every worker pulls commands (train on this step's
 micro-batches, gather the full state dict, write a checkpoint, score sequences, stop) from a small
-coordinator actor and reports back to it. Each step's micro-batches come from the Ray Data pipeline
-(``components.training.data``) as contiguous shards of the materialized dataset, handed to the live workers.
+coordinator actor and reports back to it. Each step's micro-batches come from the data pipeline
+(``components.training.data``) as contiguous shards of its materialized Ray Dataset, handed to the live workers.
 
     trainer = Trainer(TrainerConfig(model_path=..., run_dir=...), algorithm=GRPO(GRPOConfig()))
     sync = WeightSync(WeightSyncConfig(mode="memory"), engine)      # engine: e.g. RayEngineClient
@@ -690,7 +690,7 @@ class Trainer:
         """Run one step's whole path once, without its update: the data pipeline over ``num_shards`` one-token
         shards (in a temporary folder, not the run's store), then every worker's forward and backward on the
         result (``TrainOnShards(apply_update=False)``: the weights, the optimizer and the state do not change). The
-        first execution starts Ray Data and the worker processes that import the pipeline (10-20 s on two busy
+        first execution starts the worker processes that import the pipeline and Ray Data (10-20 s on two busy
         cores), and a worker's first training step pays autograd's, FSDP's and its command path's first-call
         costs (tiny model, 8 rollouts of ~360 tokens: the first step took 5.9 s without this warm-up, 3.5 s with
         it; later steps 3.0-3.6 s): the first step would otherwise wait for all of it. ``RunStack`` calls it
