@@ -144,6 +144,26 @@ class PendingWaits:
             except GetTimeoutError:
                 raise error(f"{component} did not answer {request} within {deadline_s:g} s") from None
 
+    def ready_within(
+        self,
+        references: Sequence[ObjectRef[T]],
+        *,
+        deadline_s: float,
+        component: str,
+        request: str,
+        error: type[RemoteStalledError] = RemoteStalledError,
+    ) -> None:
+        """Until every one of ``references`` is ready, for at most ``deadline_s`` (past it: ``error`` naming what
+        stalled); nothing is fetched to this process."""
+        import ray
+
+        with self.waiting(component, request, deadline_s):
+            _, pending = ray.wait(
+                list(references), num_returns=len(references), timeout=deadline_s, fetch_local=False
+            )
+        if pending:
+            raise error(f"{component} did not answer {request} within {deadline_s:g} s")
+
 
 PENDING_WAITS = PendingWaits()
 

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from components.config import option, require_positive
 from components.protocols import Algorithm
-from components.remote_waits import PENDING_WAITS, RemoteStalledError
+from components.remote_waits import PENDING_WAITS
 from components.training.distillation import DistillationConfig, token_advantages
 from components.training.overlong import OverlongConfig, length_penalty, overlong_trajectories
 from components.training.turn_credit import TurnCreditConfig, spread_over_turns, turn_advantages
@@ -297,11 +297,6 @@ def explode_shard(path: Path | str) -> pa.Table:
         )
         return pa.table(row, schema=SEGMENT_SCHEMA)
     return explode_segments(table)
-
-
-def _explode_shard_batch(batch: pa.Table) -> pa.Table:
-    tables = [explode_shard(path) for path in batch["path"].to_pylist()]
-    return pa.concat_tables(tables) if tables else SEGMENT_SCHEMA.empty_table()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -673,11 +668,7 @@ READ_DEADLINE_S = 600.0
 
 def _read_block(source: list[str] | pa.Table) -> tuple[pa.Table, pa.Table]:
     """One block's segment rows (from shard paths, or a table of trajectories) and their summary columns."""
-    if isinstance(source, pa.Table):
-        block = explode_segments(source)
-    else:
-        tables = [explode_shard(path) for path in source]
-        block = pa.concat_tables(tables) if tables else SEGMENT_SCHEMA.empty_table()
+    block = explode_segments(source) if isinstance(source, pa.Table) else read_segments(source)
     return block, block.select(SUMMARY_COLUMNS)
 
 
@@ -711,10 +702,10 @@ def build_micro_batches_with_ray(
     context.enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     if _is_trajectories(source):
-        sources: list[list[str] | pa.Table] = [trajectories_to_table(source).select(TRAJECTORY_COLUMNS)]
+        sources: Sequence[list[str] | pa.Table] = [trajectories_to_table(source).select(TRAJECTORY_COLUMNS)]
     else:
         paths = [str(path) for path in source]
-        sources = list(_contiguous_chunks(paths, min(len(paths), max_read_tasks)))
+        sources = _contiguous_chunks(paths, min(len(paths), max_read_tasks))
     read = ray.remote(num_returns=2)(_read_block)
     blocks_and_summaries = [read.remote(item) for item in sources]
     summaries = PENDING_WAITS.get_within(
@@ -730,12 +721,9 @@ def build_micro_batches_with_ray(
         pack.remote(block, plan_ref, config.max_tokens_per_micro_batch, config.distillation)
         for block, _ in blocks_and_summaries
     ]
-    with PENDING_WAITS.waiting("batching tasks", f"packing of {len(packed)} blocks", READ_DEADLINE_S):
-        _, pending = ray.wait(packed, num_returns=len(packed), timeout=READ_DEADLINE_S, fetch_local=False)
-    if pending:
-        raise RemoteStalledError(
-            f"batching tasks did not answer packing of {len(packed)} blocks within {READ_DEADLINE_S:g} s"
-        )
+    PENDING_WAITS.ready_within(
+        packed, deadline_s=READ_DEADLINE_S, component="batching tasks", request=f"packing of {len(packed)} blocks"
+    )
     dataset = ray.data.from_arrow_refs(packed)
     num_micro_batches = dataset.count()
     metrics = dict(plan.metrics, num_micro_batches=float(num_micro_batches))
